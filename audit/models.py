@@ -1,0 +1,142 @@
+"""The append-only event history and the transactional outbox.
+
+Events deliberately reference their task and operation by id, without a foreign key:
+the audit trail is the one record designed to outlive its subjects (a deleted tenant's
+events may be kept, see docs/tenant-deletion.md). Its integrity comes from the
+append-only trigger, not from foreign keys.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Now
+
+from portal.actors import ActorType
+from portal.codes import ReasonCode
+from portal.ids import new_id
+
+
+class EventCode(models.TextChoices):
+    """Dotted lower-case ``<entity>.<past-tense verb>``.
+
+    Append only; never rename or reuse: exported trails depend on it. The list is
+    copied into a CHECK constraint by migration; tests check the copy.
+    """
+
+    TASK_REGISTERED = "task.registered"
+    TASK_TRANSITIONED = "task.transitioned"
+    TASK_CLAIMED = "task.claimed"
+    TASK_LEASE_ACQUIRED = "task.lease_acquired"
+    TASK_LEASE_RELEASED = "task.lease_released"
+    OPERATION_RESERVED = "operation.reserved"
+    OPERATION_EXECUTING = "operation.executing"
+    OPERATION_VERIFIED = "operation.verified"
+    OPERATION_FAILED = "operation.failed"
+    OPERATION_UNKNOWN = "operation.unknown"
+    TENANT_DELETED = "tenant.deleted"
+
+
+class Event(models.Model):
+    """One fact in a task's history. UPDATE and DELETE are refused by a trigger."""
+
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
+    tenant = models.ForeignKey("portal.Tenant", on_delete=models.PROTECT)
+    task_id = models.UUIDField(null=True, blank=True, db_index=False)
+    operation_id = models.UUIDField(null=True, blank=True)
+    code = models.CharField(max_length=60, choices=EventCode)
+    actor_type = models.CharField(max_length=10, choices=ActorType)
+    actor_id = models.CharField(max_length=200)
+    reason_code = models.CharField(
+        max_length=40, choices=ReasonCode, null=True, blank=True
+    )
+    contract_key = models.CharField(max_length=100, null=True, blank=True)
+    contract_version = models.PositiveIntegerField(null=True, blank=True)
+    # Redacted, bounded facts and references; the size bound is a CHECK (migration).
+    payload = models.JSONField(default=dict)
+    trace_id = models.CharField(max_length=32, blank=True, default="")
+    span_id = models.CharField(max_length=16, blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "id"], name="audit_event_tenant_id_uniq"
+            ),
+            models.CheckConstraint(
+                condition=Q(code__in=EventCode.values), name="audit_event_code_check"
+            ),
+            models.CheckConstraint(
+                condition=Q(actor_type__in=ActorType.values),
+                name="audit_event_actor_type_check",
+            ),
+            models.CheckConstraint(
+                condition=Q(reason_code__isnull=True)
+                | Q(reason_code__in=ReasonCode.values),
+                name="audit_event_reason_code_check",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["tenant", "task_id", "id"], name="audit_event_task_idx"),
+            models.Index(
+                fields=["tenant", "operation_id", "id"],
+                condition=Q(operation_id__isnull=False),
+                name="audit_event_operation_idx",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.code} by {self.actor_type}:{self.actor_id}"
+
+
+class OutboxState(models.TextChoices):
+    PENDING = "pending"
+    SENT = "sent"
+    DEAD = "dead"
+
+
+class Outbox(models.Model):
+    """A downstream message, written in the same transaction as its event."""
+
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
+    tenant = models.ForeignKey("portal.Tenant", on_delete=models.PROTECT)
+    event = models.ForeignKey(
+        Event, on_delete=models.PROTECT, db_constraint=False, related_name="+"
+    )
+    topic = models.CharField(max_length=100)
+    # Goes out as the message id / Idempotency-Key: consumers dedupe on it.
+    key = models.CharField(max_length=200)
+    payload = models.JSONField()
+    state = models.CharField(
+        max_length=10, choices=OutboxState, default=OutboxState.PENDING
+    )
+    attempts = models.PositiveIntegerField(default=0)
+    available_at = models.DateTimeField(db_default=Now())
+    sent_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.CharField(max_length=500, blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    class Meta:
+        verbose_name_plural = "outbox"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "id"], name="audit_outbox_tenant_id_uniq"
+            ),
+            models.UniqueConstraint(
+                fields=["tenant", "key"], name="audit_outbox_key_uniq"
+            ),
+            models.CheckConstraint(
+                condition=Q(state__in=OutboxState.values),
+                name="audit_outbox_state_check",
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["available_at", "id"],
+                condition=Q(state="pending"),
+                name="audit_outbox_due_idx",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.topic} [{self.key}] ({self.state})"

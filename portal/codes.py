@@ -1,0 +1,25 @@
+"""Stable reason codes: in events, API errors and the takeover queue.
+
+Append only; never rename or reuse a code. The list is copied into CHECK constraints by
+migrations (STYLE.md R7); ``tests/db/test_copies.py`` checks every copy.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class ReasonCode(models.TextChoices):
+    FIELD_MISSING = "FIELD_MISSING"
+    FIELD_SOURCE_MISMATCH = "FIELD_SOURCE_MISMATCH"
+    FIELD_STALE = "FIELD_STALE"
+    CONTRACT_RETIRED = "CONTRACT_RETIRED"
+    VERSION_CONFLICT = "VERSION_CONFLICT"
+    TARGET_FORBIDDEN = "TARGET_FORBIDDEN"
+    PERMISSION_REVOKED = "PERMISSION_REVOKED"
+    CREDENTIAL_EXPIRED = "CREDENTIAL_EXPIRED"
+    RESULT_UNKNOWN = "RESULT_UNKNOWN"
+    MULTIPLE_RECEIPTS = "MULTIPLE_RECEIPTS"
+    LEASE_EXPIRED = "LEASE_EXPIRED"
+    IDEMPOTENCY_KEY_REUSED = "IDEMPOTENCY_KEY_REUSED"
+    STALE_STATE = "STALE_STATE"

@@ -1,0 +1,99 @@
+"""Transaction guards and the one place database errors become domain errors.
+
+``require_transaction`` and ``forbid_transaction`` are the only transaction helpers
+(STYLE.md R5). Both ignore the atomic blocks that Django's test cases wrap around each
+test (their private ``_from_testcase`` flag, read nowhere else), so tests see the same
+guard behaviour as production.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any, ParamSpec, TypeVar
+
+from django.db import IntegrityError, connection
+
+from .exceptions import (
+    IntegrityViolation,
+    PortalError,
+    TransactionForbidden,
+    TransactionRequired,
+)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+# Constraint or trigger name -> the domain error it means. Apps register theirs once,
+# from their ``exceptions`` module, so translation stays in this one function.
+_CONSTRAINT_ERRORS: dict[str, type[PortalError]] = {}
+
+
+def register_constraint_errors(errors: Mapping[str, type[PortalError]]) -> None:
+    """Declare which domain error a named constraint or trigger raises."""
+    _CONSTRAINT_ERRORS.update(errors)
+
+
+def _in_real_transaction() -> bool:
+    if not connection.in_atomic_block:
+        return False
+    # Test-case wrappers are not transactions the code under test opened.
+    return any(
+        not getattr(block, "_from_testcase", False)
+        for block in connection.atomic_blocks
+    )
+
+
+def require_transaction() -> None:
+    """Raise unless the caller holds a transaction of its own.
+
+    Raises:
+        TransactionRequired: no atomic block is open (test-case wrappers excluded).
+    """
+    if not _in_real_transaction():
+        raise TransactionRequired()
+
+
+def forbid_transaction(reason: str) -> None:
+    """Raise if a transaction is open: code that calls the network starts with this.
+
+    Raises:
+        TransactionForbidden: an atomic block is open (test-case wrappers excluded).
+    """
+    if _in_real_transaction():
+        raise TransactionForbidden(reason=reason)
+
+
+def constraint_name(error: IntegrityError) -> str | None:
+    """The name of the constraint or trigger PostgreSQL reported, if any."""
+    diag = getattr(error.__cause__, "diag", None)
+    return getattr(diag, "constraint_name", None)
+
+
+def translate_integrity_errors(func: Callable[P, R]) -> Callable[P, R]:
+    """Turn an ``IntegrityError`` into the domain error its constraint declares.
+
+    Goes *above* ``@transaction.atomic`` so the translation happens after rollback.
+    """
+
+    @functools.wraps(func)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return func(*args, **kwargs)
+        except IntegrityError as error:
+            name = constraint_name(error)
+            error_class = _CONSTRAINT_ERRORS.get(name or "", IntegrityViolation)
+            raise error_class(constraint=name) from error
+
+    return wrapper
+
+
+def fetch_one_dict(sql: str, params: Any) -> dict[str, Any] | None:
+    """Run one statement on the default connection; its first row as a dict."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+        if row is None:
+            return None
+        columns = [column.name for column in cursor.description]
+        return dict(zip(columns, row, strict=True))

@@ -1,0 +1,102 @@
+"""The one error hierarchy (STYLE.md R12).
+
+The first docstring line is the default ``detail``; keyword arguments become extension
+members of the problem+json answer; ``code`` is a reason code or an API-only code.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from .codes import ReasonCode
+
+
+class PortalError(Exception):
+    """Unexpected portal error."""
+
+    code: ClassVar[str] = "INTERNAL"
+    status: ClassVar[int] = 500
+    # Temporal's rule: the error says whether repeating the same call can succeed.
+    retryable: ClassVar[bool] = False
+
+    def __init__(self, detail: str | None = None, **context: Any) -> None:
+        self.context = context
+        self.detail = detail or (self.__doc__ or self.code).strip().splitlines()[0]
+        super().__init__(self.detail)
+
+    def __str__(self) -> str:
+        if not self.context:
+            return self.detail
+        extras = ", ".join(f"{key}={value!r}" for key, value in self.context.items())
+        return f"{self.detail} ({extras})"
+
+
+class NotFound(PortalError):
+    """No such object."""
+
+    code = "NOT_FOUND"
+    status = 404
+
+
+class ValidationFailed(PortalError):
+    """The request is not valid."""
+
+    code = "VALIDATION_FAILED"
+    status = 400
+
+
+class IllegalTransition(PortalError):
+    """That state change is not allowed from the current state."""
+
+    code = "ILLEGAL_TRANSITION"
+    status = 409
+
+
+class StaleState(PortalError):
+    """Another worker changed this object first; reload and retry."""
+
+    code = ReasonCode.STALE_STATE
+    status = 409
+    retryable = True
+
+
+class LeaseExpired(PortalError):
+    """The lease is gone: expired, released or taken over; the fencing token is old."""
+
+    code = ReasonCode.LEASE_EXPIRED
+    status = 409
+
+
+class IdempotencyKeyReused(PortalError):
+    """This key was already used with a different input; nothing was executed."""
+
+    code = ReasonCode.IDEMPOTENCY_KEY_REUSED
+    status = 422
+
+
+class TransactionRequired(PortalError):
+    """A helper that writes ran outside a transaction.
+
+    If you're hitting this, call the helper from a use-case service decorated with
+    ``@transaction.atomic(durable=True)``; helpers never open transactions themselves.
+    """
+
+    code = "TRANSACTION_REQUIRED"
+
+
+class TransactionForbidden(PortalError):
+    """Network I/O was attempted inside a database transaction.
+
+    If you're hitting this, a caller wrapped a network call in ``atomic()``. Reserve and
+    commit first, make the call with no transaction open, then record the result in a
+    new transaction (STYLE.md R5).
+    """
+
+    code = "TRANSACTION_FORBIDDEN"
+
+
+class IntegrityViolation(PortalError):
+    """The database refused a write that broke one of its invariants."""
+
+    code = "INTEGRITY_VIOLATION"
+    status = 409

@@ -1,0 +1,133 @@
+"""Tenancy and identity: tenants, agents and their keys, memberships.
+
+Every tenant-owned table has ``UNIQUE (tenant_id, id)`` so that children can point at
+it with a composite foreign key (DESIGN.md invariant 1); the composite keys themselves
+are added by hand-written migrations.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Now
+
+from .ids import new_id
+
+
+class EventsOnDelete(models.TextChoices):
+    """What tenant deletion does with the audit trail."""
+
+    KEEP = "keep", "Keep events (tenant row stays as a tombstone)"
+    PURGE = "purge", "Purge events with the tenant"
+
+
+class Tenant(models.Model):
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
+    slug = models.SlugField(max_length=63, unique=True)
+    name = models.CharField(max_length=200)
+    events_on_delete = models.CharField(
+        max_length=10, choices=EventsOnDelete, default=EventsOnDelete.KEEP
+    )
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+    # Set when the tenant was deleted and its events kept (EventsOnDelete.KEEP).
+    deleted_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(events_on_delete__in=EventsOnDelete.values),
+                name="portal_tenant_events_on_delete_check",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Agent(models.Model):
+    """An API identity of one tenant: a program that calls the REST API."""
+
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="agents")
+    name = models.CharField(max_length=200)
+    is_active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "id"], name="portal_agent_tenant_id_uniq"
+            ),
+            models.UniqueConstraint(
+                fields=["tenant", "name"], name="portal_agent_name_uniq"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class AgentKey(models.Model):
+    """An agent's API key, stored only as a SHA-256 hash behind a lookup prefix.
+
+    Keys are 256-bit random secrets, so a fast hash is enough: there is nothing to
+    brute-force that a slow hash would protect.
+    """
+
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT)
+    agent = models.ForeignKey(
+        Agent, on_delete=models.PROTECT, db_constraint=False, related_name="keys"
+    )
+    prefix = models.CharField(max_length=16, unique=True)
+    key_hash = models.CharField(max_length=64)
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "id"], name="portal_agentkey_tenant_id_uniq"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.prefix}…"
+
+
+class Role(models.TextChoices):
+    REVIEWER = "reviewer", "Compliance reviewer"
+    SUPPORT = "support", "Support staff"
+    ADMIN = "admin", "Tenant administrator"
+
+
+class Membership(models.Model):
+    """A Django user's role in one tenant."""
+
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.PROTECT, related_name="memberships"
+    )
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+    )
+    role = models.CharField(max_length=20, choices=Role)
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "id"], name="portal_membership_tenant_id_uniq"
+            ),
+            models.UniqueConstraint(
+                fields=["tenant", "user"], name="portal_membership_user_uniq"
+            ),
+            models.CheckConstraint(
+                condition=Q(role__in=Role.values), name="portal_membership_role_check"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} · {self.role} · {self.tenant}"

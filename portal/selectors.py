@@ -1,0 +1,66 @@
+"""Reads of tenancy and identity."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import uuid
+
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db.models import QuerySet
+
+from .exceptions import NotFound
+from .models import Agent, AgentKey, Membership, Role, Tenant
+
+
+class TenantNotFound(NotFound):
+    """No such tenant."""
+
+
+def tenant_get(*, tenant_id: uuid.UUID | str) -> Tenant:
+    """The live tenant with this id.
+
+    Raises:
+        TenantNotFound: no such tenant, or it was deleted.
+    """
+    try:
+        return Tenant.objects.get(pk=tenant_id, deleted_at__isnull=True)
+    except (Tenant.DoesNotExist, ValueError):
+        raise TenantNotFound(tenant_id=str(tenant_id)) from None
+
+
+def tenants_of(
+    *, user: AbstractBaseUser | AnonymousUser, roles: tuple[Role, ...] | None = None
+) -> QuerySet[Tenant]:
+    """Live tenants in which the user holds a membership (optionally one of roles)."""
+    if not user.is_authenticated:
+        return Tenant.objects.none()
+    memberships = Membership.objects.filter(user_id=user.pk)
+    if roles is not None:
+        memberships = memberships.filter(role__in=roles)
+    return Tenant.objects.filter(
+        deleted_at__isnull=True, pk__in=memberships.values("tenant_id")
+    )
+
+
+def agent_key_hash(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def agent_for_key(*, secret: str) -> Agent | None:
+    """The active agent a presented API key belongs to, or None.
+
+    The prefix finds the row; the hash is compared in constant time.
+    """
+    prefix, _, _ = secret.partition(".")
+    key = (
+        AgentKey.objects.select_related("agent", "agent__tenant")
+        .filter(prefix=prefix, revoked_at__isnull=True)
+        .first()
+    )
+    if key is None or not hmac.compare_digest(key.key_hash, agent_key_hash(secret)):
+        return None
+    agent = key.agent
+    if not agent.is_active or agent.tenant.deleted_at is not None:
+        return None
+    return agent

@@ -1,0 +1,59 @@
+"""Writes of tenancy and identity."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+
+from . import selectors
+from .models import Agent, AgentKey, EventsOnDelete, Membership, Role, Tenant
+
+# "agp_" marks a portal key in logs and secret scanners; the part before the dot is
+# the lookup prefix, stored in clear.
+KEY_PREFIX_MARK = "agp_"
+
+
+@dataclass(frozen=True, kw_only=True)
+class IssuedKey:
+    key: AgentKey
+    secret: str  # shown once; only its hash is stored
+
+
+@transaction.atomic(durable=True)
+def tenant_create(
+    *, slug: str, name: str, events_on_delete: str = EventsOnDelete.KEEP
+) -> Tenant:
+    """Create a tenant."""
+    return Tenant.objects.create(slug=slug, name=name, events_on_delete=events_on_delete)
+
+
+@transaction.atomic(durable=True)
+def agent_create(*, tenant: Tenant, name: str) -> Agent:
+    """Create an agent (an API identity) in the tenant."""
+    return Agent.objects.create(tenant=tenant, name=name)
+
+
+@transaction.atomic(durable=True)
+def agent_key_issue(*, agent: Agent) -> IssuedKey:
+    """Issue a new API key for the agent; the secret is returned once, never stored."""
+    prefix = KEY_PREFIX_MARK + secrets.token_hex(6)
+    secret = f"{prefix}.{secrets.token_urlsafe(32)}"
+    key = AgentKey.objects.create(
+        tenant_id=agent.tenant_id,
+        agent=agent,
+        prefix=prefix,
+        key_hash=selectors.agent_key_hash(secret),
+    )
+    return IssuedKey(key=key, secret=secret)
+
+
+@transaction.atomic(durable=True)
+def membership_grant(*, tenant: Tenant, user: AbstractBaseUser, role: Role) -> Membership:
+    """Give the user a role in the tenant (replacing any role held before)."""
+    membership, _ = Membership.objects.update_or_create(
+        tenant=tenant, user_id=user.pk, defaults={"role": role}
+    )
+    return membership

@@ -1,0 +1,168 @@
+"""Django settings, driven by environment variables (see README, "Configuration").
+
+Development defaults need no environment at all; production refuses to start without
+``DJANGO_SECRET_KEY`` and ``DJANGO_ALLOWED_HOSTS``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+# Project-local, git-ignored state: embedded PostgreSQL data, broker folders, logs.
+VAR_DIR = Path(os.environ.get("PORTAL_VAR_DIR", BASE_DIR / "var"))
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _env_list(name: str, default: str = "") -> list[str]:
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item]
+
+
+DEBUG = _env_bool("DJANGO_DEBUG", default=False)
+PRODUCTION = not DEBUG and "DJANGO_SECRET_KEY" in os.environ
+
+# Development runs get a fixed, clearly insecure key; production must bring its own.
+SECRET_KEY = os.environ.get(
+    "DJANGO_SECRET_KEY", "django-insecure-development-only-key-never-use-in-production"
+)
+ALLOWED_HOSTS = _env_list("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
+CSRF_TRUSTED_ORIGINS = _env_list("DJANGO_CSRF_TRUSTED_ORIGINS")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "guardian",
+    "portal",
+    "tasks",
+    "audit",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "portal.urls"
+WSGI_APPLICATION = "portal.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# The embedded server started by ``manage.py up`` (see portal/embedded_db.py) listens
+# here when DATABASE_URL is unset.
+EMBEDDED_DATABASE_URL = "postgres://postgres@127.0.0.1:{port}/portal".format(
+    port=os.environ.get("PORTAL_EMBEDDED_PG_PORT", "54329")
+)
+DATABASE_URL = os.environ.get("DATABASE_URL") or EMBEDDED_DATABASE_URL
+_database: dict[str, Any] = dict(
+    dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)
+)
+_database["OPTIONS"] = {
+    # Fail fast rather than queue behind a stuck lock; services retry where it is safe.
+    "options": "-c lock_timeout=10000 -c statement_timeout=60000",
+}
+_database["TEST"] = {"NAME": os.environ.get("PORTAL_TEST_DATABASE", "test_portal")}
+DATABASES = {"default": _database}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+# Each service opens its own durable transaction (STYLE.md R5).
+ATOMIC_REQUESTS = False
+
+AUTHENTICATION_BACKENDS = [
+    "django.contrib.auth.backends.ModelBackend",
+    "guardian.backends.ObjectPermissionBackend",
+]
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = Path(os.environ.get("DJANGO_STATIC_ROOT", BASE_DIR / "staticfiles"))
+
+REST_FRAMEWORK: dict[str, Any] = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [],
+    "DEFAULT_PERMISSION_CLASSES": [],
+    "UNAUTHENTICATED_USER": None,
+}
+
+# Celery: RabbitMQ (or any broker URL) when configured; kombu's filesystem transport
+# under var/broker/ otherwise, so one laptop needs no broker service.
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "filesystem://")
+if CELERY_BROKER_URL == "filesystem://":
+    _broker_dir = VAR_DIR / "broker"
+    CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, Any] = {
+        "data_folder_in": str(_broker_dir / "queue"),
+        "data_folder_out": str(_broker_dir / "queue"),
+        "control_folder": str(_broker_dir / "control"),
+        "processed_folder": str(_broker_dir / "processed"),
+        "store_processed": False,
+    }
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_SOFT_TIME_LIMIT = 60
+CELERY_TASK_TIME_LIMIT = 90
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BEAT_SCHEDULE: dict[str, Any] = {}
+
+# Domain settings.
+PORTAL_EVENT_PAYLOAD_MAX_BYTES = 8192  # copied into audit migration 0002 (R7)
+PORTAL_DEFAULT_LEASE_SECONDS = 60
+PORTAL_MAX_LEASE_SECONDS = 3600
+
+LOGGING: dict[str, Any] = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("PORTAL_LOG_LEVEL", "INFO")},
+}
+
+if PRODUCTION:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = _env_bool("DJANGO_SECURE_SSL_REDIRECT", default=True)
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = int(os.environ.get("DJANGO_SECURE_HSTS_SECONDS", "31536000"))
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = True
+    SECURE_CONTENT_TYPE_NOSNIFF = True
+    X_FRAME_OPTIONS = "DENY"

@@ -1,0 +1,3 @@
+"""Tasks, operations, leases, contracts and the action gateway."""
+
+from __future__ import annotations

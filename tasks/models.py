@@ -1,0 +1,342 @@
+"""Tasks, operations, contracts, credentials and object versions.
+
+The transition tables here are the one source of truth; the database mirrors them in
+triggers (migration 0002) and ``tests/db/test_transitions.py`` proves the copy equal.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Now
+
+from portal.codes import ReasonCode
+from portal.ids import new_id
+
+
+class TaskState(models.TextChoices):
+    PENDING = "pending"
+    RUNNING = "running"
+    WAITING = "waiting"
+    HUMAN_REQUIRED = "human_required"
+    HUMAN_CLAIMED = "human_claimed"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class OperationState(models.TextChoices):
+    RESERVED = "reserved"
+    EXECUTING = "executing"
+    VERIFIED = "verified"
+    FAILED = "failed"
+    UNKNOWN = "unknown"
+    CONFLICT = "conflict"
+    HUMAN_REQUIRED = "human_required"
+
+
+class ContractStatus(models.TextChoices):
+    DRAFT = "draft"
+    PUBLISHED = "published"
+    RETIRED = "retired"
+
+
+_T = TaskState
+TASK_TRANSITIONS: Final[frozenset[tuple[str, str]]] = frozenset(
+    {
+        (_T.PENDING, _T.RUNNING),
+        (_T.PENDING, _T.CANCELLED),
+        (_T.PENDING, _T.HUMAN_REQUIRED),
+        (_T.RUNNING, _T.WAITING),
+        (_T.RUNNING, _T.PENDING),  # lease lapsed or handed back: run again
+        (_T.RUNNING, _T.SUCCEEDED),
+        (_T.RUNNING, _T.FAILED),
+        (_T.RUNNING, _T.CANCELLED),
+        (_T.RUNNING, _T.HUMAN_REQUIRED),
+        (_T.WAITING, _T.PENDING),
+        (_T.WAITING, _T.CANCELLED),
+        (_T.WAITING, _T.HUMAN_REQUIRED),
+        (_T.HUMAN_REQUIRED, _T.HUMAN_CLAIMED),
+        (_T.HUMAN_CLAIMED, _T.HUMAN_REQUIRED),  # the person releases the claim
+        (_T.HUMAN_CLAIMED, _T.SUCCEEDED),
+        (_T.HUMAN_CLAIMED, _T.FAILED),
+        (_T.HUMAN_CLAIMED, _T.CANCELLED),
+        (_T.HUMAN_CLAIMED, _T.PENDING),  # handed back to automation
+    }
+)
+TASK_TERMINAL_STATES: Final[frozenset[str]] = frozenset(
+    {_T.SUCCEEDED, _T.FAILED, _T.CANCELLED}
+)
+
+_O = OperationState
+OPERATION_TRANSITIONS: Final[frozenset[tuple[str, str]]] = frozenset(
+    {
+        (_O.RESERVED, _O.EXECUTING),
+        (_O.RESERVED, _O.FAILED),  # refused by the gateway before any call
+        (_O.RESERVED, _O.HUMAN_REQUIRED),  # needs a person's approval first
+        (_O.EXECUTING, _O.VERIFIED),
+        (_O.EXECUTING, _O.FAILED),
+        (_O.EXECUTING, _O.UNKNOWN),
+        (_O.UNKNOWN, _O.VERIFIED),
+        (_O.UNKNOWN, _O.FAILED),
+        (_O.UNKNOWN, _O.EXECUTING),  # bounded retry with the same key
+        (_O.UNKNOWN, _O.CONFLICT),
+        (_O.UNKNOWN, _O.HUMAN_REQUIRED),
+        (_O.HUMAN_REQUIRED, _O.EXECUTING),  # approved: run once, same key
+        (_O.HUMAN_REQUIRED, _O.VERIFIED),  # a person found the receipt
+        (_O.HUMAN_REQUIRED, _O.FAILED),
+        (_O.CONFLICT, _O.VERIFIED),  # a person settled the conflict with evidence
+        (_O.CONFLICT, _O.FAILED),
+    }
+)
+
+
+class Contract(models.Model):
+    """A versioned field contract. Published versions never change (invariant 8)."""
+
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
+    tenant = models.ForeignKey("portal.Tenant", on_delete=models.PROTECT)
+    key = models.CharField(max_length=100)
+    version = models.PositiveIntegerField()
+    spec = models.JSONField()
+    status = models.CharField(
+        max_length=10, choices=ContractStatus, default=ContractStatus.DRAFT
+    )
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+    published_at = models.DateTimeField(null=True, blank=True)
+    retired_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "id"], name="tasks_contract_tenant_id_uniq"
+            ),
+            # Tasks pin (key, version) through a composite FK onto this.
+            models.UniqueConstraint(
+                fields=["tenant", "key", "version"],
+                name="tasks_contract_key_version_uniq",
+            ),
+            models.CheckConstraint(
+                condition=Q(status__in=ContractStatus.values),
+                name="tasks_contract_status_check",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key} v{self.version} ({self.status})"
+
+
+class Task(models.Model):
+    """A user-level workflow instance, with its lease and fencing token."""
+
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
+    tenant = models.ForeignKey("portal.Tenant", on_delete=models.PROTECT)
+    # The agent's own id for the task; registering it again is idempotent.
+    client_task_id = models.CharField(max_length=200)
+    registration_hash = models.CharField(max_length=64)
+    workflow_key = models.CharField(max_length=100)
+    workflow_version = models.CharField(max_length=50)
+    contract_key = models.CharField(max_length=100, null=True, blank=True)
+    contract_version = models.PositiveIntegerField(null=True, blank=True)
+    object_type = models.CharField(max_length=100)
+    object_id = models.CharField(max_length=200)
+    object_version = models.CharField(max_length=100)
+
+    state = models.CharField(max_length=20, choices=TaskState, default=TaskState.PENDING)
+    state_version = models.PositiveIntegerField(default=1)
+    current_step = models.CharField(max_length=100, blank=True, default="")
+    wake_at = models.DateTimeField(null=True, blank=True)
+    reason_code = models.CharField(
+        max_length=40, choices=ReasonCode, null=True, blank=True
+    )
+
+    lease_owner = models.CharField(max_length=200, null=True, blank=True)
+    # Rises on every acquisition and on every human claim; never falls (trigger).
+    lease_token = models.BigIntegerField(default=0)
+    lease_acquired_at = models.DateTimeField(null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+
+    trace_id = models.CharField(max_length=32, blank=True, default="")
+    span_id = models.CharField(max_length=16, blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "id"], name="tasks_task_tenant_id_uniq"
+            ),
+            # Registration is idempotent on the agent's own task id.
+            models.UniqueConstraint(
+                fields=["tenant", "client_task_id"],
+                name="tasks_task_client_task_id_uniq",
+            ),
+            models.CheckConstraint(
+                condition=Q(state__in=TaskState.values), name="tasks_task_state_check"
+            ),
+            models.CheckConstraint(
+                condition=Q(reason_code__isnull=True)
+                | Q(reason_code__in=ReasonCode.values),
+                name="tasks_task_reason_code_check",
+            ),
+            models.CheckConstraint(
+                condition=Q(contract_key__isnull=True, contract_version__isnull=True)
+                | Q(contract_key__isnull=False, contract_version__isnull=False),
+                name="tasks_task_contract_pin_check",
+            ),
+            models.CheckConstraint(
+                condition=Q(lease_owner__isnull=True)
+                | Q(lease_expires_at__isnull=False, lease_acquired_at__isnull=False),
+                name="tasks_task_lease_complete_check",
+            ),
+        ]
+        indexes = [
+            # claim_next scans pending tasks oldest first.
+            models.Index(
+                fields=["tenant", "created_at"],
+                condition=Q(state="pending"),
+                name="tasks_task_pending_idx",
+            ),
+            models.Index(
+                fields=["lease_expires_at"],
+                condition=Q(lease_owner__isnull=False),
+                name="tasks_task_lease_expiry_idx",
+            ),
+            models.Index(
+                fields=["wake_at"], condition=Q(state="waiting"),
+                name="tasks_task_wake_idx",
+            ),
+            models.Index(
+                fields=["tenant", "state", "updated_at"], name="tasks_task_state_idx"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.client_task_id} ({self.state})"
+
+
+class Operation(models.Model):
+    """One side effect a task attempts, under a stable idempotency key."""
+
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
+    tenant = models.ForeignKey("portal.Tenant", on_delete=models.PROTECT)
+    task = models.ForeignKey(
+        Task, on_delete=models.PROTECT, db_constraint=False, related_name="operations"
+    )
+    idempotency_key = models.CharField(max_length=200)
+    action = models.CharField(max_length=100)
+    target = models.CharField(max_length=200)
+    # SHA-256 of the input in RFC 8785 canonical JSON (tasks/hashing.py).
+    input_hash = models.CharField(max_length=64)
+    input = models.JSONField()
+    state = models.CharField(
+        max_length=20, choices=OperationState, default=OperationState.RESERVED
+    )
+    state_version = models.PositiveIntegerField(default=1)
+    reason_code = models.CharField(
+        max_length=40, choices=ReasonCode, null=True, blank=True
+    )
+    attempts = models.PositiveIntegerField(default=0)
+    provider_reference = models.CharField(max_length=200, null=True, blank=True)
+    result = models.JSONField(null=True, blank=True)  # redacted
+    trace_id = models.CharField(max_length=32, blank=True, default="")
+    span_id = models.CharField(max_length=16, blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "id"], name="tasks_operation_tenant_id_uniq"
+            ),
+            # A retried reservation must not make a second operation.
+            models.UniqueConstraint(
+                fields=["tenant", "idempotency_key"],
+                name="tasks_operation_idempotency_key_uniq",
+            ),
+            models.CheckConstraint(
+                condition=Q(state__in=OperationState.values),
+                name="tasks_operation_state_check",
+            ),
+            models.CheckConstraint(
+                condition=Q(reason_code__isnull=True)
+                | Q(reason_code__in=ReasonCode.values),
+                name="tasks_operation_reason_code_check",
+            ),
+            models.CheckConstraint(
+                condition=~Q(state="verified") | Q(provider_reference__isnull=False),
+                name="tasks_operation_verified_has_receipt_check",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["tenant", "task"], name="tasks_operation_task_idx"),
+            models.Index(
+                fields=["updated_at"],
+                condition=Q(state__in=["executing", "unknown"]),
+                name="tasks_operation_in_doubt_idx",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.action} {self.target} [{self.idempotency_key}] ({self.state})"
+
+
+class Credential(models.Model):
+    """A short-lived grant scoped to one operation. Its secret is never stored."""
+
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
+    tenant = models.ForeignKey("portal.Tenant", on_delete=models.PROTECT)
+    operation = models.ForeignKey(
+        Operation, on_delete=models.PROTECT, db_constraint=False,
+        related_name="credentials",
+    )
+    object_type = models.CharField(max_length=100)
+    object_id = models.CharField(max_length=200)
+    fields = models.JSONField(default=list)
+    action = models.CharField(max_length=100)
+    target = models.CharField(max_length=200)
+    secret_hash = models.CharField(max_length=64)
+    issued_at = models.DateTimeField(db_default=Now(), editable=False)
+    expires_at = models.DateTimeField()
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "id"], name="tasks_credential_tenant_id_uniq"
+            ),
+            models.CheckConstraint(
+                condition=Q(expires_at__gt=models.F("issued_at")),
+                name="tasks_credential_expiry_check",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"credential {self.action} {self.target} until {self.expires_at}"
+
+
+class ObjectVersion(models.Model):
+    """The current version of a business object, as the gateway sees it at write time."""
+
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
+    tenant = models.ForeignKey("portal.Tenant", on_delete=models.PROTECT)
+    object_type = models.CharField(max_length=100)
+    object_id = models.CharField(max_length=200)
+    version = models.CharField(max_length=100)
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "id"], name="tasks_objectversion_tenant_id_uniq"
+            ),
+            models.UniqueConstraint(
+                fields=["tenant", "object_type", "object_id"],
+                name="tasks_objectversion_object_uniq",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.object_type}/{self.object_id} @ {self.version}"
