@@ -77,7 +77,9 @@ class Event(models.Model):
             ),
         ]
         indexes = [
-            models.Index(fields=["tenant", "task_id", "id"], name="audit_event_task_idx"),
+            models.Index(
+                fields=["tenant", "task_id", "id"], name="audit_event_task_idx"
+            ),
             models.Index(
                 fields=["tenant", "operation_id", "id"],
                 condition=Q(operation_id__isnull=False),

@@ -9,10 +9,11 @@ guard behaviour as production.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ParamSpec, TypeVar
 
 from django.db import IntegrityError, connection
+from django.db.models import Model
 
 from .exceptions import (
     IntegrityViolation,
@@ -23,6 +24,7 @@ from .exceptions import (
 
 P = ParamSpec("P")
 R = TypeVar("R")
+M = TypeVar("M", bound=Model)
 
 # Constraint or trigger name -> the domain error it means. Apps register theirs once,
 # from their ``exceptions`` module, so translation stays in this one function.
@@ -97,3 +99,32 @@ def fetch_one_dict(sql: str, params: Any) -> dict[str, Any] | None:
             return None
         columns = [column.name for column in cursor.description]
         return dict(zip(columns, row, strict=True))
+
+
+def model_from_row(model: type[M], attnames: Sequence[str], row: Sequence[Any]) -> M:
+    """Build a model instance from a raw row, applying the fields' DB converters.
+
+    For hand-written hot-path statements that ``RETURNING`` the concrete columns in
+    ``attnames`` order; the result is what the ORM would have loaded.
+    """
+    fields = _fields_by_attname(model)
+    values = []
+    for attname, value in zip(attnames, row, strict=True):
+        converter = getattr(fields[attname], "from_db_value", None)
+        if converter is not None and value is not None:
+            value = converter(value, None, connection)
+        values.append(value)
+    return model.from_db(connection.alias, list(attnames), values)
+
+
+@functools.cache
+def _fields_by_attname(model: type[Model]) -> dict[str, Any]:
+    return {field.attname: field for field in model._meta.concrete_fields}
+
+
+def returning_columns(model: type[Model], alias: str) -> tuple[tuple[str, ...], str]:
+    """(attnames, SQL column list) for ``RETURNING`` every concrete column of model."""
+    fields = model._meta.concrete_fields
+    attnames = tuple(field.attname for field in fields)
+    sql = ", ".join(f"{alias}.{field.column}" for field in fields)
+    return attnames, sql

@@ -27,7 +27,9 @@ def tenant_create(
     *, slug: str, name: str, events_on_delete: str = EventsOnDelete.KEEP
 ) -> Tenant:
     """Create a tenant."""
-    return Tenant.objects.create(slug=slug, name=name, events_on_delete=events_on_delete)
+    return Tenant.objects.create(
+        slug=slug, name=name, events_on_delete=events_on_delete
+    )
 
 
 @transaction.atomic(durable=True)
@@ -51,7 +53,9 @@ def agent_key_issue(*, agent: Agent) -> IssuedKey:
 
 
 @transaction.atomic(durable=True)
-def membership_grant(*, tenant: Tenant, user: AbstractBaseUser, role: Role) -> Membership:
+def membership_grant(
+    *, tenant: Tenant, user: AbstractBaseUser, role: Role
+) -> Membership:
     """Give the user a role in the tenant (replacing any role held before)."""
     membership, _ = Membership.objects.update_or_create(
         tenant=tenant, user_id=user.pk, defaults={"role": role}

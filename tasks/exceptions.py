@@ -1,1 +1,83 @@
+"""Errors of the task, operation and contract domain."""
+
 from __future__ import annotations
+
+from portal import db as portal_db
+from portal.codes import ReasonCode
+from portal.exceptions import (
+    IdempotencyKeyReused,
+    IllegalTransition,
+    LeaseExpired,
+    NotFound,
+    PortalError,
+    StaleState,
+    ValidationFailed,
+)
+
+
+class TaskNotFound(NotFound):
+    """No such task."""
+
+
+class OperationNotFound(NotFound):
+    """No such operation."""
+
+
+class ContractNotFound(NotFound):
+    """No such published contract version."""
+
+
+class ContractRetired(PortalError):
+    """The contract version is retired: no new work may start under it."""
+
+    code = ReasonCode.CONTRACT_RETIRED
+    status = 422
+
+
+class ContractInvalid(ValidationFailed):
+    """The contract spec is not valid."""
+
+    code = "CONTRACT_INVALID"
+
+
+class ContractImmutable(PortalError):
+    """A published contract version cannot change; publish a new version instead."""
+
+    code = "CONTRACT_IMMUTABLE"
+    status = 409
+
+
+class TaskIdReused(IdempotencyKeyReused):
+    """This task id was already registered with different details; nothing changed."""
+
+
+class LeaseHeld(PortalError):
+    """Another owner holds an unexpired lease on this task."""
+
+    code = "LEASE_HELD"
+    status = 409
+    retryable = True
+
+
+class TaskNotLeasable(PortalError):
+    """Only pending, running or waiting tasks can be leased."""
+
+    code = "TASK_NOT_LEASABLE"
+    status = 409
+
+
+portal_db.register_constraint_errors(
+    {
+        "tasks_task_transition_trg": IllegalTransition,
+        "tasks_operation_transition_trg": IllegalTransition,
+        "tasks_task_state_version_trg": StaleState,
+        "tasks_operation_state_version_trg": StaleState,
+        "tasks_task_lease_token_trg": LeaseExpired,
+        "tasks_contract_immutable_trg": ContractImmutable,
+        "tasks_task_contract_same_tenant_fk": ContractNotFound,
+        "tasks_operation_task_same_tenant_fk": TaskNotFound,
+        "tasks_credential_operation_same_tenant_fk": OperationNotFound,
+        "tasks_task_client_task_id_uniq": TaskIdReused,
+        "tasks_operation_idempotency_key_uniq": IdempotencyKeyReused,
+    }
+)

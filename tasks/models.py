@@ -144,7 +144,9 @@ class Task(models.Model):
     object_id = models.CharField(max_length=200)
     object_version = models.CharField(max_length=100)
 
-    state = models.CharField(max_length=20, choices=TaskState, default=TaskState.PENDING)
+    state = models.CharField(
+        max_length=20, choices=TaskState, default=TaskState.PENDING
+    )
     state_version = models.PositiveIntegerField(default=1)
     current_step = models.CharField(max_length=100, blank=True, default="")
     wake_at = models.DateTimeField(null=True, blank=True)
@@ -205,7 +207,8 @@ class Task(models.Model):
                 name="tasks_task_lease_expiry_idx",
             ),
             models.Index(
-                fields=["wake_at"], condition=Q(state="waiting"),
+                fields=["wake_at"],
+                condition=Q(state="waiting"),
                 name="tasks_task_wake_idx",
             ),
             models.Index(
@@ -289,7 +292,9 @@ class Credential(models.Model):
     id = models.UUIDField(primary_key=True, default=new_id, editable=False)
     tenant = models.ForeignKey("portal.Tenant", on_delete=models.PROTECT)
     operation = models.ForeignKey(
-        Operation, on_delete=models.PROTECT, db_constraint=False,
+        Operation,
+        on_delete=models.PROTECT,
+        db_constraint=False,
         related_name="credentials",
     )
     object_type = models.CharField(max_length=100)
@@ -318,7 +323,7 @@ class Credential(models.Model):
 
 
 class ObjectVersion(models.Model):
-    """The current version of a business object, as the gateway sees it at write time."""
+    """The current version of a business object, as the gateway sees it at write."""
 
     id = models.UUIDField(primary_key=True, default=new_id, editable=False)
     tenant = models.ForeignKey("portal.Tenant", on_delete=models.PROTECT)

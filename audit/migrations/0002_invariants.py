@@ -44,6 +44,9 @@ ALTER TABLE audit_outbox DROP CONSTRAINT audit_outbox_event_same_tenant_fk;
 
 
 class Migration(migrations.Migration):
-    dependencies = [("audit", "0001_initial"), ("portal", "0002_clock_and_composite_keys")]
+    dependencies = [
+        ("audit", "0001_initial"),
+        ("portal", "0002_clock_and_composite_keys"),
+    ]
 
     operations = [migrations.RunSQL(FORWARD, REVERSE)]

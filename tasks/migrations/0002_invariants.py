@@ -149,6 +149,9 @@ ALTER TABLE tasks_operation DROP CONSTRAINT tasks_operation_task_same_tenant_fk;
 
 
 class Migration(migrations.Migration):
-    dependencies = [("tasks", "0001_initial"), ("portal", "0002_clock_and_composite_keys")]
+    dependencies = [
+        ("tasks", "0001_initial"),
+        ("portal", "0002_clock_and_composite_keys"),
+    ]
 
     operations = [migrations.RunSQL(FORWARD, REVERSE)]

@@ -1,0 +1,77 @@
+"""The field-contract spec and its JSON Schema (the seed's contract, DESIGN.md)."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import jsonschema
+
+from .exceptions import ContractInvalid
+
+_NAME = {"type": "string", "minLength": 1, "maxLength": 100}
+
+CONTRACT_SPEC_SCHEMA: Final[dict[str, Any]] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["object_type", "required_fields", "policy", "receipt"],
+    "properties": {
+        "object_type": _NAME,
+        "required_fields": {
+            "type": "array",
+            "maxItems": 100,
+            "items": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["name", "source", "max_age_s"],
+                "properties": {
+                    "name": _NAME,
+                    "source": _NAME,
+                    "max_age_s": {"type": "integer", "minimum": 0},
+                },
+            },
+        },
+        "policy": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["read_fields", "write_targets", "credential_ttl_s"],
+            "properties": {
+                "read_fields": {"type": "array", "items": _NAME, "maxItems": 100},
+                "write_targets": {"type": "array", "items": _NAME, "maxItems": 100},
+                "credential_ttl_s": {"type": "integer", "minimum": 1, "maximum": 3600},
+            },
+        },
+        "receipt": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["required", "type"],
+            "properties": {"required": {"type": "boolean"}, "type": _NAME},
+        },
+    },
+}
+
+_VALIDATOR = jsonschema.Draft202012Validator(CONTRACT_SPEC_SCHEMA)
+
+
+def contract_spec_validate(spec: Any) -> None:
+    """Check a contract spec against the schema, and field names for duplicates.
+
+    Raises:
+        ContractInvalid: with every problem found, each with its JSON path.
+    """
+    problems = [
+        {
+            "path": "/" + "/".join(str(part) for part in error.absolute_path),
+            "message": error.message,
+        }
+        for error in sorted(_VALIDATOR.iter_errors(spec), key=lambda e: e.json_path)
+    ]
+    if not problems:
+        names = [field["name"] for field in spec["required_fields"]]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            problems.append(
+                {"path": "/required_fields", "message": f"duplicate names {duplicates}"}
+            )
+    if problems:
+        raise ContractInvalid(problems=problems)

@@ -1,0 +1,952 @@
+"""Writes of tasks, leases, operations and contracts.
+
+Each use-case service is one durable transaction that writes the state change, one
+event and (through ``event_append``) one outbox row together (STYLE.md R4, R5).
+
+The hot paths (transition, lease, claim, reserve, outcome) are hand-written single
+statements: the guard, the write and the read-back happen in one round trip, so a
+zero-row result means "someone moved on" and only then is the row read again to say
+why (``STALE_STATE``, ``LEASE_EXPIRED``, ...). Every expiry comparison uses the one
+SQL clock, ``app_now()``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Max
+from django.db.models.functions import Now
+
+from audit import services as audit_services
+from audit.models import EventCode
+from audit.redaction import redact_payload
+from portal import db as portal_db
+from portal.actors import Actor
+from portal.codes import ReasonCode
+from portal.exceptions import (
+    IdempotencyKeyReused,
+    IllegalTransition,
+    LeaseExpired,
+    StaleState,
+    ValidationFailed,
+)
+from portal.ids import new_id
+from portal.models import Tenant
+from portal.tracing import NO_TRACE, Trace
+
+from . import selectors
+from .contracts import contract_spec_validate
+from .exceptions import (
+    ContractNotFound,
+    ContractRetired,
+    LeaseHeld,
+    OperationNotFound,
+    TaskIdReused,
+    TaskNotFound,
+    TaskNotLeasable,
+)
+from .hashing import input_hash
+from .models import (
+    OPERATION_TRANSITIONS,
+    TASK_TRANSITIONS,
+    Contract,
+    ContractStatus,
+    ObjectVersion,
+    Operation,
+    OperationState,
+    Task,
+    TaskState,
+)
+
+_TASK_ATTNAMES, _TASK_COLUMNS = portal_db.returning_columns(Task, "t")
+_OPERATION_ATTNAMES, _OPERATION_COLUMNS = portal_db.returning_columns(Operation, "o")
+
+# Legal source states for each target state: the guard travels inside the UPDATE.
+_TASK_SOURCES: Final[dict[str, list[str]]] = {
+    target: sorted(source for source, to in TASK_TRANSITIONS if to == target)
+    for target in TaskState.values
+}
+_OPERATION_SOURCES: Final[dict[str, list[str]]] = {
+    target: sorted(source for source, to in OPERATION_TRANSITIONS if to == target)
+    for target in OperationState.values
+}
+LEASABLE_STATES: Final = (TaskState.PENDING, TaskState.RUNNING, TaskState.WAITING)
+
+
+def _seconds(value: float) -> dt.timedelta:
+    return dt.timedelta(seconds=value)
+
+
+def _fetch(sql: str, params: Mapping[str, Any] | list[Any]) -> tuple[Any, ...] | None:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchone()
+
+
+def _task(row: tuple[Any, ...]) -> Task:
+    return portal_db.model_from_row(Task, _TASK_ATTNAMES, row)
+
+
+def _operation(row: tuple[Any, ...]) -> Operation:
+    return portal_db.model_from_row(Operation, _OPERATION_ATTNAMES, row)
+
+
+def _task_refusal(
+    *,
+    tenant_id: uuid.UUID,
+    task_id: uuid.UUID,
+    lease_token: int | None,
+    expected_version: int | None = None,
+    to: str | None = None,
+) -> Exception:
+    """Why a guarded task write touched no row: reload and name the reason."""
+    row = _fetch(
+        """
+        SELECT state, state_version, lease_token,
+               lease_owner IS NOT NULL AND lease_expires_at > app_now()
+        FROM tasks_task WHERE tenant_id = %s AND id = %s
+        """,
+        [tenant_id, task_id],
+    )
+    if row is None:
+        return TaskNotFound(task_id=str(task_id))
+    state, state_version, current_token, lease_live = row
+    if lease_token is not None and (current_token != lease_token or not lease_live):
+        return LeaseExpired(task_id=str(task_id), lease_token=lease_token)
+    if expected_version is not None and state_version != expected_version:
+        return StaleState(
+            task_id=str(task_id),
+            expected_state_version=expected_version,
+            state_version=state_version,
+        )
+    return IllegalTransition(task_id=str(task_id), current=state, requested=to)
+
+
+# --- Registration --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Registration:
+    task: Task
+    created: bool
+
+
+_INSERT_TASK = f"""
+INSERT INTO tasks_task AS t (
+    id, tenant_id, client_task_id, registration_hash, workflow_key, workflow_version,
+    contract_key, contract_version, object_type, object_id, object_version,
+    state, state_version, current_step, lease_token, trace_id, span_id
+) VALUES (
+    %(id)s, %(tenant_id)s, %(client_task_id)s, %(registration_hash)s, %(workflow_key)s,
+    %(workflow_version)s, %(contract_key)s, %(contract_version)s, %(object_type)s,
+    %(object_id)s, %(object_version)s, 'pending', 1, '', 0, %(trace_id)s, %(span_id)s
+)
+ON CONFLICT (tenant_id, client_task_id) DO NOTHING
+RETURNING {_TASK_COLUMNS}
+"""
+
+
+@portal_db.translate_integrity_errors
+@transaction.atomic(durable=True)
+def task_register(
+    *,
+    tenant: Tenant,
+    actor: Actor,
+    client_task_id: str,
+    workflow_key: str,
+    workflow_version: str,
+    object_type: str,
+    object_id: str,
+    object_version: str,
+    contract_key: str | None = None,
+    contract_version: int | None = None,
+    trace: Trace = NO_TRACE,
+) -> Registration:
+    """Register a task, pinning its workflow, contract and object versions.
+
+    Idempotent on ``client_task_id``: the same details return the stored task
+    (``created=False``). A contract key without a version pins the newest published
+    version.
+
+    Raises:
+        TaskIdReused: the id was registered with different details.
+        ContractNotFound: no such published contract version.
+        ContractRetired: the pinned version is retired.
+    """
+    if contract_key is not None:
+        if contract_version is None:
+            contract = selectors.contract_latest_published(
+                tenant=tenant, key=contract_key
+            )
+        else:
+            contract = selectors.contract_get(
+                tenant=tenant, key=contract_key, version=contract_version
+            )
+        if contract.status == ContractStatus.RETIRED:
+            raise ContractRetired(key=contract_key, version=contract.version)
+        if contract.status != ContractStatus.PUBLISHED:
+            raise ContractNotFound(key=contract_key, version=contract.version)
+        contract_version = contract.version
+        pinned: tuple[str, int] | None = (contract_key, contract.version)
+    else:
+        pinned = None
+    details = {
+        "client_task_id": client_task_id,
+        "workflow_key": workflow_key,
+        "workflow_version": workflow_version,
+        "contract_key": contract_key,
+        "contract_version": contract_version,
+        "object_type": object_type,
+        "object_id": object_id,
+        "object_version": object_version,
+    }
+    registration_hash = input_hash(details)
+    row = _fetch(
+        _INSERT_TASK,
+        {
+            **details,
+            "id": new_id(),
+            "tenant_id": tenant.pk,
+            "registration_hash": registration_hash,
+            "trace_id": trace.trace_id,
+            "span_id": trace.span_id,
+        },
+    )
+    if row is None:  # registered before (or concurrently, now committed)
+        existing = Task.objects.get(tenant=tenant, client_task_id=client_task_id)
+        if existing.registration_hash != registration_hash:
+            raise TaskIdReused(client_task_id=client_task_id)
+        return Registration(task=existing, created=False)
+    task = _task(row)
+    audit_services.event_append(
+        tenant_id=tenant.pk,
+        code=EventCode.TASK_REGISTERED,
+        actor=actor,
+        task_id=task.pk,
+        trace=trace,
+        contract=pinned,
+        data={
+            "client_task_id": client_task_id,
+            "workflow": {"key": workflow_key, "version": workflow_version},
+            "object": {"type": object_type, "id": object_id, "version": object_version},
+        },
+    )
+    return Registration(task=task, created=True)
+
+
+# --- Transitions ---------------------------------------------------------------------
+
+_TRANSITION = f"""
+UPDATE tasks_task AS t SET
+    state = %(to)s,
+    state_version = t.state_version + 1,
+    reason_code = %(reason)s,
+    current_step = COALESCE(%(step)s, t.current_step),
+    wake_at = %(wake_at)s,
+    updated_at = statement_timestamp(),
+    lease_owner = CASE WHEN %(keep_lease)s THEN t.lease_owner END,
+    lease_acquired_at = CASE WHEN %(keep_lease)s THEN t.lease_acquired_at END,
+    lease_expires_at = CASE WHEN %(keep_lease)s THEN t.lease_expires_at END
+FROM tasks_task AS old
+WHERE t.tenant_id = %(tenant_id)s AND t.id = %(task_id)s AND old.id = t.id
+  AND t.state_version = %(expected_version)s
+  AND t.lease_token = %(lease_token)s
+  AND t.lease_owner IS NOT NULL AND t.lease_expires_at > app_now()
+  AND t.state = ANY(%(sources)s)
+RETURNING old.state, {_TASK_COLUMNS}
+"""
+
+
+@portal_db.translate_integrity_errors
+@transaction.atomic(durable=True)
+def task_transition(
+    *,
+    tenant: Tenant,
+    task_id: uuid.UUID,
+    to: TaskState | str,
+    expected_version: int,
+    lease_token: int,
+    actor: Actor,
+    reason: ReasonCode | str | None = None,
+    step: str | None = None,
+    wake_at: dt.datetime | None = None,
+    data: Mapping[str, Any] | None = None,
+    trace: Trace = NO_TRACE,
+) -> Task:
+    """Move a task to ``to`` under its lease; state, event and outbox row commit as one.
+
+    The lease stays with the task only while it is ``running``; any other target state
+    hands the lease back (the fencing token is kept, so old holders stay fenced out).
+
+    Raises:
+        TaskNotFound: no such task in the tenant.
+        LeaseExpired: the token is not the current one, or the lease lapsed.
+        StaleState: ``expected_version`` is not the current state version.
+        IllegalTransition: the state machine does not allow the move.
+    """
+    if to not in TaskState.values:
+        raise ValidationFailed(field="to", value=str(to))
+    if wake_at is not None and to != TaskState.WAITING:
+        raise ValidationFailed(
+            "wake_at is only for moves to 'waiting'.", field="wake_at"
+        )
+    row = _fetch(
+        _TRANSITION,
+        {
+            "to": to,
+            "reason": reason,
+            "step": step,
+            "wake_at": wake_at,
+            "keep_lease": to == TaskState.RUNNING,
+            "tenant_id": tenant.pk,
+            "task_id": task_id,
+            "expected_version": expected_version,
+            "lease_token": lease_token,
+            "sources": _TASK_SOURCES[to],
+        },
+    )
+    if row is None:
+        raise _task_refusal(
+            tenant_id=tenant.pk,
+            task_id=task_id,
+            lease_token=lease_token,
+            expected_version=expected_version,
+            to=to,
+        )
+    previous_state, task = row[0], _task(row[1:])
+    audit_services.event_append(
+        tenant_id=tenant.pk,
+        code=EventCode.TASK_TRANSITIONED,
+        actor=actor,
+        task_id=task.pk,
+        reason=reason,
+        trace=trace,
+        data={
+            "from": previous_state,
+            "to": to,
+            "state_version": task.state_version,
+            "step": task.current_step,
+            "lease_token": lease_token,
+            "data": data or {},
+        },
+    )
+    return task
+
+
+# --- Leases --------------------------------------------------------------------------
+
+_LEASE_ACQUIRE = f"""
+UPDATE tasks_task AS t SET
+    lease_owner = %(owner)s,
+    lease_token = t.lease_token + 1,
+    lease_acquired_at = app_now(),
+    lease_expires_at = app_now() + %(ttl)s,
+    updated_at = statement_timestamp()
+FROM tasks_task AS old
+WHERE t.tenant_id = %(tenant_id)s AND t.id = %(task_id)s AND old.id = t.id
+  AND t.state = ANY(%(leasable)s)
+  AND (t.lease_owner IS NULL OR t.lease_expires_at <= app_now())
+RETURNING old.lease_owner, {_TASK_COLUMNS}
+"""
+
+
+def _lease_ttl(ttl_s: float | None) -> dt.timedelta:
+    seconds = settings.PORTAL_DEFAULT_LEASE_SECONDS if ttl_s is None else ttl_s
+    if not 0 < seconds <= settings.PORTAL_MAX_LEASE_SECONDS:
+        raise ValidationFailed(
+            f"ttl_s must be in (0, {settings.PORTAL_MAX_LEASE_SECONDS}].",
+            field="ttl_s",
+            value=seconds,
+        )
+    return _seconds(seconds)
+
+
+@portal_db.translate_integrity_errors
+@transaction.atomic(durable=True)
+def task_lease_acquire(
+    *,
+    tenant: Tenant,
+    task_id: uuid.UUID,
+    owner: str,
+    actor: Actor,
+    ttl_s: float | None = None,
+    trace: Trace = NO_TRACE,
+) -> Task:
+    """Take the lease of a pending, running or waiting task that nobody holds.
+
+    Guarantee: the new fencing token is larger than any token issued for this task
+    before, so writes under an older token are refused from now on.
+
+    Raises:
+        TaskNotFound: no such task in the tenant.
+        TaskNotLeasable: the task is not pending, running or waiting.
+        LeaseHeld: someone else holds an unexpired lease.
+    """
+    ttl = _lease_ttl(ttl_s)
+    row = _fetch(
+        _LEASE_ACQUIRE,
+        {
+            "owner": owner,
+            "ttl": ttl,
+            "tenant_id": tenant.pk,
+            "task_id": task_id,
+            "leasable": list(LEASABLE_STATES),
+        },
+    )
+    if row is None:
+        task = selectors.task_get(tenant=tenant, task_id=task_id)
+        if task.state not in LEASABLE_STATES:
+            raise TaskNotLeasable(task_id=str(task_id), state=task.state)
+        raise LeaseHeld(task_id=str(task_id))
+    previous_owner, task = row[0], _task(row[1:])
+    audit_services.event_append(
+        tenant_id=tenant.pk,
+        code=EventCode.TASK_LEASE_ACQUIRED,
+        actor=actor,
+        task_id=task.pk,
+        trace=trace,
+        data={
+            "owner": owner,
+            "lease_token": task.lease_token,
+            "expires_at": task.lease_expires_at,
+            "taken_over_from": previous_owner,
+        },
+    )
+    return task
+
+
+_LEASE_RENEW = f"""
+UPDATE tasks_task AS t SET lease_expires_at = app_now() + %(ttl)s
+WHERE t.tenant_id = %(tenant_id)s AND t.id = %(task_id)s
+  AND t.lease_token = %(lease_token)s
+  AND t.lease_owner IS NOT NULL AND t.lease_expires_at > app_now()
+RETURNING {_TASK_COLUMNS}
+"""
+
+
+@portal_db.translate_integrity_errors
+@transaction.atomic(durable=True)
+def task_lease_renew(
+    *, tenant: Tenant, task_id: uuid.UUID, lease_token: int, ttl_s: float | None = None
+) -> Task:
+    """Extend a live lease from now by ``ttl_s``.
+
+    A heartbeat changes no state, so it writes no event: the expiry on the task row is
+    the record. A lapsed lease cannot be renewed; acquire it again (new token).
+
+    Raises:
+        TaskNotFound: no such task in the tenant.
+        LeaseExpired: the token is not current or the lease already lapsed.
+    """
+    row = _fetch(
+        _LEASE_RENEW,
+        {
+            "ttl": _lease_ttl(ttl_s),
+            "tenant_id": tenant.pk,
+            "task_id": task_id,
+            "lease_token": lease_token,
+        },
+    )
+    if row is None:
+        raise _task_refusal(
+            tenant_id=tenant.pk, task_id=task_id, lease_token=lease_token
+        )
+    return _task(row)
+
+
+_LEASE_RELEASE = f"""
+UPDATE tasks_task AS t SET
+    lease_owner = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
+    state = CASE WHEN t.state = 'running' THEN 'pending' ELSE t.state END,
+    state_version = t.state_version + (t.state = 'running')::int,
+    updated_at = statement_timestamp()
+FROM tasks_task AS old
+WHERE t.tenant_id = %(tenant_id)s AND t.id = %(task_id)s AND old.id = t.id
+  AND t.lease_token = %(lease_token)s
+  AND t.lease_owner IS NOT NULL AND t.lease_expires_at > app_now()
+RETURNING old.state, old.lease_owner, {_TASK_COLUMNS}
+"""
+
+
+@portal_db.translate_integrity_errors
+@transaction.atomic(durable=True)
+def task_lease_release(
+    *,
+    tenant: Tenant,
+    task_id: uuid.UUID,
+    lease_token: int,
+    actor: Actor,
+    trace: Trace = NO_TRACE,
+) -> Task:
+    """Give the lease back. A running task returns to ``pending`` for another worker.
+
+    Raises:
+        TaskNotFound: no such task in the tenant.
+        LeaseExpired: the token is not current or the lease already lapsed.
+    """
+    row = _fetch(
+        _LEASE_RELEASE,
+        {"tenant_id": tenant.pk, "task_id": task_id, "lease_token": lease_token},
+    )
+    if row is None:
+        raise _task_refusal(
+            tenant_id=tenant.pk, task_id=task_id, lease_token=lease_token
+        )
+    previous_state, previous_owner, task = row[0], row[1], _task(row[2:])
+    audit_services.event_append(
+        tenant_id=tenant.pk,
+        code=EventCode.TASK_LEASE_RELEASED,
+        actor=actor,
+        task_id=task.pk,
+        trace=trace,
+        data={
+            "owner": previous_owner,
+            "lease_token": lease_token,
+            "from": previous_state,
+            "to": task.state,
+        },
+    )
+    return task
+
+
+_CLAIM_NEXT = f"""
+WITH next AS (
+    SELECT id FROM tasks_task
+    WHERE tenant_id = %(tenant_id)s AND state = 'pending'
+      AND (lease_owner IS NULL OR lease_expires_at <= app_now())
+    ORDER BY created_at, id
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE tasks_task AS t SET
+    state = 'running',
+    state_version = t.state_version + 1,
+    reason_code = NULL,
+    lease_owner = %(owner)s,
+    lease_token = t.lease_token + 1,
+    lease_acquired_at = app_now(),
+    lease_expires_at = app_now() + %(ttl)s,
+    updated_at = statement_timestamp()
+FROM next
+WHERE t.id = next.id
+RETURNING {_TASK_COLUMNS}
+"""
+
+
+@portal_db.translate_integrity_errors
+@transaction.atomic(durable=True)
+def task_claim_next(
+    *,
+    tenant: Tenant,
+    owner: str,
+    actor: Actor,
+    ttl_s: float | None = None,
+    trace: Trace = NO_TRACE,
+) -> Task | None:
+    """Claim the oldest pending task: it becomes ``running`` under a new lease.
+
+    Safe on many workers at once: locked candidates are skipped, never waited on, and
+    each task is claimed by exactly one caller. Returns None when nothing is pending.
+    """
+    row = _fetch(
+        _CLAIM_NEXT, {"tenant_id": tenant.pk, "owner": owner, "ttl": _lease_ttl(ttl_s)}
+    )
+    if row is None:
+        return None
+    task = _task(row)
+    audit_services.event_append(
+        tenant_id=tenant.pk,
+        code=EventCode.TASK_CLAIMED,
+        actor=actor,
+        task_id=task.pk,
+        trace=trace,
+        data={
+            "from": TaskState.PENDING,
+            "to": TaskState.RUNNING,
+            "owner": owner,
+            "lease_token": task.lease_token,
+            "state_version": task.state_version,
+        },
+    )
+    return task
+
+
+# --- Operations ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reservation:
+    operation: Operation
+    created: bool
+
+
+# The lease is read FOR SHARE: a takeover (an UPDATE of the task) waits for this
+# transaction, so the token checked here is still current at commit.
+_LIVE_LEASE = """
+    SELECT tenant_id, id FROM tasks_task
+    WHERE tenant_id = %(tenant_id)s AND id = %(task_id)s
+      AND lease_token = %(lease_token)s
+      AND lease_owner IS NOT NULL AND lease_expires_at > app_now()
+    FOR SHARE
+"""
+
+_RESERVE = f"""
+WITH lease AS ({_LIVE_LEASE})
+INSERT INTO tasks_operation AS o (
+    id, tenant_id, task_id, idempotency_key, action, target, input_hash, input,
+    state, state_version, attempts, trace_id, span_id
+)
+SELECT %(id)s, lease.tenant_id, lease.id, %(key)s, %(action)s, %(target)s,
+       %(input_hash)s, %(input)s::jsonb, 'reserved', 1, 0, %(trace_id)s, %(span_id)s
+FROM lease
+ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
+RETURNING {_OPERATION_COLUMNS}
+"""
+
+
+@portal_db.translate_integrity_errors
+@transaction.atomic(durable=True)
+def operation_reserve(
+    *,
+    tenant: Tenant,
+    task_id: uuid.UUID,
+    lease_token: int,
+    idempotency_key: str,
+    action: str,
+    target: str,
+    input: Any,
+    actor: Actor,
+    trace: Trace = NO_TRACE,
+) -> Reservation:
+    """Reserve a side effect under a stable idempotency key, before any call is made.
+
+    Idempotent: the same key with the same input (by RFC 8785 hash) returns the stored
+    operation (``created=False``), whoever asks and whether or not the lease is still
+    held. Only a new reservation needs the task's live lease.
+
+    Raises:
+        IdempotencyKeyReused: the key is taken by a different input; nothing changed.
+        TaskNotFound: no such task in the tenant.
+        LeaseExpired: the token is not current or the lease lapsed.
+        InputNotCanonicalisable: the input has no RFC 8785 form.
+    """
+    digest = input_hash(input)
+    row = _fetch(
+        _RESERVE,
+        {
+            "tenant_id": tenant.pk,
+            "task_id": task_id,
+            "lease_token": lease_token,
+            "id": new_id(),
+            "key": idempotency_key,
+            "action": action,
+            "target": target,
+            "input_hash": digest,
+            "input": audit_services.json_text(input),
+            "trace_id": trace.trace_id,
+            "span_id": trace.span_id,
+        },
+    )
+    if row is None:
+        existing = selectors.operation_get_by_key(
+            tenant=tenant, idempotency_key=idempotency_key
+        )
+        if existing is None:
+            raise _task_refusal(
+                tenant_id=tenant.pk, task_id=task_id, lease_token=lease_token
+            )
+        if existing.input_hash != digest:
+            raise IdempotencyKeyReused(idempotency_key=idempotency_key)
+        return Reservation(operation=existing, created=False)
+    operation = _operation(row)
+    audit_services.event_append(
+        tenant_id=tenant.pk,
+        code=EventCode.OPERATION_RESERVED,
+        actor=actor,
+        task_id=task_id,
+        operation_id=operation.pk,
+        trace=trace,
+        data={
+            "idempotency_key": idempotency_key,
+            "action": action,
+            "target": target,
+            "input_hash": digest,
+            "lease_token": lease_token,
+        },
+    )
+    return Reservation(operation=operation, created=True)
+
+
+_OPERATION_MOVE = f"""
+WITH lease AS (
+    SELECT t.id FROM tasks_task AS t
+    WHERE t.tenant_id = %(tenant_id)s
+      AND t.id = (SELECT task_id FROM tasks_operation
+                  WHERE tenant_id = %(tenant_id)s AND id = %(operation_id)s)
+      AND t.lease_token = %(lease_token)s
+      AND t.lease_owner IS NOT NULL AND t.lease_expires_at > app_now()
+    FOR SHARE
+)
+UPDATE tasks_operation AS o SET
+    state = %(to)s,
+    state_version = o.state_version + 1,
+    attempts = o.attempts + %(attempt)s,
+    reason_code = %(reason)s,
+    provider_reference = COALESCE(%(provider_reference)s, o.provider_reference),
+    result = COALESCE(%(result)s::jsonb, o.result),
+    updated_at = statement_timestamp()
+FROM tasks_operation AS old, lease
+WHERE o.tenant_id = %(tenant_id)s AND o.id = %(operation_id)s AND old.id = o.id
+  AND o.task_id = lease.id
+  AND o.state = ANY(%(sources)s)
+RETURNING old.state, {_OPERATION_COLUMNS}
+"""
+
+_OUTCOME_EVENTS: Final = {
+    OperationState.EXECUTING: EventCode.OPERATION_EXECUTING,
+    OperationState.VERIFIED: EventCode.OPERATION_VERIFIED,
+    OperationState.FAILED: EventCode.OPERATION_FAILED,
+    OperationState.UNKNOWN: EventCode.OPERATION_UNKNOWN,
+}
+
+
+def _operation_move(
+    *,
+    tenant: Tenant,
+    operation_id: uuid.UUID,
+    lease_token: int,
+    to: OperationState,
+    actor: Actor,
+    trace: Trace,
+    reason: str | None = None,
+    provider_reference: str | None = None,
+    result: Mapping[str, Any] | None = None,
+) -> Operation:
+    portal_db.require_transaction()
+    redacted = redact_payload(result) if result is not None else None
+    row = _fetch(
+        _OPERATION_MOVE,
+        {
+            "tenant_id": tenant.pk,
+            "operation_id": operation_id,
+            "lease_token": lease_token,
+            "to": to,
+            "reason": reason,
+            "attempt": int(to == OperationState.EXECUTING),
+            "provider_reference": provider_reference,
+            "result": audit_services.json_text(redacted) if redacted else None,
+            "sources": _OPERATION_SOURCES[to],
+        },
+    )
+    if row is None:
+        raise _operation_refusal(
+            tenant=tenant, operation_id=operation_id, lease_token=lease_token, to=to
+        )
+    previous_state, operation = row[0], _operation(row[1:])
+    audit_services.event_append(
+        tenant_id=tenant.pk,
+        code=_OUTCOME_EVENTS[to],
+        actor=actor,
+        task_id=operation.task_id,
+        operation_id=operation.pk,
+        reason=reason,
+        trace=trace,
+        data={
+            "from": previous_state,
+            "to": to,
+            "attempts": operation.attempts,
+            "idempotency_key": operation.idempotency_key,
+            "provider_reference": provider_reference,
+            "lease_token": lease_token,
+        },
+    )
+    return operation
+
+
+def _operation_refusal(
+    *, tenant: Tenant, operation_id: uuid.UUID, lease_token: int, to: str
+) -> Exception:
+    row = _fetch(
+        """
+        SELECT o.state, t.lease_token,
+               t.lease_owner IS NOT NULL AND t.lease_expires_at > app_now()
+        FROM tasks_operation AS o
+        JOIN tasks_task AS t ON t.tenant_id = o.tenant_id AND t.id = o.task_id
+        WHERE o.tenant_id = %s AND o.id = %s
+        """,
+        [tenant.pk, operation_id],
+    )
+    if row is None:
+        return OperationNotFound(operation_id=str(operation_id))
+    state, current_token, lease_live = row
+    if current_token != lease_token or not lease_live:
+        return LeaseExpired(operation_id=str(operation_id), lease_token=lease_token)
+    return IllegalTransition(
+        operation_id=str(operation_id), current=state, requested=str(to)
+    )
+
+
+@portal_db.translate_integrity_errors
+@transaction.atomic(durable=True)
+def operation_begin_execution(
+    *,
+    tenant: Tenant,
+    operation_id: uuid.UUID,
+    lease_token: int,
+    actor: Actor,
+    trace: Trace = NO_TRACE,
+) -> Operation:
+    """Mark an operation ``executing`` (one more attempt) just before the remote call.
+
+    Commit this before calling out; the call itself runs with no transaction open.
+
+    Raises:
+        OperationNotFound: no such operation in the tenant.
+        LeaseExpired: the task's lease token is not current or lapsed.
+        IllegalTransition: the operation cannot start from its state.
+    """
+    return _operation_move(
+        tenant=tenant,
+        operation_id=operation_id,
+        lease_token=lease_token,
+        to=OperationState.EXECUTING,
+        actor=actor,
+        trace=trace,
+    )
+
+
+OUTCOMES: Final = (
+    OperationState.VERIFIED,
+    OperationState.FAILED,
+    OperationState.UNKNOWN,
+)
+
+
+@portal_db.translate_integrity_errors
+@transaction.atomic(durable=True)
+def operation_record_outcome(
+    *,
+    tenant: Tenant,
+    operation_id: uuid.UUID,
+    lease_token: int,
+    outcome: OperationState | str,
+    actor: Actor,
+    provider_reference: str | None = None,
+    result: Mapping[str, Any] | None = None,
+    reason: ReasonCode | str | None = None,
+    trace: Trace = NO_TRACE,
+) -> Operation:
+    """Record what the remote call did: ``verified``, ``failed`` or ``unknown``.
+
+    ``verified`` needs the provider's receipt id. ``unknown`` defaults its reason to
+    ``RESULT_UNKNOWN``. The result is stored redacted.
+
+    Raises:
+        ValidationFailed: not an outcome, or ``verified`` without a receipt id.
+        OperationNotFound: no such operation in the tenant.
+        LeaseExpired: the task's lease token is not current or lapsed.
+        IllegalTransition: the operation is not executing (or unknown).
+    """
+    if outcome not in OUTCOMES:
+        raise ValidationFailed(field="outcome", value=str(outcome))
+    state = OperationState(outcome)
+    if state == OperationState.VERIFIED and not provider_reference:
+        raise ValidationFailed(
+            "A verified outcome needs the provider's receipt id.",
+            field="provider_reference",
+        )
+    if state == OperationState.UNKNOWN and reason is None:
+        reason = ReasonCode.RESULT_UNKNOWN
+    return _operation_move(
+        tenant=tenant,
+        operation_id=operation_id,
+        lease_token=lease_token,
+        to=state,
+        actor=actor,
+        trace=trace,
+        reason=reason,
+        provider_reference=provider_reference,
+        result=result,
+    )
+
+
+# --- Contracts and object versions ---------------------------------------------------
+
+
+@portal_db.translate_integrity_errors
+@transaction.atomic(durable=True)
+def contract_create(
+    *, tenant: Tenant, key: str, spec: Mapping[str, Any], publish: bool = False
+) -> Contract:
+    """Create the next version of a contract, as a draft or published at once.
+
+    Raises:
+        ContractInvalid: the spec fails the contract schema.
+    """
+    contract_spec_validate(spec)
+    latest = Contract.objects.filter(tenant=tenant, key=key).aggregate(v=Max("version"))
+    return Contract.objects.create(
+        tenant=tenant,
+        key=key,
+        version=(latest["v"] or 0) + 1,
+        spec=dict(spec),
+        status=ContractStatus.PUBLISHED if publish else ContractStatus.DRAFT,
+        published_at=Now() if publish else None,
+    )
+
+
+@portal_db.translate_integrity_errors
+@transaction.atomic(durable=True)
+def contract_publish(*, tenant: Tenant, key: str, version: int) -> Contract:
+    """Publish a draft version; from now on it never changes.
+
+    Raises:
+        ContractNotFound: no such version.
+        IllegalTransition: the version is not a draft.
+    """
+    moved = Contract.objects.filter(
+        tenant=tenant, key=key, version=version, status=ContractStatus.DRAFT
+    ).update(status=ContractStatus.PUBLISHED, published_at=Now())
+    contract = selectors.contract_get(tenant=tenant, key=key, version=version)
+    if not moved:
+        raise IllegalTransition(current=contract.status, requested="published")
+    return contract
+
+
+@portal_db.translate_integrity_errors
+@transaction.atomic(durable=True)
+def contract_retire(*, tenant: Tenant, key: str, version: int) -> Contract:
+    """Retire a published version: no new tasks may pin it.
+
+    Raises:
+        ContractNotFound: no such version.
+        IllegalTransition: the version is not published.
+    """
+    moved = Contract.objects.filter(
+        tenant=tenant, key=key, version=version, status=ContractStatus.PUBLISHED
+    ).update(status=ContractStatus.RETIRED, retired_at=Now())
+    contract = selectors.contract_get(tenant=tenant, key=key, version=version)
+    if not moved:
+        raise IllegalTransition(current=contract.status, requested="retired")
+    return contract
+
+
+@transaction.atomic(durable=True)
+def object_version_record(
+    *, tenant: Tenant, object_type: str, object_id: str, version: str
+) -> ObjectVersion:
+    """Record the current version of a business object (the version fence's input)."""
+    record, _ = ObjectVersion.objects.update_or_create(
+        tenant=tenant,
+        object_type=object_type,
+        object_id=object_id,
+        defaults={"version": version, "updated_at": Now()},
+    )
+    record.refresh_from_db(fields=["updated_at"])
+    return record

@@ -1,0 +1,112 @@
+"""Shared fixtures. ``make_*`` fixtures derive the tenant from the parent object."""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from portal.actors import Actor
+from portal.models import Agent, Tenant
+from tasks.models import Operation, OperationState, Task, TaskState
+
+_counter = itertools.count(1)
+
+
+def _unique(prefix: str) -> str:
+    return f"{prefix}-{next(_counter)}"
+
+
+@pytest.fixture
+def make_tenant(db: None) -> Callable[..., Tenant]:
+    def make(**fields: Any) -> Tenant:
+        slug = fields.pop("slug", _unique("tenant"))
+        return Tenant.objects.create(slug=slug, name=slug.title(), **fields)
+
+    return make
+
+
+@pytest.fixture
+def tenant(make_tenant: Callable[..., Tenant]) -> Tenant:
+    return make_tenant()
+
+
+@pytest.fixture
+def other_tenant(make_tenant: Callable[..., Tenant]) -> Tenant:
+    return make_tenant()
+
+
+@pytest.fixture
+def agent(tenant: Tenant) -> Agent:
+    return Agent.objects.create(tenant=tenant, name=_unique("agent"))
+
+
+@pytest.fixture
+def actor(agent: Agent) -> Actor:
+    return Actor.of_agent(agent)
+
+
+def db_now() -> dt.datetime:
+    """The database clock the services use (``app_now()``)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT app_now()")
+        (now,) = cursor.fetchone()
+    return now
+
+
+@pytest.fixture
+def make_task(tenant: Tenant) -> Callable[..., Task]:
+    """A task in any state; ``leased=True`` gives it a live lease (token 1)."""
+
+    def make(
+        *, tenant: Tenant = tenant, state: str = TaskState.PENDING,
+        leased: bool = False, lease_seconds: float = 60, **fields: Any,
+    ) -> Task:
+        if leased:
+            now = db_now()
+            fields.update(
+                lease_owner="worker-1", lease_token=fields.get("lease_token", 1),
+                lease_acquired_at=now,
+                lease_expires_at=now + dt.timedelta(seconds=lease_seconds),
+            )
+        defaults: dict[str, Any] = {
+            "client_task_id": _unique("client-task"),
+            "registration_hash": "0" * 64,
+            "workflow_key": "customer-issue",
+            "workflow_version": "1",
+            "object_type": "customer_issue",
+            "object_id": _unique("issue"),
+            "object_version": "1",
+        }
+        return Task.objects.create(tenant=tenant, state=state, **{**defaults, **fields})
+
+    return make
+
+
+@pytest.fixture
+def make_operation(make_task: Callable[..., Task]) -> Callable[..., Operation]:
+    """An operation in any state, on ``task`` (a new leased running task if none)."""
+
+    def make(
+        *, task: Task | None = None, state: str = OperationState.RESERVED, **fields: Any
+    ) -> Operation:
+        if task is None:
+            task = make_task(state=TaskState.RUNNING, leased=True)
+        defaults: dict[str, Any] = {
+            "idempotency_key": _unique("key"),
+            "action": "create_ticket",
+            "target": "ticket-desk",
+            "input_hash": "0" * 64,
+            "input": {},
+        }
+        if state == OperationState.VERIFIED:
+            defaults["provider_reference"] = "receipt-1"
+        return Operation.objects.create(
+            tenant_id=task.tenant_id, task=task, state=state, **{**defaults, **fields}
+        )
+
+    return make
