@@ -117,14 +117,19 @@ def _task_refusal(
     if row is None:
         return TaskNotFound(task_id=str(task_id))
     state, state_version, current_token, lease_live = row
-    if lease_token is not None and (current_token != lease_token or not lease_live):
+    # A newer token means another holder took over: fenced out, whatever else changed.
+    if lease_token is not None and current_token != lease_token:
         return LeaseExpired(task_id=str(task_id), lease_token=lease_token)
+    # Same token but a newer version: a duplicate of this writer got there first (its
+    # move may also have handed the lease back). Reload, never overwrite.
     if expected_version is not None and state_version != expected_version:
         return StaleState(
             task_id=str(task_id),
             expected_state_version=expected_version,
             state_version=state_version,
         )
+    if lease_token is not None and not lease_live:
+        return LeaseExpired(task_id=str(task_id), lease_token=lease_token)
     return IllegalTransition(task_id=str(task_id), current=state, requested=to)
 
 

@@ -63,13 +63,18 @@ def make_task(tenant: Tenant) -> Callable[..., Task]:
     """A task in any state; ``leased=True`` gives it a live lease (token 1)."""
 
     def make(
-        *, tenant: Tenant = tenant, state: str = TaskState.PENDING,
-        leased: bool = False, lease_seconds: float = 60, **fields: Any,
+        *,
+        tenant: Tenant = tenant,
+        state: str = TaskState.PENDING,
+        leased: bool = False,
+        lease_seconds: float = 60,
+        **fields: Any,
     ) -> Task:
         if leased:
             now = db_now()
             fields.update(
-                lease_owner="worker-1", lease_token=fields.get("lease_token", 1),
+                lease_owner="worker-1",
+                lease_token=fields.get("lease_token", 1),
                 lease_acquired_at=now,
                 lease_expires_at=now + dt.timedelta(seconds=lease_seconds),
             )

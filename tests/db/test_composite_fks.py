@@ -1,0 +1,243 @@
+"""Invariant 1: every child row points at its parent by (tenant_id, parent_id).
+
+The schema walk finds every relation between tenant-owned models, so a new model or
+foreign key cannot forget its composite key; each relation is then attacked with raw
+SQL that points a child into another tenant.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.apps import apps
+from django.db import connection, models, transaction
+
+from audit import services as audit_services
+from audit.models import Outbox
+from portal import services as portal_services
+from portal.actors import Actor
+from portal.models import Tenant
+from tasks.models import Contract, ContractStatus, Credential
+
+from .conftest import execute, refused_by
+
+APPS = ("portal", "tasks", "audit")
+
+
+def tenant_owned_models() -> list[type[models.Model]]:
+    return [
+        model
+        for model in apps.get_models()
+        if model._meta.app_label in APPS
+        and any(field.name == "tenant" for field in model._meta.concrete_fields)
+    ]
+
+
+def tenant_relations() -> list[tuple[type[models.Model], models.ForeignKey]]:
+    """(child model, FK field) for every FK between two tenant-owned models."""
+    owned = set(tenant_owned_models())
+    return [
+        (model, field)
+        for model in owned
+        for field in model._meta.concrete_fields
+        if isinstance(field, models.ForeignKey)
+        and field.name != "tenant"
+        and field.related_model in owned
+    ]
+
+
+def foreign_keys_of(table: str) -> set[tuple[tuple[str, ...], str, tuple[str, ...]]]:
+    """(columns, referenced table, referenced columns) of every FK on table."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT c.conname,
+                   ARRAY(SELECT a.attname FROM unnest(c.conkey) WITH ORDINALITY k(n, o)
+                         JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = k.n
+                         ORDER BY k.o),
+                   c.confrelid::regclass::text,
+                   ARRAY(SELECT a.attname FROM unnest(c.confkey) WITH ORDINALITY k(n, o)
+                         JOIN pg_attribute a ON a.attrelid = c.confrelid AND a.attnum = k.n
+                         ORDER BY k.o)
+            FROM pg_constraint c
+            WHERE c.contype = 'f' AND c.conrelid = %s::regclass
+            """,
+            [table],
+        )
+        return {(tuple(cols), ref, tuple(refcols)) for _, cols, ref, refcols in cursor}
+
+
+def unique_keys_of(table: str) -> set[tuple[str, ...]]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT ARRAY(SELECT a.attname FROM unnest(c.conkey) WITH ORDINALITY k(n, o)
+                         JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = k.n
+                         ORDER BY k.o)
+            FROM pg_constraint c
+            WHERE c.contype IN ('u', 'p') AND c.conrelid = %s::regclass
+            """,
+            [table],
+        )
+        return {tuple(cols) for (cols,) in cursor}
+
+
+def test_the_walk_finds_the_known_relations():
+    """Guards the walker itself: it must see the relations this test was written for."""
+    found = {(m._meta.db_table, f.column) for m, f in tenant_relations()}
+    assert {
+        ("tasks_operation", "task_id"),
+        ("tasks_credential", "operation_id"),
+        ("portal_agentkey", "agent_id"),
+        ("audit_outbox", "event_id"),
+    } <= found
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("model", tenant_owned_models(), ids=lambda m: m._meta.label)
+def test_every_tenant_owned_table_is_a_composite_key_target(model):
+    """Every tenant-owned table has UNIQUE (tenant_id, id) for children to point at."""
+    assert ("tenant_id", "id") in unique_keys_of(model._meta.db_table)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("model", "field"),
+    tenant_relations(),
+    ids=lambda value: (
+        getattr(getattr(value, "_meta", None), "label", None)
+        or getattr(value, "name", "")
+    ),
+)
+def test_every_tenant_relation_has_its_composite_foreign_key(model, field):
+    """A child's FK to a tenant-owned parent includes tenant_id on both sides."""
+    expected = (
+        ("tenant_id", field.column),
+        field.related_model._meta.db_table,
+        ("tenant_id", "id"),
+    )
+    assert expected in foreign_keys_of(model._meta.db_table)
+
+
+@pytest.mark.django_db
+def test_task_pins_its_contract_within_its_tenant():
+    """tasks_task (tenant_id, contract_key, contract_version) -> tasks_contract."""
+    assert (
+        ("tenant_id", "contract_key", "contract_version"),
+        "tasks_contract",
+        ("tenant_id", "key", "version"),
+    ) in foreign_keys_of("tasks_task")
+
+
+# --- Raw SQL attacks: point a child into another tenant ------------------------------
+
+SPEC = {
+    "object_type": "customer_issue",
+    "required_fields": [],
+    "policy": {"read_fields": [], "write_targets": ["desk"], "credential_ttl_s": 60},
+    "receipt": {"required": True, "type": "ticket_id"},
+}
+
+
+def _event_in(tenant: Tenant) -> Outbox:
+    with transaction.atomic():
+        event_id = audit_services.event_append(
+            tenant_id=tenant.pk, code="task.registered", actor=Actor.system("test")
+        )
+    return Outbox.objects.get(event_id=event_id)
+
+
+def _child_and_foreign_parent(
+    relation: str,
+    tenant: Tenant,
+    other: Tenant,
+    make_operation: Callable[..., Any],
+    make_task: Callable[..., Any],
+) -> tuple[str, Any, Any]:
+    """(table, child row in tenant, parent id in other tenant) for one relation."""
+    if relation == "tasks_operation.task_id":
+        return "tasks_operation", make_operation(), make_task(tenant=other).pk
+    if relation == "tasks_credential.operation_id":
+        operation = make_operation()
+        credential = Credential.objects.create(
+            tenant=tenant,
+            operation=operation,
+            object_type="t",
+            object_id="1",
+            action="a",
+            target="desk",
+            secret_hash="0" * 64,
+            expires_at=dt.datetime.now(dt.UTC) + dt.timedelta(minutes=1),
+        )
+        other_operation = make_operation(task=make_task(tenant=other))
+        return "tasks_credential", credential, other_operation.pk
+    if relation == "portal_agentkey.agent_id":
+        issued = portal_services.agent_key_issue(
+            agent=portal_services.agent_create(tenant=tenant, name="a")
+        )
+        other_agent = portal_services.agent_create(tenant=other, name="b")
+        return "portal_agentkey", issued.key, other_agent.pk
+    if relation == "audit_outbox.event_id":
+        outbox = _event_in(tenant)
+        return "audit_outbox", outbox, _event_in(other).event_id
+    raise AssertionError(f"no attack written for {relation}: add one")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    "relation",
+    sorted(f"{m._meta.db_table}.{f.column}" for m, f in tenant_relations()),
+)
+def test_raw_sql_cannot_point_a_child_into_another_tenant(
+    relation, tenant, other_tenant, make_operation, make_task
+):
+    """UPDATE child SET parent_id = <other tenant's parent> is refused by the database."""
+    table, child, foreign_parent = _child_and_foreign_parent(
+        relation, tenant, other_tenant, make_operation, make_task
+    )
+    column = relation.split(".")[1]
+    with refused_by(f"{table}_{column.removesuffix('_id')}_same_tenant_fk"):
+        execute(
+            f"UPDATE {table} SET {column} = %s WHERE id = %s",
+            [foreign_parent, child.pk],
+        )
+
+
+@pytest.mark.django_db
+def test_raw_insert_of_an_operation_under_another_tenants_task_is_refused(
+    tenant, other_tenant, make_task
+):
+    """INSERT with tenant A and task of tenant B: the composite FK refuses it."""
+    foreign_task = make_task(tenant=other_tenant)
+    with refused_by("tasks_operation_task_same_tenant_fk"):
+        execute(
+            """
+            INSERT INTO tasks_operation (id, tenant_id, task_id, idempotency_key, action,
+                target, input_hash, input, state, state_version, attempts, trace_id,
+                span_id)
+            VALUES (gen_random_uuid(), %s, %s, 'k', 'a', 't', 'h', '{}', 'reserved', 1,
+                0, '', '')
+            """,
+            [tenant.pk, foreign_task.pk],
+        )
+
+
+@pytest.mark.django_db
+def test_raw_sql_cannot_pin_another_tenants_contract(tenant, other_tenant, make_task):
+    """A task may pin only a contract version of its own tenant."""
+    Contract.objects.create(
+        tenant=other_tenant,
+        key="c",
+        version=1,
+        spec=SPEC,
+        status=ContractStatus.PUBLISHED,
+    )
+    task = make_task()
+    with refused_by("tasks_task_contract_same_tenant_fk"):
+        execute(
+            "UPDATE tasks_task SET contract_key = 'c', contract_version = 1 WHERE id = %s",
+            [task.pk],
+        )

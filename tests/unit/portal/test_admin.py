@@ -1,0 +1,67 @@
+"""The minimal admin: everything can be looked at, events can't be changed."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import transaction
+
+from audit import services as audit_services
+from audit.models import Event
+from portal.actors import Actor
+
+pytestmark = pytest.mark.django_db
+
+PAGES = [
+    "portal/tenant",
+    "portal/agent",
+    "portal/membership",
+    "tasks/task",
+    "tasks/operation",
+    "tasks/contract",
+    "tasks/credential",
+    "tasks/objectversion",
+    "audit/event",
+    "audit/outbox",
+]
+
+
+@pytest.fixture
+def staff_client(client):
+    user = User.objects.create_superuser(
+        "root", "root@example.com", "pw-for-tests-only"
+    )
+    client.force_login(user)
+    return client
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_model_has_a_list_page(staff_client, make_operation, page):
+    make_operation()
+    assert staff_client.get(f"/admin/{page}/").status_code == 200
+
+
+def test_an_event_cannot_be_changed_or_deleted_from_the_admin(staff_client, tenant):
+    with transaction.atomic():
+        event_id = audit_services.event_append(
+            tenant_id=tenant.pk, code="task.registered", actor=Actor.system("t")
+        )
+    page = staff_client.get(f"/admin/audit/event/{event_id}/change/")
+    assert page.status_code == 200 and b'name="_save"' not in page.content
+    assert (
+        staff_client.post(f"/admin/audit/event/{event_id}/delete/").status_code == 403
+    )
+    assert staff_client.get("/admin/audit/event/add/").status_code == 403
+    assert Event.objects.filter(pk=event_id).exists()
+
+
+def test_issuing_a_key_from_the_admin_shows_the_secret_once(staff_client, agent):
+    response = staff_client.post(
+        "/admin/portal/agent/",
+        {"action": "issue_key", "_selected_action": [str(agent.pk)]},
+        follow=True,
+    )
+    text = response.content.decode()
+    assert "New key for" in text and "agp_" in text
+    key = agent.keys.get()
+    assert key.key_hash not in text
