@@ -43,7 +43,7 @@ class TenantAdmin(admin.ModelAdmin):
 
 class AgentKeyInline(admin.TabularInline):
     model = AgentKey
-    fields = ["prefix", "created_at", "last_used_at", "revoked_at"]
+    fields = ("prefix", "created_at", "last_used_at", "revoked_at")
     readonly_fields = fields
     extra = 0
     can_delete = False

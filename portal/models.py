@@ -67,6 +67,11 @@ class Agent(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    @property
+    def is_authenticated(self) -> bool:
+        """An agent is the authenticated principal of its requests (DRF reads it)."""
+        return True
+
 
 class AgentKey(models.Model):
     """An agent's API key, stored only as a SHA-256 hash behind a lookup prefix.
@@ -131,3 +136,84 @@ class Membership(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} · {self.role} · {self.tenant}"
+
+
+class AgentGrant(models.Model):
+    """What an agent may do: one action on one target (``*`` matches any target).
+
+    Checked at reservation and again by the gateway at execution time, so revoking a
+    grant stops work that is already queued (``PERMISSION_REVOKED``).
+    """
+
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT)
+    agent = models.ForeignKey(
+        Agent, on_delete=models.PROTECT, db_constraint=False, related_name="grants"
+    )
+    action = models.CharField(max_length=100)
+    target = models.CharField(max_length=200)
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "id"], name="portal_agentgrant_tenant_id_uniq"
+            ),
+            models.UniqueConstraint(
+                fields=["tenant", "agent", "action", "target"],
+                name="portal_agentgrant_uniq",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.agent} may {self.action} on {self.target}"
+
+
+class IdempotentRequestState(models.TextChoices):
+    IN_FLIGHT = "in_flight"
+    COMPLETED = "completed"
+
+
+class IdempotentRequest(models.Model):
+    """A POST made under an ``Idempotency-Key`` header, and the answer it got.
+
+    Scoped per agent. A replay with the same fingerprint (method, path, body) gets the
+    stored answer; another fingerprint is refused; a duplicate that arrives while the
+    first is still running is told so. Rows expire after
+    ``PORTAL_IDEMPOTENCY_WINDOW_S``; an in-flight row whose holder died is taken over
+    after ``locked_until``.
+    """
+
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT)
+    agent = models.ForeignKey(Agent, on_delete=models.PROTECT, db_constraint=False)
+    key = models.CharField(max_length=255)
+    fingerprint = models.CharField(max_length=64)
+    state = models.CharField(max_length=10, choices=IdempotentRequestState)
+    response_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    response_body = models.TextField(blank=True, default="")
+    response_content_type = models.CharField(max_length=100, blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+    locked_until = models.DateTimeField()
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "id"], name="portal_idempotentrequest_tenant_id_uniq"
+            ),
+            models.UniqueConstraint(
+                fields=["tenant", "agent", "key"],
+                name="portal_idempotentrequest_key_uniq",
+            ),
+            models.CheckConstraint(
+                condition=Q(state__in=IdempotentRequestState.values),
+                name="portal_idempotentrequest_state_check",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["expires_at"], name="portal_idemp_expiry_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key} ({self.state})"

@@ -10,7 +10,7 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db.models import QuerySet
 
 from .exceptions import NotFound
-from .models import Agent, AgentKey, Membership, Role, Tenant
+from .models import AgentGrant, AgentKey, Membership, Role, Tenant
 
 
 class TenantNotFound(NotFound):
@@ -47,12 +47,15 @@ def agent_key_hash(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def agent_for_key(*, secret: str) -> Agent | None:
-    """The active agent a presented API key belongs to, or None.
+def agent_key_authenticate(*, secret: str) -> AgentKey | None:
+    """The live key a presented secret belongs to (with its agent and tenant), or None.
 
-    The prefix finds the row; the hash is compared in constant time.
+    The prefix finds the row; the hash is compared in constant time. A revoked key, an
+    inactive agent or a deleted tenant authenticates nobody.
     """
-    prefix, _, _ = secret.partition(".")
+    prefix, dot, _ = secret.partition(".")
+    if not dot or len(prefix) > 16:
+        return None
     key = (
         AgentKey.objects.select_related("agent", "agent__tenant")
         .filter(prefix=prefix, revoked_at__isnull=True)
@@ -60,7 +63,15 @@ def agent_for_key(*, secret: str) -> Agent | None:
     )
     if key is None or not hmac.compare_digest(key.key_hash, agent_key_hash(secret)):
         return None
-    agent = key.agent
-    if not agent.is_active or agent.tenant.deleted_at is not None:
+    if not key.agent.is_active or key.agent.tenant.deleted_at is not None:
         return None
-    return agent
+    return key
+
+
+def agent_may(
+    *, tenant: Tenant, agent_id: uuid.UUID | str, action: str, target: str
+) -> bool:
+    """Whether the agent holds a grant for this action on this target (or on ``*``)."""
+    return AgentGrant.objects.filter(
+        tenant=tenant, agent_id=agent_id, action=action, target__in=[target, "*"]
+    ).exists()

@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import secrets
 from dataclasses import dataclass
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
+from django.db.models import Q
+from django.db.models.functions import Now
 
 from . import selectors
-from .models import Agent, AgentKey, EventsOnDelete, Membership, Role, Tenant
+from .models import (
+    Agent,
+    AgentGrant,
+    AgentKey,
+    EventsOnDelete,
+    Membership,
+    Role,
+    Tenant,
+)
 
 # "agp_" marks a portal key in logs and secret scanners; the part before the dot is
 # the lookup prefix, stored in clear.
@@ -61,3 +72,46 @@ def membership_grant(
         tenant=tenant, user_id=user.pk, defaults={"role": role}
     )
     return membership
+
+
+@transaction.atomic(durable=True)
+def agent_key_revoke(*, key: AgentKey) -> AgentKey:
+    """Revoke a key: it authenticates nobody from the next request on."""
+    AgentKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=Now())
+    key.refresh_from_db()
+    return key
+
+
+# Writing last_used_at on every request would turn each read into a write; once a
+# minute is enough to tell a live key from a forgotten one.
+LAST_USED_RESOLUTION_S = 60
+
+
+def agent_key_mark_used(*, key: AgentKey) -> None:
+    """Record that the key was used (at most one write a minute per key)."""
+    AgentKey.objects.filter(pk=key.pk).filter(
+        Q(last_used_at__isnull=True)
+        | Q(last_used_at__lt=Now() - _seconds(LAST_USED_RESOLUTION_S))
+    ).update(last_used_at=Now())
+
+
+def _seconds(value: int) -> dt.timedelta:
+    return dt.timedelta(seconds=value)
+
+
+@transaction.atomic(durable=True)
+def agent_grant(*, agent: Agent, action: str, target: str) -> AgentGrant:
+    """Allow the agent to reserve ``action`` on ``target`` (``*``: any target)."""
+    grant, _ = AgentGrant.objects.get_or_create(
+        tenant_id=agent.tenant_id, agent=agent, action=action, target=target
+    )
+    return grant
+
+
+@transaction.atomic(durable=True)
+def agent_grant_revoke(*, agent: Agent, action: str, target: str) -> int:
+    """Withdraw a grant; queued work is stopped by the gateway's re-check."""
+    deleted, _ = AgentGrant.objects.filter(
+        tenant_id=agent.tenant_id, agent=agent, action=action, target=target
+    ).delete()
+    return deleted

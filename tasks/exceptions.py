@@ -23,6 +23,17 @@ class OperationNotFound(NotFound):
     """No such operation."""
 
 
+class ObjectVersionNotFound(NotFound):
+    """No version is recorded for this object."""
+
+
+class ActionNotGranted(PortalError):
+    """This agent holds no grant for that action on that target."""
+
+    code = "ACTION_NOT_GRANTED"
+    status = 403
+
+
 class ContractNotFound(NotFound):
     """No such published contract version."""
 

@@ -27,7 +27,8 @@ from audit import services as audit_services
 from audit.models import EventCode
 from audit.redaction import redact_payload
 from portal import db as portal_db
-from portal.actors import Actor
+from portal import selectors as portal_selectors
+from portal.actors import Actor, ActorType
 from portal.codes import ReasonCode
 from portal.exceptions import (
     IdempotencyKeyReused,
@@ -43,6 +44,7 @@ from portal.tracing import NO_TRACE, Trace
 from . import selectors
 from .contracts import contract_spec_validate
 from .exceptions import (
+    ActionNotGranted,
     ContractNotFound,
     ContractRetired,
     LeaseHeld,
@@ -635,12 +637,19 @@ def operation_reserve(
     operation (``created=False``), whoever asks and whether or not the lease is still
     held. Only a new reservation needs the task's live lease.
 
+    An agent needs a grant for the action and target (checked first, every time).
+
     Raises:
+        ActionNotGranted: the acting agent holds no grant for action and target.
         IdempotencyKeyReused: the key is taken by a different input; nothing changed.
         TaskNotFound: no such task in the tenant.
         LeaseExpired: the token is not current or the lease lapsed.
         InputNotCanonicalisable: the input has no RFC 8785 form.
     """
+    if actor.type == ActorType.AGENT and not portal_selectors.agent_may(
+        agent_id=actor.id, tenant=tenant, action=action, target=target
+    ):
+        raise ActionNotGranted(action=action, target=target)
     digest = input_hash(input)
     row = _fetch(
         _RESERVE,

@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 
 from portal.actors import Actor
-from portal.models import Agent, Tenant
+from portal.models import Agent, AgentGrant, Tenant
 from tasks.models import Operation, OperationState, Task, TaskState
 
 _counter = itertools.count(1)
@@ -40,9 +40,26 @@ def other_tenant(make_tenant: Callable[..., Tenant]) -> Tenant:
     return make_tenant()
 
 
+# Actions the fixtures' agents may reserve, on any target.
+GRANTED_ACTIONS = ("create_ticket", "a")
+
+
 @pytest.fixture
-def agent(tenant: Tenant) -> Agent:
-    return Agent.objects.create(tenant=tenant, name=_unique("agent"))
+def make_agent() -> Callable[..., Agent]:
+    def make(*, tenant: Tenant, grants: tuple[str, ...] = GRANTED_ACTIONS) -> Agent:
+        agent = Agent.objects.create(tenant=tenant, name=_unique("agent"))
+        for action in grants:
+            AgentGrant.objects.create(
+                tenant=tenant, agent=agent, action=action, target="*"
+            )
+        return agent
+
+    return make
+
+
+@pytest.fixture
+def agent(tenant: Tenant, make_agent: Callable[..., Agent]) -> Agent:
+    return make_agent(tenant=tenant)
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from django.db import connection, models, transaction
 
 from audit import services as audit_services
 from audit.models import Outbox
+from portal import idempotency
 from portal import services as portal_services
 from portal.actors import Actor
 from portal.models import Tenant
@@ -180,6 +182,18 @@ def _child_and_foreign_parent(
         )
         other_agent = portal_services.agent_create(tenant=other, name="b")
         return "portal_agentkey", issued.key, other_agent.pk
+    if relation == "portal_agentgrant.agent_id":
+        agent = portal_services.agent_create(tenant=tenant, name="a")
+        grant = portal_services.agent_grant(agent=agent, action="x", target="*")
+        other_agent = portal_services.agent_create(tenant=other, name="b")
+        return "portal_agentgrant", grant, other_agent.pk
+    if relation == "portal_idempotentrequest.agent_id":
+        agent = portal_services.agent_create(tenant=tenant, name="a")
+        record_id = idempotency.idempotent_request_begin(
+            agent=agent, key="k", fingerprint="f"
+        )
+        other_agent = portal_services.agent_create(tenant=other, name="b")
+        return "portal_idempotentrequest", SimpleNamespace(pk=record_id), other_agent.pk
     if relation == "audit_outbox.event_id":
         outbox = _event_in(tenant)
         return "audit_outbox", outbox, _event_in(other).event_id

@@ -6,6 +6,8 @@ import pytest
 from django.db import connection
 
 from audit.models import Event, EventCode
+from portal import services as portal_services
+from portal.actors import Actor
 from portal.codes import ReasonCode
 from portal.exceptions import (
     IdempotencyKeyReused,
@@ -14,7 +16,7 @@ from portal.exceptions import (
     ValidationFailed,
 )
 from tasks import services
-from tasks.exceptions import OperationNotFound, TaskNotFound
+from tasks.exceptions import ActionNotGranted, OperationNotFound, TaskNotFound
 from tasks.hashing import InputNotCanonicalisable, input_hash
 from tasks.models import Operation, OperationState, TaskState
 
@@ -82,7 +84,8 @@ def test_a_new_reservation_needs_the_live_lease(task, actor):
     assert not Operation.objects.exists()
 
 
-def test_reserving_on_another_tenants_task_is_not_found(task, actor, other_tenant):
+def test_reserving_on_another_tenants_task_is_not_found(task, other_tenant, make_agent):
+    outsider = Actor.of_agent(make_agent(tenant=other_tenant))
     with pytest.raises(TaskNotFound):
         services.operation_reserve(
             tenant=other_tenant,
@@ -92,8 +95,43 @@ def test_reserving_on_another_tenants_task_is_not_found(task, actor, other_tenan
             action="a",
             target="t",
             input={},
-            actor=actor,
+            actor=outsider,
         )
+
+
+def test_an_agent_without_a_grant_cannot_reserve(task, make_agent):
+    """Checked before anything else, so it reveals nothing about the task."""
+    ungranted = Actor.of_agent(make_agent(tenant=task.tenant, grants=()))
+    with pytest.raises(ActionNotGranted):
+        services.operation_reserve(
+            tenant=task.tenant,
+            task_id=task.pk,
+            lease_token=task.lease_token,
+            idempotency_key="k",
+            action="create_ticket",
+            target="desk",
+            input={},
+            actor=ungranted,
+        )
+    assert not Operation.objects.exists()
+
+
+def test_a_target_specific_grant_allows_only_that_target(task, make_agent):
+    agent = make_agent(tenant=task.tenant, grants=())
+    portal_services.agent_grant(agent=agent, action="create_ticket", target="desk")
+    kwargs = {
+        "tenant": task.tenant,
+        "task_id": task.pk,
+        "lease_token": task.lease_token,
+        "action": "create_ticket",
+        "input": {},
+        "actor": Actor.of_agent(agent),
+    }
+    assert services.operation_reserve(
+        idempotency_key="k1", target="desk", **kwargs
+    ).created
+    with pytest.raises(ActionNotGranted):
+        services.operation_reserve(idempotency_key="k2", target="crm", **kwargs)
 
 
 @pytest.mark.parametrize("payload", [{"n": float("nan")}, {"n": 2**60}, {1: "x"}])

@@ -1,0 +1,347 @@
+"""Tenant deletion: the one privileged purge path (docs/tenant-deletion.md).
+
+The audit trail is append-only and published contract versions are immutable
+(DESIGN.md invariants 5 and 8); their triggers let a row go only while the
+transaction has ``portal.purge`` set. This module is the only code that sets it, with
+``SET LOCAL`` and for one statement at a time, so the privilege can never outlive
+the statement that needs it, let alone the transaction.
+
+The policy is declared once, here, as data: what is revoked, in which order tables are
+emptied, and what happens to events. ``tenant_delete`` refuses to run when the model
+registry holds a tenant-owned table that the policy does not name, so a new model
+cannot be left behind silently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Final
+
+from django.apps import apps
+from django.db import connection, transaction
+from django.db.backends.utils import CursorWrapper
+from django.db.models import Model
+from guardian.utils import get_group_obj_perms_model, get_user_obj_perms_model
+
+from portal import db as portal_db
+from portal.actors import Actor
+from portal.models import (
+    Agent,
+    AgentGrant,
+    AgentKey,
+    EventsOnDelete,
+    IdempotentRequest,
+    Membership,
+    Tenant,
+)
+from portal.selectors import TenantNotFound
+from tasks.models import Contract, Credential, ObjectVersion, Operation, Task
+
+from . import services as audit_services
+from .exceptions import TenantAlreadyDeleted, TenantDeletionPolicyIncomplete
+from .models import Event, EventCode, Outbox
+
+# Step a: grants die first. Inside one transaction the order is not visible from
+# outside, but it takes the row locks on keys and credentials before anything else,
+# and if deletion is ever split into batches no grant can outlive the data it opens.
+# (model, SET clause, "still live" predicate); the predicate also counts for reports.
+REVOCATIONS: Final[tuple[tuple[type[Model], str, str], ...]] = (
+    (Credential, "revoked_at = app_now()", "revoked_at IS NULL"),
+    (AgentKey, "revoked_at = app_now()", "revoked_at IS NULL"),
+    (Agent, "is_active = false", "is_active"),
+)
+
+# Step b: children before parents. The composite foreign keys are NOT DEFERRABLE, so
+# a parent row cannot go while a child still points at it, even inside one
+# transaction. Events are not here: step c decides about them.
+DELETION_ORDER: Final[tuple[type[Model], ...]] = (
+    Credential,  # -> operation
+    Outbox,  # -> event
+    Operation,  # -> task
+    Task,  # -> contract (key, version)
+    ObjectVersion,
+    Contract,  # published and retired versions need the purge privilege
+    Membership,
+    AgentGrant,  # -> agent
+    IdempotentRequest,  # -> agent; stored API answers of the tenant's agents
+    AgentKey,  # -> agent
+    Agent,
+)
+_PRIVILEGED: Final[frozenset[type[Model]]] = frozenset({Contract, Event})
+
+
+@dataclass(frozen=True, kw_only=True)
+class TenantDeletionReport:
+    """What a tenant deletion revoked, deleted and kept, as row counts per table.
+
+    With ``dry_run`` the counts are what would be revoked, deleted and kept; nothing
+    was changed. ``event_id`` is the appended ``tenant.deleted`` event (keep policy,
+    real run only); it is not counted in ``kept``.
+    """
+
+    tenant_id: uuid.UUID
+    slug: str
+    events_on_delete: str
+    dry_run: bool
+    revoked: Mapping[str, int]
+    deleted: Mapping[str, int]
+    kept: Mapping[str, int]
+    event_id: uuid.UUID | None = None
+
+    def event_data(self) -> dict[str, Any]:
+        """The counts as an event payload.
+
+        Tables are values, not keys: the redaction policy blanks any value under a
+        key that looks sensitive, and ``tasks_credential`` would be one.
+        """
+
+        def rows(counts: Mapping[str, int]) -> list[dict[str, Any]]:
+            return [{"table": table, "rows": n} for table, n in counts.items()]
+
+        return {
+            "slug": self.slug,
+            "events_on_delete": self.events_on_delete,
+            "revoked": rows(self.revoked),
+            "deleted": rows(self.deleted),
+            "kept": rows(self.kept),
+        }
+
+
+def tenant_owned_models() -> list[type[Model]]:
+    """Every installed model with a foreign key to ``Tenant``, from the registry."""
+    return [
+        model
+        for model in apps.get_models()
+        if any(
+            field.many_to_one and field.related_model is Tenant
+            for field in model._meta.concrete_fields
+        )
+    ]
+
+
+def _tenant_column(model: type[Model]) -> str:
+    for field in model._meta.concrete_fields:
+        if field.many_to_one and field.related_model is Tenant:
+            return str(field.column)
+    raise TenantDeletionPolicyIncomplete(table=model._meta.db_table)
+
+
+def _object_permission_models() -> tuple[type[Model], ...]:
+    """django-guardian's generic object-permission tables (users, then groups)."""
+    return (get_user_obj_perms_model(), get_group_obj_perms_model())
+
+
+def _check_policy_covers_registry() -> None:
+    covered = {*DELETION_ORDER, Event}
+    missing = [m for m in tenant_owned_models() if m not in covered]
+    if missing:
+        raise TenantDeletionPolicyIncomplete(
+            tables=sorted(model._meta.db_table for model in missing)
+        )
+
+
+@contextmanager
+def _purge_privilege(cursor: CursorWrapper) -> Iterator[None]:
+    """Open ``portal.purge`` for the statements inside, then close it again.
+
+    ``SET LOCAL`` alone would last until the end of the outermost transaction, which
+    in tests (and under any caller's savepoint) is longer than this one step. On an
+    error nothing is reset here: the transaction rolls back, and ``SET LOCAL`` with it.
+    """
+    cursor.execute("SET LOCAL portal.purge = 'on'")
+    yield
+    cursor.execute("SET LOCAL portal.purge = 'off'")
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Purge:
+    """One tenant's statements: counted on a dry run, executed otherwise."""
+
+    cursor: CursorWrapper
+    tenant_id: uuid.UUID
+    dry_run: bool
+
+    def _count(self, sql: str, params: Mapping[str, Any]) -> int:
+        self.cursor.execute(sql, params)
+        row = self.cursor.fetchone()
+        return int(row[0]) if row else 0
+
+    def _rows_where(self, model: type[Model]) -> tuple[str, str]:
+        return model._meta.db_table, f"{_tenant_column(model)} = %(tenant)s"
+
+    def revoke(self, model: type[Model], assignment: str, live: str) -> int:
+        table, where = self._rows_where(model)
+        params = {"tenant": self.tenant_id}
+        if self.dry_run:
+            return self._count(
+                f"SELECT count(*) FROM {table} WHERE {where} AND {live}", params
+            )
+        self.cursor.execute(
+            f"UPDATE {table} SET {assignment} WHERE {where} AND {live}", params
+        )
+        return self.cursor.rowcount
+
+    def count(self, model: type[Model]) -> int:
+        table, where = self._rows_where(model)
+        return self._count(
+            f"SELECT count(*) FROM {table} WHERE {where}", {"tenant": self.tenant_id}
+        )
+
+    def delete(self, model: type[Model]) -> int:
+        if self.dry_run:
+            return self.count(model)
+        table, where = self._rows_where(model)
+        sql = f"DELETE FROM {table} WHERE {where}"
+        params = {"tenant": self.tenant_id}
+        if model not in _PRIVILEGED:
+            self.cursor.execute(sql, params)
+            return self.cursor.rowcount
+        with _purge_privilege(self.cursor):
+            self.cursor.execute(sql, params)
+            # Read now: closing the privilege is a statement too and resets rowcount.
+            return self.cursor.rowcount
+
+    def delete_object_permissions(self, permission_model: type[Model]) -> int:
+        """Guardian grants on the tenant and on every object it owns.
+
+        They point at their object through (content type, text pk) with no foreign
+        key, so they are found through the objects and must go while those exist.
+        """
+        owned = [
+            "SELECT %(tenant_app)s::text, %(tenant_model)s::text, %(tenant)s::text"
+        ] + [
+            f"SELECT '{m._meta.app_label}', '{m._meta.model_name}', "
+            f"{m._meta.pk.column}::text FROM {m._meta.db_table} "
+            f"WHERE {_tenant_column(m)} = %(tenant)s"
+            for m in tenant_owned_models()
+        ]
+        matches = f"""
+            FROM {permission_model._meta.db_table} p
+            JOIN django_content_type ct ON ct.id = p.content_type_id
+            JOIN ({" UNION ALL ".join(owned)}) AS o (app_label, model, object_pk)
+              ON (ct.app_label, ct.model, p.object_pk)
+               = (o.app_label, o.model, o.object_pk)
+        """
+        params: dict[str, Any] = {
+            "tenant": self.tenant_id,
+            "tenant_app": Tenant._meta.app_label,
+            "tenant_model": Tenant._meta.model_name,
+        }
+        if self.dry_run:
+            return self._count(f"SELECT count(*) {matches}", params)
+        pk = permission_model._meta.pk.column
+        self.cursor.execute(
+            f"""
+            DELETE FROM {permission_model._meta.db_table} WHERE {pk} IN (
+                SELECT p.{pk} {matches}
+            )
+            """,
+            params,
+        )
+        return self.cursor.rowcount
+
+
+def _tenant_lock(*, cursor: CursorWrapper, tenant_id: uuid.UUID) -> tuple[str, str]:
+    """Lock the tenant row; its (slug, events_on_delete) as they are now.
+
+    The lock conflicts with the key-share lock every foreign-key check takes, so a
+    child row written concurrently cannot commit before this transaction ends; see
+    "Limits" in docs/tenant-deletion.md for what happens to it then.
+    """
+    cursor.execute(
+        """
+        SELECT slug, events_on_delete, deleted_at FROM portal_tenant
+        WHERE id = %s FOR UPDATE
+        """,
+        [tenant_id],
+    )
+    row = cursor.fetchone()
+    if row is None:  # purged before: the row itself is gone
+        raise TenantNotFound(tenant_id=str(tenant_id))
+    slug, events_on_delete, deleted_at = row
+    if deleted_at is not None:
+        raise TenantAlreadyDeleted(slug=slug, deleted_at=deleted_at.isoformat())
+    return slug, events_on_delete
+
+
+@portal_db.translate_integrity_errors
+@transaction.atomic(durable=True)
+def tenant_delete(
+    *, tenant: Tenant, actor: Actor, dry_run: bool = False
+) -> TenantDeletionReport:
+    """Delete a tenant by the declared policy, in one transaction (all or nothing).
+
+    Order: lock the tenant row; (a) revoke credentials and agent keys and deactivate
+    agents; (b) delete object permissions, then every tenant-owned table, children
+    before parents; (c) events by ``tenant.events_on_delete``: ``keep`` keeps them,
+    appends one ``tenant.deleted`` event (no outbox row) and marks the tenant row
+    deleted; ``purge`` deletes them and then the tenant row.
+
+    Guarantee: with ``dry_run`` only counts are read (the tenant row is still locked
+    for a consistent answer) and nothing changes. The purge privilege is open only
+    around the statements that need it.
+
+    Raises:
+        TenantAlreadyDeleted: the tenant row is a tombstone already.
+        TenantNotFound: the tenant row is gone (purged before).
+        TenantDeletionPolicyIncomplete: a tenant-owned model is not in the policy;
+            nothing was changed.
+    """
+    _check_policy_covers_registry()
+    with connection.cursor() as cursor:
+        slug, events_on_delete = _tenant_lock(cursor=cursor, tenant_id=tenant.pk)
+        purge = _Purge(cursor=cursor, tenant_id=tenant.pk, dry_run=dry_run)
+
+        revoked = {
+            model._meta.db_table: purge.revoke(model, assignment, live)
+            for model, assignment, live in REVOCATIONS
+        }
+
+        deleted = {
+            model._meta.db_table: purge.delete_object_permissions(model)
+            for model in _object_permission_models()
+        }
+        for model in DELETION_ORDER:
+            deleted[model._meta.db_table] = purge.delete(model)
+
+        kept: dict[str, int] = {}
+        if events_on_delete == EventsOnDelete.PURGE:
+            deleted[Event._meta.db_table] = purge.delete(Event)
+            tenant_rows = 1
+            if not dry_run:
+                cursor.execute("DELETE FROM portal_tenant WHERE id = %s", [tenant.pk])
+                tenant_rows = cursor.rowcount
+            deleted[Tenant._meta.db_table] = tenant_rows
+        else:
+            kept[Event._meta.db_table] = purge.count(Event)
+            kept[Tenant._meta.db_table] = 1
+
+        report = TenantDeletionReport(
+            tenant_id=tenant.pk,
+            slug=slug,
+            events_on_delete=events_on_delete,
+            dry_run=dry_run,
+            revoked=revoked,
+            deleted=deleted,
+            kept=kept,
+        )
+        if dry_run or events_on_delete == EventsOnDelete.PURGE:
+            return report
+        # The tenant's outbox has just been emptied and nobody downstream acts for
+        # a deleted tenant: the fact goes into the trail only.
+        event_id = audit_services.event_append(
+            tenant_id=tenant.pk,
+            code=EventCode.TENANT_DELETED,
+            actor=actor,
+            data=report.event_data(),
+            publish=False,
+        )
+        cursor.execute(
+            "UPDATE portal_tenant SET deleted_at = app_now() WHERE id = %s",
+            [tenant.pk],
+        )
+    return dataclasses.replace(report, event_id=event_id)

@@ -1,0 +1,549 @@
+"""Tenant deletion by the declared policy (audit/retention.py, docs/tenant-deletion.md).
+
+Every check runs over the model registry, not a hand-kept list: a model added later
+with a ``tenant`` field is checked here without anyone editing this file, and the seed
+must fill it or ``_assert_seeded`` fails.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import itertools
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.apps import apps
+from django.contrib.auth.models import Group, User
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Model
+from guardian.shortcuts import assign_perm
+
+from audit import retention
+from audit.exceptions import TenantAlreadyDeleted, TenantDeletionPolicyIncomplete
+from audit.models import Event, EventCode, Outbox
+from portal import selectors as portal_selectors
+from portal import services as portal_services
+from portal.actors import Actor, ActorType
+from portal.models import (
+    AgentGrant,
+    EventsOnDelete,
+    IdempotentRequest,
+    IdempotentRequestState,
+    Role,
+    Tenant,
+)
+from portal.selectors import TenantNotFound
+from tasks import services as tasks_services
+from tasks.models import (
+    Credential,
+    ObjectVersion,
+    Operation,
+    OperationState,
+    Task,
+    TaskState,
+)
+from tests.conftest import db_now
+
+OWNED_APPS = {"portal", "tasks", "audit"}
+SYSTEM = Actor.system("delete_tenant")
+SPEC: dict[str, Any] = {
+    "object_type": "customer_issue",
+    "required_fields": [{"name": "email", "source": "crm", "max_age_s": 300}],
+    "policy": {
+        "read_fields": ["email"],
+        "write_targets": ["desk"],
+        "credential_ttl_s": 60,
+    },
+    "receipt": {"required": True, "type": "ticket_id"},
+}
+_serial = itertools.count(1)
+
+
+def tenant_owned_models() -> list[type[Model]]:
+    """Models of the portal apps with a ``tenant`` field, from the registry."""
+    return [
+        model
+        for model in apps.get_models()
+        if model._meta.app_label in OWNED_APPS
+        and any(field.name == "tenant" for field in model._meta.concrete_fields)
+    ]
+
+
+def rows_of(tenant_id: uuid.UUID) -> dict[str, int]:
+    """Row count per tenant-owned table for one tenant."""
+    return {
+        model._meta.db_table: model._base_manager.filter(tenant_id=tenant_id).count()
+        for model in tenant_owned_models()
+    }
+
+
+def fingerprint(tenant_id: uuid.UUID) -> dict[str, tuple[int, str]]:
+    """(rows, md5 of every row's text) per tenant-owned table and the tenant row.
+
+    Catches updates as well as inserts and deletes: a revoked credential or a
+    tombstoned tenant changes the hash.
+    """
+    tables = [(m._meta.db_table, "tenant_id") for m in tenant_owned_models()]
+    tables.append(("portal_tenant", "id"))
+    result = {}
+    with connection.cursor() as cursor:
+        for table, column in tables:
+            cursor.execute(
+                f"SELECT count(*), md5(coalesce(string_agg(t::text, '|' "
+                f"ORDER BY t::text), '')) FROM {table} t WHERE {column} = %s",
+                [tenant_id],
+            )
+            result[table] = cursor.fetchone()
+    return result
+
+
+def every_table_count() -> dict[str, int]:
+    """Row count of every table Django knows, tenant-owned or not."""
+    return {
+        model._meta.db_table: model._base_manager.count()
+        for model in apps.get_models(include_auto_created=True)
+        if not model._meta.proxy
+    }
+
+
+def object_permission_count(obj: Model) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT (SELECT count(*) FROM guardian_userobjectpermission
+                    WHERE object_pk = %(pk)s)
+                 + (SELECT count(*) FROM guardian_groupobjectpermission
+                    WHERE object_pk = %(pk)s)
+            """,
+            {"pk": str(obj.pk)},
+        )
+        return cursor.fetchone()[0]
+
+
+def _assert_seeded(tenant: Tenant) -> None:
+    empty = [table for table, n in rows_of(tenant.pk).items() if n == 0]
+    assert not empty, f"extend populate() so these tables hold rows: {empty}"
+
+
+@pytest.fixture
+def populate(
+    make_task: Callable[..., Task], make_operation: Callable[..., Operation]
+) -> Callable[[Tenant], dict[str, Any]]:
+    """Fill every tenant-owned table for a tenant, through the services mostly."""
+
+    def fill(tenant: Tenant) -> dict[str, Any]:
+        n = next(_serial)
+        agent = portal_services.agent_create(tenant=tenant, name=f"agent-{n}")
+        portal_services.agent_key_issue(agent=agent)
+        user = User.objects.create_user(username=f"person-{n}")
+        portal_services.membership_grant(tenant=tenant, user=user, role=Role.SUPPORT)
+        AgentGrant.objects.create(
+            tenant=tenant, agent=agent, action="create_ticket", target="desk"
+        )
+        actor = Actor.of_agent(agent)
+
+        contract = tasks_services.contract_create(
+            tenant=tenant, key="issue", spec=SPEC, publish=True
+        )
+        tasks_services.contract_create(tenant=tenant, key="issue", spec=SPEC)  # draft
+        tasks_services.task_register(
+            tenant=tenant,
+            actor=actor,
+            client_task_id=f"client-{n}",
+            workflow_key="customer-issue",
+            workflow_version="1",
+            object_type="customer_issue",
+            object_id=f"issue-{n}",
+            object_version="1",
+            contract_key="issue",
+            contract_version=1,
+        )
+        task = tasks_services.task_claim_next(
+            tenant=tenant, owner="worker-1", actor=actor
+        )
+        assert task is not None
+        reservation = tasks_services.operation_reserve(
+            tenant=tenant,
+            task_id=task.pk,
+            lease_token=task.lease_token,
+            idempotency_key=f"key-{n}",
+            action="create_ticket",
+            target="desk",
+            input={"n": n},
+            actor=actor,
+        )
+        expires_at = db_now() + dt.timedelta(hours=1)
+        for revoked_at in (None, db_now()):
+            Credential.objects.create(
+                tenant=tenant,
+                operation=reservation.operation,
+                object_type="customer_issue",
+                object_id=f"issue-{n}",
+                fields=["email"],
+                action="create_ticket",
+                target="desk",
+                secret_hash="0" * 64,
+                expires_at=expires_at,
+                revoked_at=revoked_at,
+            )
+        tasks_services.object_version_record(
+            tenant=tenant,
+            object_type="customer_issue",
+            object_id=f"issue-{n}",
+            version="7",
+        )
+        # Rows made by the shared fixtures too, in other states.
+        make_operation(
+            task=make_task(tenant=tenant, state=TaskState.RUNNING, leased=True),
+            state=OperationState.VERIFIED,
+        )
+        IdempotentRequest.objects.create(
+            tenant=tenant,
+            agent=agent,
+            key=f"request-{n}",
+            fingerprint="0" * 64,
+            state=IdempotentRequestState.COMPLETED,
+            response_status=201,
+            locked_until=expires_at,
+            expires_at=expires_at,
+        )
+        group = Group.objects.create(name=f"reviewers-{n}")
+        assign_perm("tasks.view_task", user, task)
+        assign_perm("portal.view_tenant", user, tenant)
+        assign_perm("tasks.view_contract", group, contract)
+        return {"task": task, "contract": contract}
+
+    return fill
+
+
+@pytest.fixture
+def keep_tenant(make_tenant: Callable[..., Tenant]) -> Tenant:
+    return make_tenant(events_on_delete=EventsOnDelete.KEEP)
+
+
+@pytest.fixture
+def purge_tenant(make_tenant: Callable[..., Tenant]) -> Tenant:
+    return make_tenant(events_on_delete=EventsOnDelete.PURGE)
+
+
+# --- The two policies ---------------------------------------------------------------
+
+
+def test_keep_policy_empties_every_table_but_events_and_leaves_a_tombstone(
+    keep_tenant, populate
+):
+    """Under "keep" only audit_event rows and the tenant row (tombstoned) remain."""
+    # given a tenant with rows in every tenant-owned table
+    populate(keep_tenant)
+    _assert_seeded(keep_tenant)
+    events_before = Event.objects.filter(tenant=keep_tenant).count()
+
+    # when it is deleted
+    report = retention.tenant_delete(tenant=keep_tenant, actor=SYSTEM)
+
+    # then every tenant-owned table is empty for it, except the kept events
+    left = {table: n for table, n in rows_of(keep_tenant.pk).items() if n}
+    assert left == {"audit_event": events_before + 1}
+    keep_tenant.refresh_from_db()
+    assert keep_tenant.deleted_at is not None
+    assert report.kept == {"audit_event": events_before, "portal_tenant": 1}
+    assert "audit_event" not in report.deleted
+    # and one tenant.deleted event records the counts, with no outbox row
+    event = Event.objects.get(tenant=keep_tenant, code=EventCode.TENANT_DELETED)
+    assert event.pk == report.event_id
+    assert (event.actor_type, event.actor_id) == (ActorType.SYSTEM, "delete_tenant")
+    assert event.payload["events_on_delete"] == "keep"
+    assert {"table": "tasks_credential", "rows": 2} in event.payload["deleted"]
+    assert {"table": "tasks_credential", "rows": 1} in event.payload["revoked"]
+    assert not Outbox.objects.filter(event_id=event.pk).exists()
+    # and the tenant is gone for every reader
+    with pytest.raises(TenantNotFound):
+        portal_selectors.tenant_get(tenant_id=keep_tenant.pk)
+
+
+def test_purge_policy_empties_every_table_and_removes_the_tenant(
+    purge_tenant, populate
+):
+    """Under "purge" no row of the tenant is left anywhere, the tenant row included."""
+    # given a tenant with rows in every tenant-owned table
+    populate(purge_tenant)
+    _assert_seeded(purge_tenant)
+    events_before = Event.objects.filter(tenant=purge_tenant).count()
+
+    # when it is deleted
+    report = retention.tenant_delete(tenant=purge_tenant, actor=SYSTEM)
+
+    # then nothing of it is left
+    assert set(rows_of(purge_tenant.pk).values()) == {0}
+    assert not Tenant.objects.filter(pk=purge_tenant.pk).exists()
+    assert report.kept == {}
+    assert report.deleted["audit_event"] == events_before
+    assert report.deleted["portal_tenant"] == 1
+    assert report.event_id is None
+
+
+@pytest.mark.parametrize("policy", EventsOnDelete.values)
+def test_another_tenants_rows_are_untouched(make_tenant, populate, policy):
+    """Every tenant-owned table holds exactly the other tenant's rows, unchanged."""
+    # given two populated tenants
+    doomed = make_tenant(events_on_delete=policy)
+    bystander = make_tenant(events_on_delete=policy)
+    populate(doomed)
+    kept = populate(bystander)
+    _assert_seeded(bystander)
+    before = fingerprint(bystander.pk)
+    permissions = object_permission_count(kept["task"])
+
+    # when one is deleted
+    retention.tenant_delete(tenant=doomed, actor=SYSTEM)
+
+    # then the other's rows, contents and object permissions are as they were
+    assert fingerprint(bystander.pk) == before
+    assert object_permission_count(kept["task"]) == permissions == 1
+    assert object_permission_count(kept["contract"]) == 1
+
+
+def test_object_permissions_on_the_tenant_and_its_objects_go(keep_tenant, populate):
+    """Guardian grants have no foreign key; the deletion finds them by object."""
+    seeded = populate(keep_tenant)
+    assert object_permission_count(seeded["task"]) == 1
+
+    report = retention.tenant_delete(tenant=keep_tenant, actor=SYSTEM)
+
+    assert object_permission_count(seeded["task"]) == 0
+    assert object_permission_count(seeded["contract"]) == 0
+    assert object_permission_count(keep_tenant) == 0
+    assert report.deleted["guardian_userobjectpermission"] == 2
+    assert report.deleted["guardian_groupobjectpermission"] == 1
+
+
+def test_revocation_comes_first_and_counts_only_live_grants(keep_tenant, populate):
+    """The report lists revocations first; an already revoked credential is not one."""
+    populate(keep_tenant)
+
+    report = retention.tenant_delete(tenant=keep_tenant, actor=SYSTEM)
+
+    assert report.revoked == {
+        "tasks_credential": 1,
+        "portal_agentkey": 1,
+        "portal_agent": 1,
+    }
+    assert list(report.deleted)[:2] == [
+        "guardian_userobjectpermission",
+        "guardian_groupobjectpermission",
+    ]
+    assert list(report.deleted)[2:] == [
+        m._meta.db_table for m in retention.DELETION_ORDER
+    ]
+
+
+def test_the_report_names_every_tenant_owned_table(make_tenant, populate):
+    """Each registry table appears in the report, deleted or kept."""
+    for policy in EventsOnDelete.values:
+        tenant = make_tenant(events_on_delete=policy)
+        populate(tenant)
+        report = retention.tenant_delete(tenant=tenant, actor=SYSTEM, dry_run=True)
+        named = set(report.deleted) | set(report.kept)
+        assert {m._meta.db_table for m in tenant_owned_models()} <= named
+
+
+def test_the_purge_privilege_is_closed_afterwards(purge_tenant, other_tenant, populate):
+    """``portal.purge`` is off again once the deletion returns, even in a savepoint."""
+    populate(purge_tenant)
+    populate(other_tenant)
+
+    retention.tenant_delete(tenant=purge_tenant, actor=SYSTEM)
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('portal.purge', true)")
+        assert cursor.fetchone()[0] != "on"
+    event = Event.objects.filter(tenant=other_tenant).first()
+    assert event is not None
+    with (
+        pytest.raises(IntegrityError) as caught,
+        transaction.atomic(),
+        connection.cursor() as cursor,
+    ):
+        cursor.execute("DELETE FROM audit_event WHERE id = %s", [event.pk])
+    assert caught.value.__cause__.diag.constraint_name == "audit_event_append_only_trg"
+
+
+def test_a_forgotten_model_stops_the_deletion(keep_tenant, populate, monkeypatch):
+    """A tenant-owned table missing from the policy refuses the whole deletion."""
+    populate(keep_tenant)
+    before = fingerprint(keep_tenant.pk)
+    forgetful = tuple(m for m in retention.DELETION_ORDER if m is not ObjectVersion)
+    monkeypatch.setattr(retention, "DELETION_ORDER", forgetful)
+
+    with pytest.raises(TenantDeletionPolicyIncomplete) as caught:
+        retention.tenant_delete(tenant=keep_tenant, actor=SYSTEM)
+
+    assert caught.value.context == {"tables": ["tasks_objectversion"]}
+    assert fingerprint(keep_tenant.pk) == before
+
+
+# --- Dry run ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", EventsOnDelete.values)
+def test_dry_run_changes_nothing_and_prints_the_counts(make_tenant, populate, policy):
+    """``--dry-run`` leaves every table as it was and prints per-table counts."""
+    tenant = make_tenant(events_on_delete=policy)
+    populate(tenant)
+    before = fingerprint(tenant.pk)
+    tables_before = every_table_count()
+    out = io.StringIO()
+
+    call_command("delete_tenant", tenant.slug, "--dry-run", stdout=out)
+
+    assert fingerprint(tenant.pk) == before
+    assert every_table_count() == tables_before
+    text = out.getvalue()
+    assert "Dry run: nothing was changed." in text
+    assert f"3. events ({policy}):" in text
+    credentials = Credential.objects.filter(tenant=tenant).count()
+    tasks = Task.objects.filter(tenant=tenant).count()
+    assert _line(text, "Would revoke", "tasks_credential") == credentials - 1
+    assert _line(text, "Would delete", "tasks_task") == tasks
+    section = "Would keep" if policy == EventsOnDelete.KEEP else "Would delete"
+    assert (
+        _line(text, section, "audit_event")
+        == Event.objects.filter(tenant=tenant).count()
+    )
+
+
+def _line(text: str, section: str, table: str) -> int:
+    """The count printed for ``table`` under the ``section:`` heading."""
+    lines = text.splitlines()
+    start = lines.index(f"{section}:") + 1
+    for line in lines[start:]:
+        if not line.startswith("  "):
+            break
+        name, count = line.split()
+        if name == table:
+            return int(count)
+    raise AssertionError(f"{table} not under {section!r}:\n{text}")
+
+
+@pytest.mark.parametrize("policy", EventsOnDelete.values)
+def test_the_dry_run_predicts_the_real_deletion(make_tenant, populate, policy):
+    """The counts of a dry run equal what the real run then revokes, deletes, keeps."""
+    tenant = make_tenant(events_on_delete=policy)
+    populate(tenant)
+
+    preview = retention.tenant_delete(tenant=tenant, actor=SYSTEM, dry_run=True)
+    report = retention.tenant_delete(tenant=tenant, actor=SYSTEM)
+
+    assert preview.dry_run
+    assert not report.dry_run
+    assert preview.event_id is None
+    assert (preview.revoked, preview.deleted, preview.kept) == (
+        report.revoked,
+        report.deleted,
+        report.kept,
+    )
+
+
+# --- The command --------------------------------------------------------------------
+
+
+class FakeTty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_command_refuses_without_yes_when_stdin_is_not_a_terminal(
+    keep_tenant, populate
+):
+    """No TTY and no ``--yes``: refused, with the way out in the message."""
+    populate(keep_tenant)
+    before = fingerprint(keep_tenant.pk)
+
+    with pytest.raises(CommandError, match="--yes"):
+        call_command(
+            "delete_tenant", keep_tenant.slug, stdin=io.StringIO(), stdout=io.StringIO()
+        )
+
+    assert fingerprint(keep_tenant.pk) == before
+
+
+def test_the_command_deletes_once_the_slug_is_typed(keep_tenant, populate):
+    """On a terminal the operator confirms by typing the slug."""
+    populate(keep_tenant)
+    out = io.StringIO()
+
+    call_command(
+        "delete_tenant",
+        keep_tenant.slug,
+        stdin=FakeTty(keep_tenant.slug + "\n"),
+        stdout=out,
+    )
+
+    keep_tenant.refresh_from_db()
+    assert keep_tenant.deleted_at is not None
+    text = out.getvalue()
+    assert "Would delete:" in text  # the preview shown before the question
+    assert "Deleted:" in text
+    assert f"Tenant {keep_tenant.slug!r} deleted; events kept" in text
+
+
+def test_the_command_refuses_a_mistyped_confirmation(purge_tenant, populate):
+    populate(purge_tenant)
+    before = fingerprint(purge_tenant.pk)
+
+    with pytest.raises(CommandError, match="did not match"):
+        call_command(
+            "delete_tenant",
+            purge_tenant.slug,
+            stdin=FakeTty("something-else\n"),
+            stdout=io.StringIO(),
+        )
+
+    assert fingerprint(purge_tenant.pk) == before
+
+
+def test_the_command_with_yes_deletes_and_prints_what_went(purge_tenant, populate):
+    populate(purge_tenant)
+    out = io.StringIO()
+
+    call_command("delete_tenant", purge_tenant.slug, "--yes", stdout=out)
+
+    assert not Tenant.objects.filter(pk=purge_tenant.pk).exists()
+    assert _line(out.getvalue(), "Deleted", "portal_tenant") == 1
+    assert "Kept: nothing" in out.getvalue()
+
+
+def test_an_unknown_slug_is_a_clear_error(db):
+    with pytest.raises(CommandError, match="No tenant with slug 'nobody'"):
+        call_command("delete_tenant", "nobody", "--yes", stdout=io.StringIO())
+
+
+# --- Deleting twice -----------------------------------------------------------------
+
+
+def test_deleting_an_already_deleted_tenant_errors(keep_tenant, populate):
+    """A tombstone cannot be deleted again, by the service or the command."""
+    populate(keep_tenant)
+    retention.tenant_delete(tenant=keep_tenant, actor=SYSTEM)
+    events = Event.objects.filter(tenant=keep_tenant).count()
+
+    with pytest.raises(TenantAlreadyDeleted):
+        retention.tenant_delete(tenant=keep_tenant, actor=SYSTEM)
+    with pytest.raises(TenantAlreadyDeleted):
+        retention.tenant_delete(tenant=keep_tenant, actor=SYSTEM, dry_run=True)
+    with pytest.raises(CommandError, match="already deleted"):
+        call_command("delete_tenant", keep_tenant.slug, "--yes", stdout=io.StringIO())
+
+    assert Event.objects.filter(tenant=keep_tenant).count() == events
+
+
+def test_a_purged_tenant_is_not_found_again(purge_tenant):
+    retention.tenant_delete(tenant=purge_tenant, actor=SYSTEM)
+
+    with pytest.raises(TenantNotFound):
+        retention.tenant_delete(tenant=purge_tenant, actor=SYSTEM)
