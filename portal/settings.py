@@ -46,6 +46,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "drf_spectacular",
     "guardian",
     "portal",
     "tasks",
@@ -117,11 +118,50 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = Path(os.environ.get("DJANGO_STATIC_ROOT", BASE_DIR / "staticfiles"))
 
+# Agents authenticate with a Bearer key (portal/api.py); staff use the admin session.
 REST_FRAMEWORK: dict[str, Any] = {
     "DEFAULT_AUTHENTICATION_CLASSES": [],
     "DEFAULT_PERMISSION_CLASSES": [],
     "UNAUTHENTICATED_USER": None,
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "EXCEPTION_HANDLER": "portal.api.problem_exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_THROTTLE_RATES": {
+        "agent": os.environ.get("PORTAL_AGENT_RATE_LIMIT", "1200/min"),
+    },
 }
+SPECTACULAR_SETTINGS: dict[str, Any] = {
+    "TITLE": "Agent governance portal API",
+    "DESCRIPTION": (
+        "Agents register tasks, hold leases, reserve operations under idempotency "
+        "keys and read their redacted history. Errors are RFC 9457 problem+json "
+        "with a stable `code`. See docs/api.md."
+    ),
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+    "SCHEMA_PATH_PREFIX": r"/api/v1",
+    "ENUM_NAME_OVERRIDES": {
+        "ReasonCodeEnum": "portal.codes.ReasonCode",
+        "TaskStateEnum": "tasks.models.TaskState",
+        "OperationStateEnum": "tasks.models.OperationState",
+    },
+}
+PORTAL_IDEMPOTENCY_WINDOW_S = int(
+    os.environ.get("PORTAL_IDEMPOTENCY_WINDOW_S", "86400")
+)
+# How long a first delivery may run before a duplicate may take its key over.
+PORTAL_IDEMPOTENCY_LOCK_S = 60
+
+# Throttle counters: shared Redis when configured, per-process memory otherwise.
+if os.environ.get("REDIS_URL"):
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": os.environ["REDIS_URL"],
+        }
+    }
 
 # Celery: RabbitMQ (or any broker URL) when configured; kombu's filesystem transport
 # under var/broker/ otherwise, so one laptop needs no broker service.

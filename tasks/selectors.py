@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 
 from django.db.models import QuerySet
 
 from portal.models import Tenant
 
-from .exceptions import ContractNotFound, OperationNotFound, TaskNotFound
-from .models import Contract, ContractStatus, Operation, Task
+from .exceptions import (
+    ContractNotFound,
+    ObjectVersionNotFound,
+    OperationNotFound,
+    TaskNotFound,
+)
+from .models import Contract, ContractStatus, ObjectVersion, Operation, Task
 
 
 def task_get(*, tenant: Tenant, task_id: uuid.UUID) -> Task:
@@ -24,12 +30,26 @@ def task_get(*, tenant: Tenant, task_id: uuid.UUID) -> Task:
         raise TaskNotFound(task_id=str(task_id)) from None
 
 
-def task_list(*, tenant: Tenant, state: str | None = None) -> QuerySet[Task]:
-    """The tenant's tasks, oldest first."""
+def task_list(
+    *,
+    tenant: Tenant,
+    state: str | None = None,
+    object_type: str | None = None,
+    object_id: str | None = None,
+    trace_id: str | None = None,
+    updated_since: dt.datetime | None = None,
+) -> QuerySet[Task]:
+    """The tenant's tasks, oldest first (ids are time-ordered), optionally filtered."""
     tasks = Task.objects.filter(tenant=tenant)
-    if state is not None:
-        tasks = tasks.filter(state=state)
-    return tasks.order_by("created_at", "id")
+    filters: dict[str, object] = {
+        "state": state,
+        "object_type": object_type,
+        "object_id": object_id,
+        "trace_id": trace_id,
+        "updated_at__gte": updated_since,
+    }
+    tasks = tasks.filter(**{k: v for k, v in filters.items() if v is not None})
+    return tasks.order_by("id")
 
 
 def operation_get(*, tenant: Tenant, operation_id: uuid.UUID) -> Operation:
@@ -76,3 +96,21 @@ def contract_latest_published(*, tenant: Tenant, key: str) -> Contract:
     if contract is None:
         raise ContractNotFound(key=key)
     return contract
+
+
+def object_version_get(
+    *, tenant: Tenant, object_type: str, object_id: str
+) -> ObjectVersion:
+    """The recorded current version of a business object.
+
+    Raises:
+        ObjectVersionNotFound: nothing recorded for this object.
+    """
+    try:
+        return ObjectVersion.objects.get(
+            tenant=tenant, object_type=object_type, object_id=object_id
+        )
+    except ObjectVersion.DoesNotExist:
+        raise ObjectVersionNotFound(
+            object_type=object_type, object_id=object_id
+        ) from None

@@ -1,0 +1,374 @@
+"""API wiring shared by every endpoint: agent base view, errors, idempotency, traces.
+
+``AgentApi`` authenticates the Bearer key, takes the tenant from it (never from the
+body or URL), throttles per agent, parses ``traceparent``, and applies the
+``Idempotency-Key`` header to POSTs. Every error leaves as RFC 9457
+``application/problem+json`` with a stable ``code``; nothing escapes as a bare 500.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import uuid
+from typing import Any, TypeVar
+
+from django.core.exceptions import RequestDataTooBig
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from rest_framework import exceptions as drf_exceptions
+from rest_framework import serializers
+from rest_framework.authentication import BaseAuthentication, get_authorization_header
+from rest_framework.permissions import BasePermission
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.throttling import SimpleRateThrottle
+from rest_framework.views import APIView
+
+from . import idempotency, selectors, services
+from .actors import Actor
+from .exceptions import PortalError, ValidationFailed
+from .models import Agent, Tenant
+from .tracing import Trace
+
+logger = logging.getLogger(__name__)
+
+PROBLEM_CONTENT_TYPE = "application/problem+json"
+REPLAY_HEADER = "Idempotent-Replayed"
+LEASE_TOKEN_HEADER = "Lease-Token"  # noqa: S105  (a header name, not a secret)
+
+S = TypeVar("S", bound=serializers.Serializer)
+
+
+# --- Authentication, permission, throttling ------------------------------------------
+
+
+class AgentKeyAuthentication(BaseAuthentication):
+    """``Authorization: Bearer <agent key>``; the key fixes agent and tenant."""
+
+    def authenticate(self, request: Request) -> tuple[Agent, None] | None:
+        header = get_authorization_header(request).decode("latin-1")
+        if not header:
+            return None
+        scheme, _, secret = header.partition(" ")
+        if scheme.lower() != "bearer" or not secret.strip():
+            raise drf_exceptions.AuthenticationFailed(
+                "Use 'Authorization: Bearer <key>'."
+            )
+        key = selectors.agent_key_authenticate(secret=secret.strip())
+        if key is None:
+            raise drf_exceptions.AuthenticationFailed("Invalid or revoked API key.")
+        services.agent_key_mark_used(key=key)
+        return key.agent, None
+
+    def authenticate_header(self, request: Request) -> str:
+        return 'Bearer realm="agent-api"'
+
+
+class AgentKeyScheme(OpenApiAuthenticationExtension):
+    target_class = "portal.api.AgentKeyAuthentication"
+    name = "agentKey"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
+        return {"type": "http", "scheme": "bearer", "description": "Agent API key"}
+
+
+class IsAgent(BasePermission):
+    def has_permission(self, request: Request, view: APIView) -> bool:
+        return isinstance(request.user, Agent)
+
+
+class AgentRateThrottle(SimpleRateThrottle):
+    """Per-agent request rate (``PORTAL_AGENT_RATE_LIMIT``); 429 with Retry-After."""
+
+    scope = "agent"
+
+    def get_cache_key(self, request: Request, view: APIView) -> str | None:
+        if not isinstance(request.user, Agent):
+            return None
+        return self.cache_format % {"scope": self.scope, "ident": request.user.pk}
+
+
+# --- Problem details -----------------------------------------------------------------
+
+
+class RateLimited(PortalError):
+    """Too many requests; retry after the time in the Retry-After header."""
+
+    code = "RATE_LIMITED"
+    status = 429
+    retryable = True
+
+
+_DRF_CODES: dict[type[drf_exceptions.APIException], tuple[str, str]] = {
+    drf_exceptions.ParseError: (
+        "MALFORMED_REQUEST",
+        "The request body is not valid JSON.",
+    ),
+    drf_exceptions.NotAuthenticated: ("UNAUTHENTICATED", "Authentication is required."),
+    drf_exceptions.AuthenticationFailed: ("UNAUTHENTICATED", ""),
+    drf_exceptions.PermissionDenied: ("FORBIDDEN", ""),
+    drf_exceptions.NotFound: ("NOT_FOUND", "No such object."),
+    drf_exceptions.MethodNotAllowed: ("METHOD_NOT_ALLOWED", ""),
+    drf_exceptions.NotAcceptable: ("NOT_ACCEPTABLE", ""),
+    drf_exceptions.UnsupportedMediaType: ("UNSUPPORTED_MEDIA_TYPE", ""),
+}
+
+
+def _trace_id(request: Any) -> str:
+    trace = getattr(request, "portal_trace", None)
+    return trace.trace_id if trace else ""
+
+
+def problem(
+    *, status: int, code: str, detail: str, request: Any = None, **members: Any
+) -> Response:
+    """An RFC 9457 problem response with the portal's extension members."""
+    body = {
+        "type": f"https://agent-governance-portal.invalid/problems/{code.lower()}",
+        "title": code.replace("_", " ").capitalize(),
+        "status": status,
+        "detail": detail,
+        "code": code,
+        "trace_id": _trace_id(request),
+        **members,
+    }
+    return Response(body, status=status, content_type=PROBLEM_CONTENT_TYPE)
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_json_safe(v) for v in value]
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return str(value)
+
+
+def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> HttpResponse:
+    """DRF's exception handler: every error becomes problem+json with a stable code."""
+    request = context.get("request")
+    if isinstance(exc, idempotency.IdempotentReplay):
+        stored = exc.response
+        response = HttpResponse(
+            stored.body, status=stored.status, content_type=stored.content_type
+        )
+        response[REPLAY_HEADER] = "true"
+        return response
+    if isinstance(exc, PortalError):
+        return problem(
+            status=exc.status,
+            code=str(exc.code),
+            detail=exc.detail,
+            request=request,
+            **_json_safe(exc.context),
+        )
+    if isinstance(exc, drf_exceptions.ValidationError):
+        return problem(
+            status=400,
+            code=ValidationFailed.code,
+            detail="The request is not valid.",
+            request=request,
+            errors=_json_safe(exc.detail),
+        )
+    if isinstance(exc, drf_exceptions.Throttled):
+        response = problem(
+            status=429,
+            code=RateLimited.code,
+            detail=str(RateLimited().detail),
+            request=request,
+            retry_after_s=getattr(exc, "wait", None),
+        )
+        response["Retry-After"] = str(max(1, int(getattr(exc, "wait", None) or 1)))
+        return response
+    if isinstance(exc, Http404):
+        exc = drf_exceptions.NotFound()
+    if isinstance(exc, RequestDataTooBig):
+        return problem(
+            status=413,
+            code="REQUEST_TOO_LARGE",
+            detail="The request body is too large.",
+            request=request,
+        )
+    if isinstance(exc, drf_exceptions.APIException):
+        code, detail = _DRF_CODES.get(type(exc), ("REQUEST_REFUSED", ""))
+        response = problem(
+            status=exc.status_code,
+            code=code,
+            detail=detail or str(exc.detail),
+            request=request,
+        )
+        if isinstance(
+            exc, drf_exceptions.NotAuthenticated | drf_exceptions.AuthenticationFailed
+        ):
+            response["WWW-Authenticate"] = 'Bearer realm="agent-api"'
+        return response
+    correlation_id = secrets.token_hex(8)
+    logger.exception("unhandled API error, correlation id %s", correlation_id)
+    return problem(
+        status=500,
+        code="INTERNAL",
+        request=request,
+        correlation_id=correlation_id,
+        detail="Unexpected error; quote the correlation id when reporting it.",
+    )
+
+
+def not_found_view(
+    request: HttpRequest, exception: Exception | None = None
+) -> HttpResponse:
+    """Django's 404 handler: problem+json under /api/, the plain page elsewhere."""
+    if request.path.startswith("/api/"):
+        return JsonResponse(
+            {
+                "type": "about:blank",
+                "title": "Not found",
+                "status": 404,
+                "detail": "No such endpoint.",
+                "code": "NOT_FOUND",
+                "trace_id": "",
+            },
+            status=404,
+            content_type=PROBLEM_CONTENT_TYPE,
+        )
+    from django.views.defaults import page_not_found
+
+    return page_not_found(request, exception or Http404())
+
+
+def server_error_view(request: HttpRequest) -> HttpResponse:
+    """Django's 500 handler: problem+json under /api/, the plain page elsewhere."""
+    if request.path.startswith("/api/"):
+        return JsonResponse(
+            {
+                "type": "about:blank",
+                "title": "Internal",
+                "status": 500,
+                "detail": "Unexpected error.",
+                "code": "INTERNAL",
+                "trace_id": "",
+            },
+            status=500,
+            content_type=PROBLEM_CONTENT_TYPE,
+        )
+    from django.views.defaults import server_error
+
+    return server_error(request)
+
+
+# --- The agent base view -------------------------------------------------------------
+
+
+class ProblemSerializer(serializers.Serializer):
+    """RFC 9457 problem details, with the portal's ``code`` and ``trace_id``."""
+
+    type = serializers.CharField()
+    title = serializers.CharField()
+    status = serializers.IntegerField()
+    detail = serializers.CharField()
+    code = serializers.CharField(help_text="Stable machine-readable code.")
+    trace_id = serializers.CharField()
+    # Schema only (never used to validate), so shadowing Serializer.errors is harmless.
+    errors = serializers.DictField(  # type: ignore[assignment]
+        required=False, help_text="Field -> messages."
+    )
+
+
+class AgentApi(APIView):
+    """Base of every agent endpoint. Subclasses call one service and serialise.
+
+    Views hold no queries: ``get_queryset``/``get_object`` are refused at class
+    creation, so every read goes through a selector that requires the tenant.
+    """
+
+    authentication_classes = [AgentKeyAuthentication]
+    permission_classes = [IsAgent]
+    throttle_classes = [AgentRateThrottle]
+
+    agent: Agent
+    tenant: Tenant
+    actor: Actor
+    trace: Trace
+    _idempotency_record: uuid.UUID | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name in ("get_queryset", "get_object", "queryset"):
+            if name in cls.__dict__:
+                raise TypeError(
+                    f"{cls.__name__}.{name}: API views hold no queries; call a "
+                    "selector "
+                    "with self.tenant instead (STYLE.md R11)."
+                )
+
+    def initialize_request(
+        self, request: HttpRequest, *args: Any, **kwargs: Any
+    ) -> Request:
+        # Parsed before authentication so even a 401 carries the caller's trace id.
+        trace = Trace.from_traceparent(request.headers.get("traceparent"))
+        # Our own span under the caller's trace.
+        self.trace = Trace(trace_id=trace.trace_id, span_id=secrets.token_hex(8))
+        request.portal_trace = self.trace  # type: ignore[attr-defined]
+        return super().initialize_request(request, *args, **kwargs)
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super().initial(
+            request, *args, **kwargs
+        )  # authentication, permission, throttle
+        assert isinstance(request.user, Agent)
+        self.agent = request.user
+        self.tenant = request.user.tenant
+        self.actor = Actor.of_agent(self.agent)
+        if request.method == "POST":
+            key = request.headers.get("Idempotency-Key")
+            if key is not None:
+                fingerprint = idempotency.request_fingerprint(
+                    method=request.method,
+                    path=request.get_full_path(),
+                    body=request._request.body,
+                )
+                self._idempotency_record = idempotency.idempotent_request_begin(
+                    agent=self.agent,
+                    key=idempotency.validate_key(key),
+                    fingerprint=fingerprint,
+                )
+
+    def finalize_response(
+        self, request: Request, response: Response, *args: Any, **kwargs: Any
+    ) -> Response:
+        response = super().finalize_response(request, response, *args, **kwargs)
+        if getattr(self, "trace", None) and self.trace.trace_id:
+            response["traceparent"] = (
+                f"00-{self.trace.trace_id}-{self.trace.span_id}-01"
+            )
+        record, self._idempotency_record = self._idempotency_record, None
+        if record is not None:
+            if isinstance(response, Response):
+                response.render()
+            idempotency.idempotent_request_finish(
+                record_id=record,
+                status=response.status_code,
+                body=response.content,
+                content_type=response.get("Content-Type", "application/json"),
+            )
+        return response
+
+    # Helpers for subclasses.
+
+    def validated(self, serializer_class: type[S], data: Any) -> dict[str, Any]:
+        """Validate input with a plain serializer; raise 400 VALIDATION_FAILED."""
+        serializer = serializer_class(data=data)
+        serializer.is_valid(raise_exception=True)
+        return dict(serializer.validated_data)
+
+    def lease_token(self, request: Request) -> int:
+        """The ``Lease-Token`` header: the fencing token of the caller's lease."""
+        raw = request.headers.get(LEASE_TOKEN_HEADER, "")
+        if not raw.isdigit() or len(raw) > 18:
+            raise ValidationFailed(
+                f"Send the fencing token of your lease in the {LEASE_TOKEN_HEADER} "
+                "header (a non-negative integer).",
+                field=LEASE_TOKEN_HEADER,
+            )
+        return int(raw)

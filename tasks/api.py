@@ -1,0 +1,528 @@
+"""Agent endpoints for tasks, leases, transitions, operations and object versions.
+
+One view per operation; each validates, calls one service and serialises (STYLE.md
+R11). The tenant always comes from the agent's key.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
+from rest_framework import serializers
+from rest_framework.pagination import CursorPagination
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from portal.api import LEASE_TOKEN_HEADER, AgentApi, ProblemSerializer
+from portal.codes import ReasonCode
+
+from . import selectors, services
+from .models import ObjectVersion, OperationState, Task, TaskState
+
+# --- Output ---------------------------------------------------------------------------
+
+
+class LeaseOutputSerializer(serializers.Serializer):
+    owner = serializers.CharField(allow_null=True)
+    token = serializers.IntegerField(help_text="Fencing token: send it as Lease-Token.")
+    acquired_at = serializers.DateTimeField(allow_null=True)
+    expires_at = serializers.DateTimeField(allow_null=True)
+
+
+class TaskOutputSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    client_task_id = serializers.CharField()
+    workflow = serializers.SerializerMethodField()
+    contract = serializers.SerializerMethodField()
+    object = serializers.SerializerMethodField()
+    state = serializers.ChoiceField(choices=TaskState.choices)
+    state_version = serializers.IntegerField()
+    current_step = serializers.CharField()
+    wake_at = serializers.DateTimeField(allow_null=True)
+    reason_code = serializers.ChoiceField(choices=ReasonCode.choices, allow_null=True)
+    lease = serializers.SerializerMethodField()
+    trace_id = serializers.CharField()
+    span_id = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+
+    class _Workflow(serializers.Serializer):
+        key = serializers.CharField()
+        version = serializers.CharField()
+
+    class _Contract(serializers.Serializer):
+        key = serializers.CharField()
+        version = serializers.IntegerField()
+
+    class _Object(serializers.Serializer):
+        type = serializers.CharField()
+        id = serializers.CharField()
+        version = serializers.CharField()
+
+    def get_workflow(self, task: Task) -> _Workflow:
+        return {"key": task.workflow_key, "version": task.workflow_version}  # type: ignore[return-value]
+
+    def get_contract(self, task: Task) -> _Contract | None:
+        if task.contract_key is None:
+            return None
+        return {"key": task.contract_key, "version": task.contract_version}  # type: ignore[return-value]
+
+    def get_object(self, task: Task) -> _Object:
+        return {
+            "type": task.object_type,
+            "id": task.object_id,
+            "version": task.object_version,
+        }  # type: ignore[return-value]
+
+    def get_lease(self, task: Task) -> LeaseOutputSerializer:
+        return {  # type: ignore[return-value]
+            "owner": task.lease_owner,
+            "token": task.lease_token,
+            "acquired_at": task.lease_acquired_at,
+            "expires_at": task.lease_expires_at,
+        }
+
+
+# drf-spectacular reads the method fields' return annotations for the schema.
+TaskOutputSerializer.get_workflow.__annotations__["return"] = (
+    TaskOutputSerializer._Workflow
+)
+TaskOutputSerializer.get_contract.__annotations__["return"] = (
+    TaskOutputSerializer._Contract
+)
+TaskOutputSerializer.get_object.__annotations__["return"] = TaskOutputSerializer._Object
+TaskOutputSerializer.get_lease.__annotations__["return"] = LeaseOutputSerializer
+
+
+class OperationOutputSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    task_id = serializers.UUIDField()
+    idempotency_key = serializers.CharField()
+    action = serializers.CharField()
+    target = serializers.CharField()
+    input_hash = serializers.CharField(help_text="SHA-256 of RFC 8785 canonical JSON.")
+    state = serializers.ChoiceField(choices=OperationState.choices)
+    state_version = serializers.IntegerField()
+    reason_code = serializers.ChoiceField(choices=ReasonCode.choices, allow_null=True)
+    attempts = serializers.IntegerField()
+    provider_reference = serializers.CharField(allow_null=True)
+    result = serializers.JSONField(allow_null=True, help_text="Redacted.")
+    trace_id = serializers.CharField()
+    span_id = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+
+
+class ObjectVersionOutputSerializer(serializers.Serializer):
+    object_type = serializers.CharField()
+    object_id = serializers.CharField()
+    version = serializers.CharField()
+    updated_at = serializers.DateTimeField()
+
+
+def _errors(*statuses: int) -> dict[int, Any]:
+    return {status: ProblemSerializer for status in (400, 401, 429, *statuses)}
+
+
+IDEMPOTENCY_HEADER = OpenApiParameter(
+    "Idempotency-Key",
+    OpenApiTypes.STR,
+    OpenApiParameter.HEADER,
+    required=False,
+    description=(
+        "Makes the POST safe to retry: the same key and body replay the first answer "
+        "(header Idempotent-Replayed: true); another body answers 422; a duplicate "
+        "while the first runs answers 409. Scoped per agent, kept 24 h."
+    ),
+)
+TRACEPARENT_HEADER = OpenApiParameter(
+    "traceparent",
+    OpenApiTypes.STR,
+    OpenApiParameter.HEADER,
+    required=False,
+    description="W3C Trace Context: its trace id is stored on what the request makes.",
+)
+LEASE_HEADER = OpenApiParameter(
+    LEASE_TOKEN_HEADER,
+    OpenApiTypes.INT,
+    OpenApiParameter.HEADER,
+    required=True,
+    description="The fencing token of your lease on the task.",
+)
+POST_HEADERS = [IDEMPOTENCY_HEADER, TRACEPARENT_HEADER]
+
+
+# --- Tasks ----------------------------------------------------------------------------
+
+
+class TaskListPagination(CursorPagination):
+    ordering = "id"  # UUIDv7: creation order, unique, stable under inserts
+    page_size = 50
+    max_page_size = 200
+    page_size_query_param = "page_size"
+
+
+class TaskCollectionApi(AgentApi):
+    class InputSerializer(serializers.Serializer):
+        client_task_id = serializers.CharField(max_length=200)
+        workflow_key = serializers.CharField(max_length=100)
+        workflow_version = serializers.CharField(max_length=50)
+        object_type = serializers.CharField(max_length=100)
+        object_id = serializers.CharField(max_length=200)
+        object_version = serializers.CharField(max_length=100)
+        contract_key = serializers.CharField(max_length=100, required=False)
+        contract_version = serializers.IntegerField(
+            min_value=1,
+            max_value=2**31 - 1,
+            required=False,
+            help_text="Omit to pin the newest published version.",
+        )
+
+    class FilterSerializer(serializers.Serializer):
+        state = serializers.ChoiceField(choices=TaskState.choices, required=False)
+        object_type = serializers.CharField(max_length=100, required=False)
+        object_id = serializers.CharField(max_length=200, required=False)
+        trace_id = serializers.CharField(max_length=32, required=False)
+        updated_since = serializers.DateTimeField(required=False)
+
+    @extend_schema(
+        operation_id="tasks_register",
+        request=InputSerializer,
+        responses={
+            201: TaskOutputSerializer,
+            200: TaskOutputSerializer,
+            **_errors(404, 409, 422),
+        },
+        parameters=POST_HEADERS,
+        examples=[
+            OpenApiExample(
+                "Customer issue",
+                request_only=True,
+                value={
+                    "client_task_id": "issue-1042",
+                    "workflow_key": "customer-issue",
+                    "workflow_version": "1",
+                    "object_type": "customer_issue",
+                    "object_id": "1042",
+                    "object_version": "7",
+                    "contract_key": "customer-issue-ticket",
+                },
+            )
+        ],
+        description="Register a task; idempotent on client_task_id (200 if it exists).",
+    )
+    def post(self, request: Request) -> Response:
+        data = self.validated(self.InputSerializer, request.data)
+        registration = services.task_register(
+            tenant=self.tenant, actor=self.actor, trace=self.trace, **data
+        )
+        return Response(
+            TaskOutputSerializer(registration.task).data,
+            status=201 if registration.created else 200,
+        )
+
+    @extend_schema(
+        operation_id="tasks_list",
+        parameters=[FilterSerializer],
+        responses={200: TaskOutputSerializer(many=True), **_errors()},
+        description="The tenant's tasks, oldest first, cursor-paginated.",
+    )
+    def get(self, request: Request) -> Response:
+        filters = self.validated(self.FilterSerializer, request.query_params)
+        tasks = selectors.task_list(tenant=self.tenant, **filters)
+        paginator = TaskListPagination()
+        page = paginator.paginate_queryset(tasks, request, view=self)
+        return paginator.get_paginated_response(
+            TaskOutputSerializer(page, many=True).data
+        )
+
+
+class TaskDetailApi(AgentApi):
+    @extend_schema(
+        operation_id="tasks_get",
+        responses={200: TaskOutputSerializer, **_errors(404)},
+    )
+    def get(self, request: Request, task_id: Any) -> Response:
+        task = selectors.task_get(tenant=self.tenant, task_id=task_id)
+        return Response(TaskOutputSerializer(task).data)
+
+
+class TaskClaimNextApi(AgentApi):
+    class InputSerializer(serializers.Serializer):
+        owner = serializers.CharField(max_length=200, help_text="Your worker's name.")
+        ttl_s = serializers.IntegerField(min_value=1, max_value=3600, required=False)
+
+    @extend_schema(
+        operation_id="tasks_claim_next",
+        request=InputSerializer,
+        responses={200: TaskOutputSerializer, 204: None, **_errors()},
+        parameters=POST_HEADERS,
+        description="Claim the oldest pending task (it becomes running, leased to "
+        "you). "
+        "204 when nothing is pending.",
+    )
+    def post(self, request: Request) -> Response:
+        data = self.validated(self.InputSerializer, request.data)
+        task = services.task_claim_next(
+            tenant=self.tenant, actor=self.actor, trace=self.trace, **data
+        )
+        if task is None:
+            return Response(status=204)
+        return Response(TaskOutputSerializer(task).data)
+
+
+class LeaseInputSerializer(serializers.Serializer):
+    owner = serializers.CharField(max_length=200)
+    ttl_s = serializers.IntegerField(min_value=1, max_value=3600, required=False)
+
+
+class RenewInputSerializer(serializers.Serializer):
+    ttl_s = serializers.IntegerField(min_value=1, max_value=3600, required=False)
+
+
+class TaskLeaseAcquireApi(AgentApi):
+    @extend_schema(
+        operation_id="tasks_lease_acquire",
+        request=LeaseInputSerializer,
+        responses={200: TaskOutputSerializer, **_errors(404, 409)},
+        parameters=POST_HEADERS,
+        description="Take the task's lease (409 LEASE_HELD while another holds it).",
+    )
+    def post(self, request: Request, task_id: Any) -> Response:
+        data = self.validated(LeaseInputSerializer, request.data)
+        task = services.task_lease_acquire(
+            tenant=self.tenant,
+            task_id=task_id,
+            actor=self.actor,
+            trace=self.trace,
+            **data,
+        )
+        return Response(TaskOutputSerializer(task).data)
+
+
+class TaskLeaseRenewApi(AgentApi):
+    @extend_schema(
+        operation_id="tasks_lease_renew",
+        request=RenewInputSerializer,
+        responses={200: TaskOutputSerializer, **_errors(404, 409)},
+        parameters=[LEASE_HEADER, *POST_HEADERS],
+    )
+    def post(self, request: Request, task_id: Any) -> Response:
+        data = self.validated(RenewInputSerializer, request.data)
+        task = services.task_lease_renew(
+            tenant=self.tenant,
+            task_id=task_id,
+            lease_token=self.lease_token(request),
+            **data,
+        )
+        return Response(TaskOutputSerializer(task).data)
+
+
+class TaskLeaseReleaseApi(AgentApi):
+    @extend_schema(
+        operation_id="tasks_lease_release",
+        request=None,
+        responses={200: TaskOutputSerializer, **_errors(404, 409)},
+        parameters=[LEASE_HEADER, *POST_HEADERS],
+        description="Give the lease back; a running task returns to pending.",
+    )
+    def post(self, request: Request, task_id: Any) -> Response:
+        task = services.task_lease_release(
+            tenant=self.tenant,
+            task_id=task_id,
+            lease_token=self.lease_token(request),
+            actor=self.actor,
+            trace=self.trace,
+        )
+        return Response(TaskOutputSerializer(task).data)
+
+
+class TaskTransitionApi(AgentApi):
+    class InputSerializer(serializers.Serializer):
+        to = serializers.ChoiceField(choices=TaskState.choices)
+        expected_state_version = serializers.IntegerField(
+            min_value=1, max_value=2**31 - 1
+        )
+        step = serializers.CharField(max_length=100, required=False)
+        reason_code = serializers.ChoiceField(
+            choices=ReasonCode.choices, required=False
+        )
+        wake_at = serializers.DateTimeField(required=False)
+        payload = serializers.DictField(
+            required=False, help_text="Facts for the event (redacted, bounded)."
+        )
+
+    @extend_schema(
+        operation_id="tasks_transition",
+        request=InputSerializer,
+        responses={200: TaskOutputSerializer, **_errors(404, 409)},
+        parameters=[LEASE_HEADER, *POST_HEADERS],
+        description="Move the task under your lease. 409 STALE_STATE when "
+        "expected_state_version is old (reload, never overwrite); 409 LEASE_EXPIRED "
+        "when your token is fenced out.",
+    )
+    def post(self, request: Request, task_id: Any) -> Response:
+        data = self.validated(self.InputSerializer, request.data)
+        task = services.task_transition(
+            tenant=self.tenant,
+            task_id=task_id,
+            to=data["to"],
+            expected_version=data["expected_state_version"],
+            lease_token=self.lease_token(request),
+            actor=self.actor,
+            trace=self.trace,
+            reason=data.get("reason_code"),
+            step=data.get("step"),
+            wake_at=data.get("wake_at"),
+            data=data.get("payload"),
+        )
+        return Response(TaskOutputSerializer(task).data)
+
+
+# --- Operations -----------------------------------------------------------------------
+
+
+class OperationReserveApi(AgentApi):
+    class InputSerializer(serializers.Serializer):
+        idempotency_key = serializers.CharField(
+            max_length=200, help_text="The business identity of the side effect."
+        )
+        action = serializers.CharField(max_length=100)
+        target = serializers.CharField(max_length=200)
+        input = serializers.JSONField(help_text="Hashed with RFC 8785 + SHA-256.")
+
+    @extend_schema(
+        operation_id="operations_reserve",
+        request=InputSerializer,
+        responses={
+            201: OperationOutputSerializer,
+            200: OperationOutputSerializer,
+            **_errors(403, 404, 409, 422),
+        },
+        parameters=[LEASE_HEADER, *POST_HEADERS],
+        description="Reserve a side effect before calling out. 201 new; 200 the same "
+        "key and input again; 422 IDEMPOTENCY_KEY_REUSED for another input.",
+    )
+    def post(self, request: Request, task_id: Any) -> Response:
+        data = self.validated(self.InputSerializer, request.data)
+        reservation = services.operation_reserve(
+            tenant=self.tenant,
+            task_id=task_id,
+            lease_token=self.lease_token(request),
+            idempotency_key=data["idempotency_key"],
+            action=data["action"],
+            target=data["target"],
+            input=data["input"],
+            actor=self.actor,
+            trace=self.trace,
+        )
+        return Response(
+            OperationOutputSerializer(reservation.operation).data,
+            status=201 if reservation.created else 200,
+        )
+
+
+class OperationDetailApi(AgentApi):
+    @extend_schema(
+        operation_id="operations_get",
+        responses={200: OperationOutputSerializer, **_errors(404)},
+    )
+    def get(self, request: Request, operation_id: Any) -> Response:
+        operation = selectors.operation_get(
+            tenant=self.tenant, operation_id=operation_id
+        )
+        return Response(OperationOutputSerializer(operation).data)
+
+
+class OperationStartApi(AgentApi):
+    @extend_schema(
+        operation_id="operations_start",
+        request=None,
+        responses={200: OperationOutputSerializer, **_errors(404, 409)},
+        parameters=[LEASE_HEADER, *POST_HEADERS],
+        description="For an operation you execute yourself: mark it executing just "
+        "before your call (one more attempt, same key).",
+    )
+    def post(self, request: Request, operation_id: Any) -> Response:
+        operation = services.operation_begin_execution(
+            tenant=self.tenant,
+            operation_id=operation_id,
+            lease_token=self.lease_token(request),
+            actor=self.actor,
+            trace=self.trace,
+        )
+        return Response(OperationOutputSerializer(operation).data)
+
+
+class OperationOutcomeApi(AgentApi):
+    class InputSerializer(serializers.Serializer):
+        outcome = serializers.ChoiceField(choices=services.OUTCOMES)
+        provider_reference = serializers.CharField(max_length=200, required=False)
+        result = serializers.DictField(required=False, help_text="Stored redacted.")
+        reason_code = serializers.ChoiceField(
+            choices=ReasonCode.choices, required=False
+        )
+
+    @extend_schema(
+        operation_id="operations_report_outcome",
+        request=InputSerializer,
+        responses={200: OperationOutputSerializer, **_errors(404, 409)},
+        parameters=[LEASE_HEADER, *POST_HEADERS],
+        description="Report what your call did: verified (with the receipt id), "
+        "failed, or unknown (RESULT_UNKNOWN).",
+    )
+    def post(self, request: Request, operation_id: Any) -> Response:
+        data = self.validated(self.InputSerializer, request.data)
+        operation = services.operation_record_outcome(
+            tenant=self.tenant,
+            operation_id=operation_id,
+            lease_token=self.lease_token(request),
+            outcome=data["outcome"],
+            provider_reference=data.get("provider_reference"),
+            result=data.get("result"),
+            reason=data.get("reason_code"),
+            actor=self.actor,
+            trace=self.trace,
+        )
+        return Response(OperationOutputSerializer(operation).data)
+
+
+# --- Object versions ------------------------------------------------------------------
+
+
+class ObjectVersionApi(AgentApi):
+    class InputSerializer(serializers.Serializer):
+        version = serializers.CharField(max_length=100)
+
+    class PathSerializer(serializers.Serializer):
+        object_type = serializers.CharField(max_length=100)
+        object_id = serializers.CharField(max_length=200)
+
+    @extend_schema(
+        operation_id="object_versions_get",
+        responses={200: ObjectVersionOutputSerializer, **_errors(404)},
+    )
+    def get(self, request: Request, object_type: str, object_id: str) -> Response:
+        record = selectors.object_version_get(
+            tenant=self.tenant, object_type=object_type, object_id=object_id
+        )
+        return Response(ObjectVersionOutputSerializer(record).data)
+
+    @extend_schema(
+        operation_id="object_versions_record",
+        request=InputSerializer,
+        responses={200: ObjectVersionOutputSerializer, **_errors()},
+        description="Record the current version of a business object (the version "
+        "fence compares a task's pinned version with this).",
+    )
+    def put(self, request: Request, object_type: str, object_id: str) -> Response:
+        path = self.validated(
+            self.PathSerializer, {"object_type": object_type, "object_id": object_id}
+        )
+        data = self.validated(self.InputSerializer, request.data)
+        record: ObjectVersion = services.object_version_record(
+            tenant=self.tenant, version=data["version"], **path
+        )
+        return Response(ObjectVersionOutputSerializer(record).data)
