@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +16,14 @@ from portal.models import Agent, AgentGrant, Tenant
 from tasks.models import Operation, OperationState, Task, TaskState
 
 _counter = itertools.count(1)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from django.conf import settings
+
+    # WhiteNoise warns about a missing STATIC_ROOT and the suite turns warnings into
+    # errors; a fresh clone has not run collectstatic yet.
+    Path(settings.STATIC_ROOT).mkdir(parents=True, exist_ok=True)
 
 
 def _unique(prefix: str) -> str:

@@ -1,0 +1,271 @@
+"""``manage.py up``: the whole portal on one machine, in one terminal.
+
+Starts the embedded PostgreSQL (when DATABASE_URL is unset), migrates, collects
+static files, seeds the demo data, then runs gunicorn, a Celery worker and Celery
+beat as child processes. Ctrl-C (or SIGTERM) stops them all, the database last. If
+any of them exits, the others are stopped and ``up`` exits non-zero. Every child
+also gets a parent-death signal, so even a SIGKILLed ``up`` leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any, Final
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connections
+
+from portal import embedded_db
+
+from .seed_demo import USERS, seed
+
+STOP_TIMEOUT: Final = 20.0
+WEB_START_TIMEOUT: Final = 60.0
+_POLL_SECONDS: Final = 0.5
+
+
+class _StopRequested(BaseException):
+    """SIGINT or SIGTERM arrived. A BaseException, like KeyboardInterrupt, so that
+    no ``except Exception`` on the way (migrations, seeding) swallows it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+
+
+def _raise_stop(signum: int, frame: FrameType | None) -> None:
+    raise _StopRequested(signum)
+
+
+def _note_signal_while_stopping(signum: int, frame: FrameType | None) -> None:
+    print("up: already stopping, please wait…", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class Child:
+    name: str
+    process: subprocess.Popen[bytes]
+
+
+def _accepts_connections(port: int) -> bool:
+    try:
+        with socket.create_connection((embedded_db.HOST, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def _exit_code(returncode: int) -> int:
+    # Any exit is a failure here: the children are meant to run until stopped.
+    if returncode > 0:
+        return returncode
+    return 128 - returncode if returncode < 0 else 1
+
+
+class Command(BaseCommand):
+    help = (
+        "Start the whole portal: database, migrations, demo data, web server, Celery "
+        "worker and beat. Ctrl-C stops everything."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--port",
+            type=int,
+            default=int(os.environ.get("PORTAL_PORT", "8000")),
+            help="web server port on 127.0.0.1 (default: PORTAL_PORT or 8000)",
+        )
+        parser.add_argument(
+            "--no-worker",
+            action="store_true",
+            help="run the web server only, without Celery worker and beat",
+        )
+
+    def handle(self, *args: Any, port: int, no_worker: bool, **options: Any) -> None:
+        server: embedded_db.EmbeddedServer | None = None
+        children: list[Child] = []
+        code = 0
+        previous = {
+            signum: signal.signal(signum, _raise_stop)
+            for signum in (signal.SIGINT, signal.SIGTERM)
+        }
+        try:
+            embedded_db.check_port_free(
+                port,
+                server="the web server",
+                hint="Pass --port or set PORTAL_PORT to use another one.",
+            )
+            database_url = os.environ.get("DATABASE_URL")
+            if not database_url:
+                server = embedded_db.EmbeddedServer(
+                    data_dir=Path(settings.VAR_DIR) / "pgdata",
+                    port=embedded_db.settings_port(),
+                )
+                self._say(f"starting PostgreSQL on {embedded_db.HOST}:{server.port}…")
+                server.start()
+                database_url = server.url
+            secret = self._prepare(verbosity=options["verbosity"])
+            self._start_children(
+                children, database_url=database_url, port=port, no_worker=no_worker
+            )
+            code = self._supervise(
+                children=children, server=server, port=port, secret=secret
+            )
+        except _StopRequested as stop:
+            self._say(f"{stop}: stopping…")
+        except embedded_db.LaunchError as error:
+            raise CommandError(str(error)) from error
+        finally:
+            for signum in previous:
+                signal.signal(signum, _note_signal_while_stopping)
+            self._stop_children(children)
+            if server is not None:
+                server.stop()
+                self._say("PostgreSQL stopped")
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        if code:
+            sys.exit(code)
+
+    def _prepare(self, *, verbosity: int) -> str | None:
+        """Migrate, collect static files, seed; return the demo agent's key."""
+        self._say("applying migrations…")
+        call_command("migrate", interactive=False, verbosity=verbosity)
+        self._say("collecting static files…")
+        call_command("collectstatic", interactive=False, verbosity=0)
+        secret = None
+        if settings.PRODUCTION:
+            self._say("production settings: not seeding demo users")
+        else:
+            secret = seed(report=lambda line: self._say(f"seed_demo: {line}"))
+        # Idle connections would hold the embedded server open at shutdown.
+        connections.close_all()
+        return secret
+
+    def _start_children(
+        self, children: list[Child], *, database_url: str, port: int, no_worker: bool
+    ) -> None:
+        """Start the servers, adding each to ``children`` as soon as it runs."""
+        env = dict(os.environ)
+        env["DATABASE_URL"] = database_url
+        env.setdefault("DJANGO_DEBUG", "1")
+        env["PYTHONUNBUFFERED"] = "1"  # logs appear as they happen
+        var_dir = Path(settings.VAR_DIR)
+        commands = {
+            "web server": [
+                "gunicorn", "portal.wsgi:application", "-b", f"127.0.0.1:{port}",
+                "--workers", "2", "--graceful-timeout", "10", "--access-logfile", "-",
+                # Its default socket is one per user ($HOME/.gunicorn): a second
+                # portal checkout would fight over it.
+                "--no-control-socket",
+            ],
+        }  # fmt: skip
+        if not no_worker:
+            # kombu's filesystem transport does not create its folders.
+            options = getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", {})
+            for key, value in options.items():
+                if key.endswith("_folder") or key.startswith("data_folder_"):
+                    Path(value).mkdir(parents=True, exist_ok=True)
+            commands["Celery worker"] = [
+                "celery", "-A", "portal", "worker",
+                "--loglevel=INFO", "--concurrency=2",
+            ]  # fmt: skip
+            commands["Celery beat"] = [
+                "celery", "-A", "portal", "beat", "--loglevel=INFO",
+                "--schedule", str(var_dir / "celerybeat-schedule"),
+            ]  # fmt: skip
+        for name, command in commands.items():
+            self._say(f"starting {name}: {' '.join(command)}")
+            process = subprocess.Popen(  # noqa: S603 (fixed commands)
+                # The venv's interpreter, whatever PATH says.
+                [sys.executable, "-m", *command],
+                stdin=subprocess.DEVNULL,
+                cwd=settings.BASE_DIR,
+                env=env,
+                preexec_fn=embedded_db.die_with_parent(signal.SIGTERM),
+                # Own process group: Ctrl-C reaches only `up`, which stops the
+                # children in order; killpg then also reaches their workers.
+                process_group=0,
+            )
+            children.append(Child(name=name, process=process))
+
+    def _supervise(
+        self,
+        *,
+        children: list[Child],
+        server: embedded_db.EmbeddedServer | None,
+        port: int,
+        secret: str | None,
+    ) -> int:
+        """Wait until a child or the database exits; return the exit code for up."""
+        web_deadline: float | None = time.monotonic() + WEB_START_TIMEOUT
+        while True:
+            if server is not None and (returncode := server.poll()) is not None:
+                self._say(f"PostgreSQL exited with code {returncode}; stopping")
+                return _exit_code(returncode)
+            for child in children:
+                if (returncode := child.process.poll()) is not None:
+                    self._say(f"{child.name} exited with code {returncode}; stopping")
+                    return _exit_code(returncode)
+            if web_deadline is not None:
+                if _accepts_connections(port):
+                    web_deadline = None
+                    self._banner(port=port, server=server, secret=secret)
+                elif time.monotonic() > web_deadline:
+                    self._say(f"the web server did not listen on port {port}; stopping")
+                    return 1
+            time.sleep(_POLL_SECONDS)
+
+    def _stop_children(self, children: list[Child]) -> None:
+        """SIGTERM all (graceful), wait, then SIGKILL what is left of each group."""
+        for child in reversed(children):
+            if child.process.poll() is None:
+                child.process.terminate()
+        deadline = time.monotonic() + STOP_TIMEOUT
+        for child in reversed(children):
+            try:
+                child.process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self._say(f"{child.name} did not stop in {STOP_TIMEOUT:.0f} s; killing")
+            # The group outlives its leader while a worker process lingers.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(child.process.pid, signal.SIGKILL)
+            child.process.wait()
+            self._say(f"{child.name} stopped")
+
+    def _banner(
+        self,
+        *,
+        port: int,
+        server: embedded_db.EmbeddedServer | None,
+        secret: str | None,
+    ) -> None:
+        base = f"http://127.0.0.1:{port}"
+        lines = [
+            "",
+            "The agent governance portal is up.",
+            f"  Admin:      {base}/admin/",
+            f"  API:        {base}/api/v1/",
+        ]
+        if secret is not None:
+            for username, password, role, _ in USERS:
+                lines.append(f"  Log in as:  {username} / {password}  ({role.label})")
+            lines.append(f"  Agent key:  Authorization: Bearer {secret}")
+        if server is not None:
+            lines.append(f"  Database:   {server.url} (embedded, {server.data_dir})")
+        lines += ["Press Ctrl-C to stop everything.", ""]
+        self.stdout.write("\n".join(lines))
+
+    def _say(self, message: str) -> None:
+        self.stderr.write(f"up: {message}")
+        self.stderr.flush()
