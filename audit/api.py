@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_serializer
 from rest_framework import serializers
 from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from portal.api import AgentApi, ProblemSerializer
+from portal.api import AgentApi, problem_responses
 from portal.codes import ReasonCode
 from tasks import selectors as task_selectors
 
@@ -35,15 +35,21 @@ class EventOutputSerializer(serializers.Serializer):
 
 
 class EventPagination(CursorPagination):
+    """Oldest first by default; ``?order=newest`` reverses (ids are time-ordered)."""
+
+    ordering = "id"
     page_size = 100
     max_page_size = 500
     page_size_query_param = "page_size"
 
-    def __init__(self, *, newest_first: bool) -> None:
-        self.ordering = "-id" if newest_first else "id"
+    def get_ordering(self, request: Request, queryset: Any, view: Any) -> tuple[str]:
+        return ("-id",) if request.query_params.get("order") == "newest" else ("id",)
 
 
 class TaskEventsApi(AgentApi):
+    pagination_class = EventPagination  # also tells the schema the page shape
+
+    @extend_schema_serializer(component_name="EventListFilter")
     class FilterSerializer(serializers.Serializer):
         order = serializers.ChoiceField(choices=["oldest", "newest"], default="oldest")
 
@@ -52,15 +58,15 @@ class TaskEventsApi(AgentApi):
         parameters=[FilterSerializer],
         responses={
             200: EventOutputSerializer(many=True),
-            **{status: ProblemSerializer for status in (400, 401, 404, 429)},
+            **problem_responses(404),
         },
         description="The task's events, oldest (default) or newest first.",
     )
     def get(self, request: Request, task_id: Any) -> Response:
-        filters = self.validated(self.FilterSerializer, request.query_params)
+        self.validated(self.FilterSerializer, request.query_params)
         task = task_selectors.task_get(tenant=self.tenant, task_id=task_id)
         events = selectors.event_list(tenant=self.tenant, task_id=task.pk)
-        paginator = EventPagination(newest_first=filters["order"] == "newest")
+        paginator = self.pagination_class()
         page: list[Event] = (
             paginator.paginate_queryset(events, request, view=self) or []
         )

@@ -260,6 +260,34 @@ def server_error_view(request: HttpRequest) -> HttpResponse:
 # --- The agent base view -------------------------------------------------------------
 
 
+def reject_unstorable_text(value: Any, path: str = "") -> None:
+    """Refuse text PostgreSQL cannot store: NUL characters and lone surrogates.
+
+    JSON allows both (``"\\u0000"``, ``"\\ud800"``); refusing them here turns what
+    would be a database error into a 400 that names the field.
+
+    Raises:
+        ValidationFailed: with the JSON path of the first offending string or key.
+    """
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise ValidationFailed("Text may not contain NUL characters.", field=path)
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValidationFailed(
+                "Text must be valid Unicode (no lone surrogates).", field=path
+            ) from None
+    elif isinstance(value, dict) or hasattr(value, "lists"):
+        items = value.lists() if hasattr(value, "lists") else value.items()
+        for key, item in items:
+            reject_unstorable_text(key, path)
+            reject_unstorable_text(item, f"{path}/{key}")
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            reject_unstorable_text(item, f"{path}/{index}")
+
+
 class ProblemSerializer(serializers.Serializer):
     """RFC 9457 problem details, with the portal's ``code`` and ``trace_id``."""
 
@@ -273,6 +301,19 @@ class ProblemSerializer(serializers.Serializer):
     errors = serializers.DictField(  # type: ignore[assignment]
         required=False, help_text="Field -> messages."
     )
+
+
+def problem_responses(*statuses: int, post: bool = False) -> dict[tuple[int, str], Any]:
+    """drf-spectacular ``responses`` entries for the problem answers of an endpoint.
+
+    Every endpoint can answer 400, 401 and 429; a POST also 409 (its Idempotency-Key
+    is in flight) and 422 (the key belongs to another request). Pass the others.
+    """
+    always = {400, 401, 429} | ({409, 422} if post else set())
+    return {
+        (status, PROBLEM_CONTENT_TYPE): ProblemSerializer
+        for status in sorted(always | set(statuses))
+    }
 
 
 class AgentApi(APIView):
@@ -358,6 +399,7 @@ class AgentApi(APIView):
 
     def validated(self, serializer_class: type[S], data: Any) -> dict[str, Any]:
         """Validate input with a plain serializer; raise 400 VALIDATION_FAILED."""
+        reject_unstorable_text(data)
         serializer = serializer_class(data=data)
         serializer.is_valid(raise_exception=True)
         return dict(serializer.validated_data)

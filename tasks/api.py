@@ -9,13 +9,19 @@ from __future__ import annotations
 from typing import Any
 
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
+from drf_spectacular.utils import (
+    OpenApiExample,
+    OpenApiParameter,
+    extend_schema,
+    extend_schema_field,
+    extend_schema_serializer,
+)
 from rest_framework import serializers
 from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from portal.api import LEASE_TOKEN_HEADER, AgentApi, ProblemSerializer
+from portal.api import LEASE_TOKEN_HEADER, AgentApi, problem_responses
 from portal.codes import ReasonCode
 
 from . import selectors, services
@@ -29,6 +35,22 @@ class LeaseOutputSerializer(serializers.Serializer):
     token = serializers.IntegerField(help_text="Fencing token: send it as Lease-Token.")
     acquired_at = serializers.DateTimeField(allow_null=True)
     expires_at = serializers.DateTimeField(allow_null=True)
+
+
+class TaskWorkflowSerializer(serializers.Serializer):
+    key = serializers.CharField()
+    version = serializers.CharField()
+
+
+class TaskContractSerializer(serializers.Serializer):
+    key = serializers.CharField()
+    version = serializers.IntegerField()
+
+
+class TaskObjectSerializer(serializers.Serializer):
+    type = serializers.CharField()
+    id = serializers.CharField()
+    version = serializers.CharField()
 
 
 class TaskOutputSerializer(serializers.Serializer):
@@ -48,52 +70,32 @@ class TaskOutputSerializer(serializers.Serializer):
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
 
-    class _Workflow(serializers.Serializer):
-        key = serializers.CharField()
-        version = serializers.CharField()
+    @extend_schema_field(TaskWorkflowSerializer)
+    def get_workflow(self, task: Task) -> dict[str, Any]:
+        return {"key": task.workflow_key, "version": task.workflow_version}
 
-    class _Contract(serializers.Serializer):
-        key = serializers.CharField()
-        version = serializers.IntegerField()
-
-    class _Object(serializers.Serializer):
-        type = serializers.CharField()
-        id = serializers.CharField()
-        version = serializers.CharField()
-
-    def get_workflow(self, task: Task) -> _Workflow:
-        return {"key": task.workflow_key, "version": task.workflow_version}  # type: ignore[return-value]
-
-    def get_contract(self, task: Task) -> _Contract | None:
+    @extend_schema_field(TaskContractSerializer(allow_null=True))
+    def get_contract(self, task: Task) -> dict[str, Any] | None:
         if task.contract_key is None:
             return None
-        return {"key": task.contract_key, "version": task.contract_version}  # type: ignore[return-value]
+        return {"key": task.contract_key, "version": task.contract_version}
 
-    def get_object(self, task: Task) -> _Object:
+    @extend_schema_field(TaskObjectSerializer)
+    def get_object(self, task: Task) -> dict[str, Any]:
         return {
             "type": task.object_type,
             "id": task.object_id,
             "version": task.object_version,
-        }  # type: ignore[return-value]
+        }
 
-    def get_lease(self, task: Task) -> LeaseOutputSerializer:
-        return {  # type: ignore[return-value]
+    @extend_schema_field(LeaseOutputSerializer)
+    def get_lease(self, task: Task) -> dict[str, Any]:
+        return {
             "owner": task.lease_owner,
             "token": task.lease_token,
             "acquired_at": task.lease_acquired_at,
             "expires_at": task.lease_expires_at,
         }
-
-
-# drf-spectacular reads the method fields' return annotations for the schema.
-TaskOutputSerializer.get_workflow.__annotations__["return"] = (
-    TaskOutputSerializer._Workflow
-)
-TaskOutputSerializer.get_contract.__annotations__["return"] = (
-    TaskOutputSerializer._Contract
-)
-TaskOutputSerializer.get_object.__annotations__["return"] = TaskOutputSerializer._Object
-TaskOutputSerializer.get_lease.__annotations__["return"] = LeaseOutputSerializer
 
 
 class OperationOutputSerializer(serializers.Serializer):
@@ -122,19 +124,16 @@ class ObjectVersionOutputSerializer(serializers.Serializer):
     updated_at = serializers.DateTimeField()
 
 
-def _errors(*statuses: int) -> dict[int, Any]:
-    return {status: ProblemSerializer for status in (400, 401, 429, *statuses)}
-
-
 IDEMPOTENCY_HEADER = OpenApiParameter(
     "Idempotency-Key",
-    OpenApiTypes.STR,
+    {"type": "string", "pattern": "^[!-~]{1,255}$"},
     OpenApiParameter.HEADER,
     required=False,
     description=(
         "Makes the POST safe to retry: the same key and body replay the first answer "
         "(header Idempotent-Replayed: true); another body answers 422; a duplicate "
-        "while the first runs answers 409. Scoped per agent, kept 24 h."
+        "while the first runs answers 409. Scoped per agent, kept 24 h. 1-255 "
+        "visible ASCII characters."
     ),
 )
 TRACEPARENT_HEADER = OpenApiParameter(
@@ -142,11 +141,12 @@ TRACEPARENT_HEADER = OpenApiParameter(
     OpenApiTypes.STR,
     OpenApiParameter.HEADER,
     required=False,
-    description="W3C Trace Context: its trace id is stored on what the request makes.",
+    description="W3C Trace Context: its trace id is stored on what the request makes; "
+    "an invalid value starts a new trace.",
 )
 LEASE_HEADER = OpenApiParameter(
     LEASE_TOKEN_HEADER,
-    OpenApiTypes.INT,
+    {"type": "integer", "minimum": 0, "maximum": 999_999_999_999_999_999},
     OpenApiParameter.HEADER,
     required=True,
     description="The fencing token of your lease on the task.",
@@ -165,6 +165,9 @@ class TaskListPagination(CursorPagination):
 
 
 class TaskCollectionApi(AgentApi):
+    pagination_class = TaskListPagination  # also tells the schema the page shape
+
+    @extend_schema_serializer(component_name="TaskRegisterInput")
     class InputSerializer(serializers.Serializer):
         client_task_id = serializers.CharField(max_length=200)
         workflow_key = serializers.CharField(max_length=100)
@@ -180,6 +183,7 @@ class TaskCollectionApi(AgentApi):
             help_text="Omit to pin the newest published version.",
         )
 
+    @extend_schema_serializer(component_name="TaskListFilter")
     class FilterSerializer(serializers.Serializer):
         state = serializers.ChoiceField(choices=TaskState.choices, required=False)
         object_type = serializers.CharField(max_length=100, required=False)
@@ -193,7 +197,7 @@ class TaskCollectionApi(AgentApi):
         responses={
             201: TaskOutputSerializer,
             200: TaskOutputSerializer,
-            **_errors(404, 409, 422),
+            **problem_responses(404, 409, 422, post=True),
         },
         parameters=POST_HEADERS,
         examples=[
@@ -226,13 +230,13 @@ class TaskCollectionApi(AgentApi):
     @extend_schema(
         operation_id="tasks_list",
         parameters=[FilterSerializer],
-        responses={200: TaskOutputSerializer(many=True), **_errors()},
+        responses={200: TaskOutputSerializer(many=True), **problem_responses()},
         description="The tenant's tasks, oldest first, cursor-paginated.",
     )
     def get(self, request: Request) -> Response:
         filters = self.validated(self.FilterSerializer, request.query_params)
         tasks = selectors.task_list(tenant=self.tenant, **filters)
-        paginator = TaskListPagination()
+        paginator = self.pagination_class()
         page = paginator.paginate_queryset(tasks, request, view=self)
         return paginator.get_paginated_response(
             TaskOutputSerializer(page, many=True).data
@@ -242,7 +246,7 @@ class TaskCollectionApi(AgentApi):
 class TaskDetailApi(AgentApi):
     @extend_schema(
         operation_id="tasks_get",
-        responses={200: TaskOutputSerializer, **_errors(404)},
+        responses={200: TaskOutputSerializer, **problem_responses(404)},
     )
     def get(self, request: Request, task_id: Any) -> Response:
         task = selectors.task_get(tenant=self.tenant, task_id=task_id)
@@ -250,6 +254,7 @@ class TaskDetailApi(AgentApi):
 
 
 class TaskClaimNextApi(AgentApi):
+    @extend_schema_serializer(component_name="TaskClaimNextInput")
     class InputSerializer(serializers.Serializer):
         owner = serializers.CharField(max_length=200, help_text="Your worker's name.")
         ttl_s = serializers.IntegerField(min_value=1, max_value=3600, required=False)
@@ -257,7 +262,11 @@ class TaskClaimNextApi(AgentApi):
     @extend_schema(
         operation_id="tasks_claim_next",
         request=InputSerializer,
-        responses={200: TaskOutputSerializer, 204: None, **_errors()},
+        responses={
+            200: TaskOutputSerializer,
+            204: None,
+            **problem_responses(post=True),
+        },
         parameters=POST_HEADERS,
         description="Claim the oldest pending task (it becomes running, leased to "
         "you). "
@@ -286,7 +295,7 @@ class TaskLeaseAcquireApi(AgentApi):
     @extend_schema(
         operation_id="tasks_lease_acquire",
         request=LeaseInputSerializer,
-        responses={200: TaskOutputSerializer, **_errors(404, 409)},
+        responses={200: TaskOutputSerializer, **problem_responses(404, 409, post=True)},
         parameters=POST_HEADERS,
         description="Take the task's lease (409 LEASE_HELD while another holds it).",
     )
@@ -306,7 +315,7 @@ class TaskLeaseRenewApi(AgentApi):
     @extend_schema(
         operation_id="tasks_lease_renew",
         request=RenewInputSerializer,
-        responses={200: TaskOutputSerializer, **_errors(404, 409)},
+        responses={200: TaskOutputSerializer, **problem_responses(404, 409, post=True)},
         parameters=[LEASE_HEADER, *POST_HEADERS],
     )
     def post(self, request: Request, task_id: Any) -> Response:
@@ -324,7 +333,7 @@ class TaskLeaseReleaseApi(AgentApi):
     @extend_schema(
         operation_id="tasks_lease_release",
         request=None,
-        responses={200: TaskOutputSerializer, **_errors(404, 409)},
+        responses={200: TaskOutputSerializer, **problem_responses(404, 409, post=True)},
         parameters=[LEASE_HEADER, *POST_HEADERS],
         description="Give the lease back; a running task returns to pending.",
     )
@@ -340,6 +349,7 @@ class TaskLeaseReleaseApi(AgentApi):
 
 
 class TaskTransitionApi(AgentApi):
+    @extend_schema_serializer(component_name="TaskTransitionInput")
     class InputSerializer(serializers.Serializer):
         to = serializers.ChoiceField(choices=TaskState.choices)
         expected_state_version = serializers.IntegerField(
@@ -357,7 +367,7 @@ class TaskTransitionApi(AgentApi):
     @extend_schema(
         operation_id="tasks_transition",
         request=InputSerializer,
-        responses={200: TaskOutputSerializer, **_errors(404, 409)},
+        responses={200: TaskOutputSerializer, **problem_responses(404, 409, post=True)},
         parameters=[LEASE_HEADER, *POST_HEADERS],
         description="Move the task under your lease. 409 STALE_STATE when "
         "expected_state_version is old (reload, never overwrite); 409 LEASE_EXPIRED "
@@ -385,6 +395,7 @@ class TaskTransitionApi(AgentApi):
 
 
 class OperationReserveApi(AgentApi):
+    @extend_schema_serializer(component_name="OperationReserveInput")
     class InputSerializer(serializers.Serializer):
         idempotency_key = serializers.CharField(
             max_length=200, help_text="The business identity of the side effect."
@@ -399,7 +410,7 @@ class OperationReserveApi(AgentApi):
         responses={
             201: OperationOutputSerializer,
             200: OperationOutputSerializer,
-            **_errors(403, 404, 409, 422),
+            **problem_responses(403, 404, 409, 422, post=True),
         },
         parameters=[LEASE_HEADER, *POST_HEADERS],
         description="Reserve a side effect before calling out. 201 new; 200 the same "
@@ -427,7 +438,7 @@ class OperationReserveApi(AgentApi):
 class OperationDetailApi(AgentApi):
     @extend_schema(
         operation_id="operations_get",
-        responses={200: OperationOutputSerializer, **_errors(404)},
+        responses={200: OperationOutputSerializer, **problem_responses(404)},
     )
     def get(self, request: Request, operation_id: Any) -> Response:
         operation = selectors.operation_get(
@@ -440,7 +451,10 @@ class OperationStartApi(AgentApi):
     @extend_schema(
         operation_id="operations_start",
         request=None,
-        responses={200: OperationOutputSerializer, **_errors(404, 409)},
+        responses={
+            200: OperationOutputSerializer,
+            **problem_responses(404, 409, post=True),
+        },
         parameters=[LEASE_HEADER, *POST_HEADERS],
         description="For an operation you execute yourself: mark it executing just "
         "before your call (one more attempt, same key).",
@@ -457,6 +471,7 @@ class OperationStartApi(AgentApi):
 
 
 class OperationOutcomeApi(AgentApi):
+    @extend_schema_serializer(component_name="OperationOutcomeInput")
     class InputSerializer(serializers.Serializer):
         outcome = serializers.ChoiceField(choices=services.OUTCOMES)
         provider_reference = serializers.CharField(max_length=200, required=False)
@@ -468,7 +483,10 @@ class OperationOutcomeApi(AgentApi):
     @extend_schema(
         operation_id="operations_report_outcome",
         request=InputSerializer,
-        responses={200: OperationOutputSerializer, **_errors(404, 409)},
+        responses={
+            200: OperationOutputSerializer,
+            **problem_responses(404, 409, post=True),
+        },
         parameters=[LEASE_HEADER, *POST_HEADERS],
         description="Report what your call did: verified (with the receipt id), "
         "failed, or unknown (RESULT_UNKNOWN).",
@@ -493,16 +511,18 @@ class OperationOutcomeApi(AgentApi):
 
 
 class ObjectVersionApi(AgentApi):
+    @extend_schema_serializer(component_name="ObjectVersionInput")
     class InputSerializer(serializers.Serializer):
         version = serializers.CharField(max_length=100)
 
+    @extend_schema_serializer(component_name="ObjectVersionPath")
     class PathSerializer(serializers.Serializer):
         object_type = serializers.CharField(max_length=100)
         object_id = serializers.CharField(max_length=200)
 
     @extend_schema(
         operation_id="object_versions_get",
-        responses={200: ObjectVersionOutputSerializer, **_errors(404)},
+        responses={200: ObjectVersionOutputSerializer, **problem_responses(404)},
     )
     def get(self, request: Request, object_type: str, object_id: str) -> Response:
         record = selectors.object_version_get(
@@ -513,7 +533,7 @@ class ObjectVersionApi(AgentApi):
     @extend_schema(
         operation_id="object_versions_record",
         request=InputSerializer,
-        responses={200: ObjectVersionOutputSerializer, **_errors()},
+        responses={200: ObjectVersionOutputSerializer, **problem_responses()},
         description="Record the current version of a business object (the version "
         "fence compares a task's pinned version with this).",
     )

@@ -13,7 +13,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from django.apps import apps
 from django.db import connection, models, transaction
 
 from audit import services as audit_services
@@ -23,19 +22,9 @@ from portal import services as portal_services
 from portal.actors import Actor
 from portal.models import Tenant
 from tasks.models import Contract, ContractStatus, Credential
+from tests.support.tenancy import tenant_owned_models
 
 from .conftest import execute, refused_by
-
-APPS = ("portal", "tasks", "audit")
-
-
-def tenant_owned_models() -> list[type[models.Model]]:
-    return [
-        model
-        for model in apps.get_models()
-        if model._meta.app_label in APPS
-        and any(field.name == "tenant" for field in model._meta.concrete_fields)
-    ]
 
 
 def tenant_relations() -> list[tuple[type[models.Model], models.ForeignKey]]:

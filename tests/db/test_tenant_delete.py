@@ -48,8 +48,8 @@ from tasks.models import (
     TaskState,
 )
 from tests.conftest import db_now
+from tests.support.tenancy import tenant_fingerprint, tenant_owned_models
 
-OWNED_APPS = {"portal", "tasks", "audit"}
 SYSTEM = Actor.system("delete_tenant")
 SPEC: dict[str, Any] = {
     "object_type": "customer_issue",
@@ -64,42 +64,12 @@ SPEC: dict[str, Any] = {
 _serial = itertools.count(1)
 
 
-def tenant_owned_models() -> list[type[Model]]:
-    """Models of the portal apps with a ``tenant`` field, from the registry."""
-    return [
-        model
-        for model in apps.get_models()
-        if model._meta.app_label in OWNED_APPS
-        and any(field.name == "tenant" for field in model._meta.concrete_fields)
-    ]
-
-
 def rows_of(tenant_id: uuid.UUID) -> dict[str, int]:
     """Row count per tenant-owned table for one tenant."""
     return {
         model._meta.db_table: model._base_manager.filter(tenant_id=tenant_id).count()
         for model in tenant_owned_models()
     }
-
-
-def fingerprint(tenant_id: uuid.UUID) -> dict[str, tuple[int, str]]:
-    """(rows, md5 of every row's text) per tenant-owned table and the tenant row.
-
-    Catches updates as well as inserts and deletes: a revoked credential or a
-    tombstoned tenant changes the hash.
-    """
-    tables = [(m._meta.db_table, "tenant_id") for m in tenant_owned_models()]
-    tables.append(("portal_tenant", "id"))
-    result = {}
-    with connection.cursor() as cursor:
-        for table, column in tables:
-            cursor.execute(
-                f"SELECT count(*), md5(coalesce(string_agg(t::text, '|' "
-                f"ORDER BY t::text), '')) FROM {table} t WHERE {column} = %s",
-                [tenant_id],
-            )
-            result[table] = cursor.fetchone()
-    return result
 
 
 def every_table_count() -> dict[str, int]:
@@ -296,14 +266,14 @@ def test_another_tenants_rows_are_untouched(make_tenant, populate, policy):
     populate(doomed)
     kept = populate(bystander)
     _assert_seeded(bystander)
-    before = fingerprint(bystander.pk)
+    before = tenant_fingerprint(bystander.pk)
     permissions = object_permission_count(kept["task"])
 
     # when one is deleted
     retention.tenant_delete(tenant=doomed, actor=SYSTEM)
 
     # then the other's rows, contents and object permissions are as they were
-    assert fingerprint(bystander.pk) == before
+    assert tenant_fingerprint(bystander.pk) == before
     assert object_permission_count(kept["task"]) == permissions == 1
     assert object_permission_count(kept["contract"]) == 1
 
@@ -376,7 +346,7 @@ def test_the_purge_privilege_is_closed_afterwards(purge_tenant, other_tenant, po
 def test_a_forgotten_model_stops_the_deletion(keep_tenant, populate, monkeypatch):
     """A tenant-owned table missing from the policy refuses the whole deletion."""
     populate(keep_tenant)
-    before = fingerprint(keep_tenant.pk)
+    before = tenant_fingerprint(keep_tenant.pk)
     forgetful = tuple(m for m in retention.DELETION_ORDER if m is not ObjectVersion)
     monkeypatch.setattr(retention, "DELETION_ORDER", forgetful)
 
@@ -384,7 +354,7 @@ def test_a_forgotten_model_stops_the_deletion(keep_tenant, populate, monkeypatch
         retention.tenant_delete(tenant=keep_tenant, actor=SYSTEM)
 
     assert caught.value.context == {"tables": ["tasks_objectversion"]}
-    assert fingerprint(keep_tenant.pk) == before
+    assert tenant_fingerprint(keep_tenant.pk) == before
 
 
 # --- Dry run ------------------------------------------------------------------------
@@ -395,13 +365,13 @@ def test_dry_run_changes_nothing_and_prints_the_counts(make_tenant, populate, po
     """``--dry-run`` leaves every table as it was and prints per-table counts."""
     tenant = make_tenant(events_on_delete=policy)
     populate(tenant)
-    before = fingerprint(tenant.pk)
+    before = tenant_fingerprint(tenant.pk)
     tables_before = every_table_count()
     out = io.StringIO()
 
     call_command("delete_tenant", tenant.slug, "--dry-run", stdout=out)
 
-    assert fingerprint(tenant.pk) == before
+    assert tenant_fingerprint(tenant.pk) == before
     assert every_table_count() == tables_before
     text = out.getvalue()
     assert "Dry run: nothing was changed." in text
@@ -462,14 +432,14 @@ def test_the_command_refuses_without_yes_when_stdin_is_not_a_terminal(
 ):
     """No TTY and no ``--yes``: refused, with the way out in the message."""
     populate(keep_tenant)
-    before = fingerprint(keep_tenant.pk)
+    before = tenant_fingerprint(keep_tenant.pk)
 
     with pytest.raises(CommandError, match="--yes"):
         call_command(
             "delete_tenant", keep_tenant.slug, stdin=io.StringIO(), stdout=io.StringIO()
         )
 
-    assert fingerprint(keep_tenant.pk) == before
+    assert tenant_fingerprint(keep_tenant.pk) == before
 
 
 def test_the_command_deletes_once_the_slug_is_typed(keep_tenant, populate):
@@ -494,7 +464,7 @@ def test_the_command_deletes_once_the_slug_is_typed(keep_tenant, populate):
 
 def test_the_command_refuses_a_mistyped_confirmation(purge_tenant, populate):
     populate(purge_tenant)
-    before = fingerprint(purge_tenant.pk)
+    before = tenant_fingerprint(purge_tenant.pk)
 
     with pytest.raises(CommandError, match="did not match"):
         call_command(
@@ -504,7 +474,7 @@ def test_the_command_refuses_a_mistyped_confirmation(purge_tenant, populate):
             stdout=io.StringIO(),
         )
 
-    assert fingerprint(purge_tenant.pk) == before
+    assert tenant_fingerprint(purge_tenant.pk) == before
 
 
 def test_the_command_with_yes_deletes_and_prints_what_went(purge_tenant, populate):

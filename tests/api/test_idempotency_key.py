@@ -1,0 +1,176 @@
+"""The Idempotency-Key header (IETF httpapi draft): replay, mismatch, in flight, expiry."""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from audit.models import Event
+from tasks import services
+from tasks.models import Task
+from tests.support.concurrency import run_in_threads
+
+from .conftest import REGISTRATION, register_and_claim
+
+KEY = {"Idempotency-Key": "register-issue-1042"}
+
+
+@pytest.mark.django_db
+def test_a_replay_returns_the_first_answer_and_does_nothing(api):
+    first = api.post("/api/v1/tasks", REGISTRATION, **KEY)
+    again = api.post("/api/v1/tasks", REGISTRATION, **KEY)
+    assert first.status_code == again.status_code == 201  # the stored status, not 200
+    assert again.content == first.content
+    assert again["Idempotent-Replayed"] == "true"
+    assert "Idempotent-Replayed" not in first
+    assert Task.objects.count() == 1
+    assert Event.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_an_error_answer_is_replayed_too(api):
+    task = register_and_claim(api)
+    body = {"to": "succeeded", "expected_state_version": 99}
+    headers = {"Lease-Token": str(task["lease"]["token"]), "Idempotency-Key": "t-1"}
+    first = api.post(f"/api/v1/tasks/{task['id']}/transitions", body, **headers)
+    again = api.post(f"/api/v1/tasks/{task['id']}/transitions", body, **headers)
+    assert first.status_code == again.status_code == 409
+    assert again["Idempotent-Replayed"] == "true"
+    assert again.json() == first.json()
+
+
+@pytest.mark.django_db
+def test_the_same_key_with_another_body_is_422(api):
+    api.post("/api/v1/tasks", REGISTRATION, **KEY)
+    response = api.post("/api/v1/tasks", {**REGISTRATION, "client_task_id": "x"}, **KEY)
+    assert response.status_code == 422
+    assert response.json()["code"] == "IDEMPOTENCY_KEY_MISMATCH"
+    assert Task.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_the_same_key_on_another_endpoint_is_422(api):
+    api.post("/api/v1/tasks", REGISTRATION, **KEY)
+    response = api.post("/api/v1/tasks/claim-next", {"owner": "w"}, **KEY)
+    assert response.status_code == 422
+
+
+@pytest.mark.django_db
+def test_keys_are_scoped_per_agent(api, make_client):
+    colleague = make_client(tenant=api.tenant)
+    api.post("/api/v1/tasks", REGISTRATION, **KEY)
+    other = colleague.post(
+        "/api/v1/tasks", {**REGISTRATION, "client_task_id": "x"}, **KEY
+    )
+    assert other.status_code == 201
+    assert "Idempotent-Replayed" not in other
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("key", ["", "x" * 256, "clé", "has space"])
+def test_malformed_keys_are_400(api, key):
+    response = api.post("/api/v1/tasks", REGISTRATION, **{"Idempotency-Key": key})
+    assert response.status_code == 400
+    assert response.json()["code"] == "VALIDATION_FAILED"
+    assert not Task.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_key_expires_after_the_window(api):
+    api.post("/api/v1/tasks", REGISTRATION, **KEY)
+    window = settings.PORTAL_IDEMPOTENCY_WINDOW_S
+    with connection.cursor() as cursor:  # the one SQL clock moves past the window
+        cursor.execute(
+            "SELECT set_config('portal.clock_offset', %s, false)",
+            [f"{window + 1} seconds"],
+        )
+    try:
+        response = api.post(
+            "/api/v1/tasks", {**REGISTRATION, "client_task_id": "y"}, **KEY
+        )
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET portal.clock_offset")
+    assert response.status_code == 201
+    assert Task.objects.count() == 2
+
+
+@pytest.mark.django_db
+def test_a_server_error_frees_the_key_for_a_retry(api, monkeypatch):
+    original = services.task_register
+
+    def crash(**kwargs):
+        raise RuntimeError("injected fault")
+
+    monkeypatch.setattr(services, "task_register", crash)
+    failed = api.post("/api/v1/tasks", REGISTRATION, **KEY)
+    assert failed.status_code == 500
+    assert failed["Content-Type"] == "application/problem+json"
+    assert failed.json()["code"] == "INTERNAL"
+    assert failed.json()["correlation_id"]
+    monkeypatch.setattr(services, "task_register", original)
+    retried = api.post("/api/v1/tasks", REGISTRATION, **KEY)
+    assert retried.status_code == 201
+    assert "Idempotent-Replayed" not in retried
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_duplicate_while_the_first_is_in_flight_is_409(api):
+    """The first delivery is held on a row lock; its duplicate is told it is in flight."""
+    task = register_and_claim(api)
+    path = f"/api/v1/tasks/{task['id']}/transitions"
+    body = {"to": "succeeded", "expected_state_version": task["state_version"]}
+    headers = {
+        "Lease-Token": str(task["lease"]["token"]),
+        "Idempotency-Key": "finish-1",
+    }
+    db = settings.DATABASES["default"]
+    side = psycopg.connect(
+        host=db["HOST"],
+        port=db["PORT"] or 5432,
+        user=db["USER"],
+        dbname=connection.settings_dict["NAME"],
+        autocommit=False,
+    )
+    first_started = threading.Event()
+    try:
+        with side.cursor() as cursor:  # hold the task row: the first request blocks
+            cursor.execute(
+                "SELECT 1 FROM tasks_task WHERE id = %s FOR UPDATE", [task["id"]]
+            )
+
+        def first():
+            first_started.set()
+            return api.post(path, body, **headers)
+
+        def duplicate():
+            first_started.wait(5)
+            # Wait until the first request holds its in-flight marker.
+            for _ in range(100):
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        "SELECT count(*) FROM portal_idempotentrequest WHERE key = 'finish-1'"
+                    )
+                    if cursor.fetchone()[0]:
+                        break
+                threading.Event().wait(0.05)
+            response = api.post(path, body, **headers)
+            side.rollback()  # release the row: the first request may finish now
+            return response
+
+        first_response, duplicate_response = run_in_threads(first, duplicate)
+    finally:
+        side.close()
+    assert duplicate_response.status_code == 409, duplicate_response.content
+    assert duplicate_response.json()["code"] == "REQUEST_IN_FLIGHT"
+    assert first_response.status_code == 200, first_response.content
+    replay = api.post(path, body, **headers)
+    assert replay.status_code == 200
+    assert replay["Idempotent-Replayed"] == "true"
+    assert (
+        Event.objects.filter(code="task.transitioned", task_id=task["id"]).count() == 2
+    )

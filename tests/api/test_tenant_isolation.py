@@ -1,0 +1,163 @@
+"""BOLA matrix: every endpoint x another tenant's ids answers exactly like a missing id.
+
+Routes are read from ``portal.urls.api_v1``, so a new endpoint is covered (or this test
+fails asking for its request body). For each route and method the answer to another
+tenant's id must equal the answer to a random id (status, code, detail, field names),
+and the other tenant's rows must be unchanged to the byte.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Any
+
+import pytest
+
+from portal.urls import api_v1
+from tests.support.tenancy import tenant_fingerprint
+
+from .conftest import REGISTRATION, AgentClient, register_and_claim
+
+pytestmark = pytest.mark.django_db
+
+# A request body that would be valid for the caller's own object, per route + method.
+BODIES: dict[tuple[str, str], Any] = {
+    ("tasks/<uuid:task_id>/lease", "post"): {"owner": "intruder"},
+    ("tasks/<uuid:task_id>/lease/renew", "post"): {"ttl_s": 60},
+    ("tasks/<uuid:task_id>/lease/release", "post"): None,
+    ("tasks/<uuid:task_id>/transitions", "post"): {
+        "to": "succeeded",
+        "expected_state_version": 2,
+    },
+    ("tasks/<uuid:task_id>/operations", "post"): {
+        "idempotency_key": "intruder-key",
+        "action": "create_ticket",
+        "target": "desk",
+        "input": {},
+    },
+    ("operations/<uuid:operation_id>/start", "post"): None,
+    ("operations/<uuid:operation_id>/outcome", "post"): {
+        "outcome": "verified",
+        "provider_reference": "forged",
+    },
+}
+# Routes without an id of another tenant in them, checked separately below.
+COLLECTIONS = {
+    "tasks",
+    "tasks/claim-next",
+    "object-versions/<str:object_type>/<str:object_id>",
+}
+
+
+def routes_with_ids() -> list[tuple[str, str]]:
+    cases = []
+    for pattern in api_v1:
+        route = str(pattern.pattern)
+        if route in COLLECTIONS:
+            continue
+        view = pattern.callback.view_class  # type: ignore[attr-defined]
+        for method in ("get", "post", "put", "delete"):
+            if hasattr(view, method):
+                cases.append((route, method))
+    return cases
+
+
+@pytest.fixture
+def victim(other_api: AgentClient) -> dict[str, Any]:
+    """Another tenant with a leased running task, an operation and an object version."""
+    task = register_and_claim(other_api)
+    operation = other_api.post(
+        f"/api/v1/tasks/{task['id']}/operations",
+        {
+            "idempotency_key": "victim-key",
+            "action": "create_ticket",
+            "target": "desk",
+            "input": {"secret": "victim"},
+        },
+        **{"Lease-Token": str(task["lease"]["token"])},
+    ).json()
+    other_api.put("/api/v1/object-versions/customer_issue/1042", {"version": "9"})
+    return {
+        "task_id": task["id"],
+        "operation_id": operation["id"],
+        "token": task["lease"]["token"],
+        "tenant": other_api.tenant,
+    }
+
+
+def _call(api: AgentClient, route: str, method: str, ids: dict[str, str], token: int):
+    path = "/api/v1/" + re.sub(r"<\w+:(\w+)>", lambda m: ids[m[1]], route)
+    headers = {"Lease-Token": str(token)}
+    if method == "get":
+        return api.get(path, **headers)
+    body = BODIES.get((route, method), "missing")
+    assert body != "missing", (
+        f"add a request body for {method.upper()} {route} to BODIES"
+    )
+    return getattr(api, method)(path, body, **headers)
+
+
+def _masked(response, ids: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    body = {k: v for k, v in response.json().items() if k != "trace_id"}
+    own = {str(ids["task_id"]), str(ids["operation_id"])}
+    return response.status_code, {k: "ID" if v in own else v for k, v in body.items()}
+
+
+def test_every_id_route_is_in_the_matrix():
+    """Guards the matrix itself: it must see the routes this test was written for."""
+    routes = {route for route, _ in routes_with_ids()}
+    assert {"tasks/<uuid:task_id>", "operations/<uuid:operation_id>/outcome"} <= routes
+
+
+@pytest.mark.parametrize(("route", "method"), routes_with_ids())
+def test_another_tenants_id_answers_like_a_missing_one(api, victim, route, method):
+    before = tenant_fingerprint(victim["tenant"].pk)
+    foreign = _call(api, route, method, victim, victim["token"])
+    missing_ids = {"task_id": str(uuid.uuid4()), "operation_id": str(uuid.uuid4())}
+    missing = _call(api, route, method, missing_ids, victim["token"])
+    assert foreign.status_code == 404, foreign.content
+    assert foreign.json()["code"] == "NOT_FOUND"
+    # Whole bodies equal once the caller's own ids and the per-request trace id are
+    # masked: no oracle in codes, texts or fields.
+    assert _masked(foreign, victim) == _masked(missing, missing_ids)
+    assert tenant_fingerprint(victim["tenant"].pk) == before
+
+
+def test_listing_and_claiming_never_see_another_tenant(api, victim):
+    before = tenant_fingerprint(victim["tenant"].pk)
+    assert api.get("/api/v1/tasks").json()["results"] == []
+    api.post("/api/v1/tasks", {**REGISTRATION, "client_task_id": "mine"})
+    claimed = api.post("/api/v1/tasks/claim-next", {"owner": "w"}).json()
+    assert claimed["client_task_id"] == "mine"
+    assert api.post("/api/v1/tasks/claim-next", {"owner": "w"}).status_code == 204
+    assert [
+        t["client_task_id"] for t in api.get("/api/v1/tasks").json()["results"]
+    ] == ["mine"]
+    assert tenant_fingerprint(victim["tenant"].pk) == before
+
+
+def test_object_versions_are_per_tenant(api, victim):
+    path = "/api/v1/object-versions/customer_issue/1042"
+    before = tenant_fingerprint(victim["tenant"].pk)
+    assert api.get(path).status_code == 404  # the victim's version stays invisible
+    assert api.put(path, {"version": "1"}).json()["version"] == "1"  # own namespace
+    assert tenant_fingerprint(victim["tenant"].pk) == before
+
+
+def test_a_body_cannot_choose_the_tenant(api, victim):
+    """Unknown fields such as tenant or tenant_id are ignored: the key decides."""
+    created = api.post(
+        "/api/v1/tasks",
+        {
+            **REGISTRATION,
+            "tenant": str(victim["tenant"].pk),
+            "tenant_id": str(victim["tenant"].pk),
+        },
+    )
+    assert created.status_code == 201
+    from tasks.models import Task
+
+    assert str(Task.objects.get(pk=created.json()["id"]).tenant_id) == str(
+        api.tenant.pk
+    )
