@@ -181,7 +181,12 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_SOFT_TIME_LIMIT = 60
 CELERY_TASK_TIME_LIMIT = 90
 CELERY_TASK_IGNORE_RESULT = True
-CELERY_BEAT_SCHEDULE: dict[str, Any] = {}
+CELERY_BEAT_SCHEDULE: dict[str, Any] = {
+    "purge-idempotent-requests": {
+        "task": "portal.jobs.purge_idempotent_requests_job",
+        "schedule": 3600.0,
+    },
+}
 
 # Domain settings.
 PORTAL_EVENT_PAYLOAD_MAX_BYTES = 8192  # copied into audit migration 0002 (R7)
