@@ -35,6 +35,17 @@ class EventCode(models.TextChoices):
     OPERATION_FAILED = "operation.failed"
     OPERATION_UNKNOWN = "operation.unknown"
     TENANT_DELETED = "tenant.deleted"
+    GATEWAY_CHECKED = "gateway.checked"
+    CREDENTIAL_ISSUED = "credential.issued"
+    CONNECTOR_CALLED = "connector.called"
+    RECEIPT_QUERIED = "receipt.queried"
+    OPERATION_CONFLICTED = "operation.conflicted"
+    OPERATION_ESCALATED = "operation.escalated"
+    OPERATION_APPROVED = "operation.approved"
+    TASK_ESCALATED = "task.escalated"
+    TASK_HUMAN_CLAIMED = "task.human_claimed"
+    TASK_HUMAN_RELEASED = "task.human_released"
+    TASK_RESOLVED = "task.resolved"
 
 
 class Event(models.Model):

@@ -39,7 +39,16 @@ from portal.models import (
     Tenant,
 )
 from portal.selectors import TenantNotFound
-from tasks.models import Contract, Credential, ObjectVersion, Operation, Task
+from tasks.models import (
+    Approval,
+    Connector,
+    Contract,
+    Credential,
+    Escalation,
+    ObjectVersion,
+    Operation,
+    Task,
+)
 
 from . import services as audit_services
 from .exceptions import TenantAlreadyDeleted, TenantDeletionPolicyIncomplete
@@ -60,10 +69,13 @@ REVOCATIONS: Final[tuple[tuple[type[Model], str, str], ...]] = (
 # transaction. Events are not here: step c decides about them.
 DELETION_ORDER: Final[tuple[type[Model], ...]] = (
     Credential,  # -> operation
+    Approval,  # -> operation
+    Escalation,  # -> task, operation
     Outbox,  # -> event
     Operation,  # -> task
     Task,  # -> contract (key, version)
     ObjectVersion,
+    Connector,  # holds the tenant's signing keys: gone with the tenant
     Contract,  # published and retired versions need the purge privilege
     Membership,
     AgentGrant,  # -> agent

@@ -23,3 +23,6 @@ class ReasonCode(models.TextChoices):
     LEASE_EXPIRED = "LEASE_EXPIRED"
     IDEMPOTENCY_KEY_REUSED = "IDEMPOTENCY_KEY_REUSED"
     STALE_STATE = "STALE_STATE"
+    # The connector supports neither idempotency keys nor lookup: a person approves
+    # the exact input once before any automatic write.
+    APPROVAL_REQUIRED = "APPROVAL_REQUIRED"

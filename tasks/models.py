@@ -242,6 +242,10 @@ class Operation(models.Model):
         max_length=40, choices=ReasonCode, null=True, blank=True
     )
     attempts = models.PositiveIntegerField(default=0)
+    # Receipt lookups made while the result was in doubt (the recovery budget).
+    lookups = models.PositiveIntegerField(default=0, db_default=0)
+    # When recovery may look at this operation next (also its claim by a runner).
+    next_check_at = models.DateTimeField(null=True, blank=True)
     provider_reference = models.CharField(max_length=200, null=True, blank=True)
     result = models.JSONField(null=True, blank=True)  # redacted
     trace_id = models.CharField(max_length=32, blank=True, default="")
@@ -276,7 +280,7 @@ class Operation(models.Model):
         indexes = [
             models.Index(fields=["tenant", "task"], name="tasks_operation_task_idx"),
             models.Index(
-                fields=["updated_at"],
+                fields=["next_check_at"],
                 condition=Q(state__in=["executing", "unknown"]),
                 name="tasks_operation_in_doubt_idx",
             ),
@@ -345,3 +349,142 @@ class ObjectVersion(models.Model):
 
     def __str__(self) -> str:
         return f"{self.object_type}/{self.object_id} @ {self.version}"
+
+
+class ConnectorKind(models.TextChoices):
+    HTTP_JSON = "http_json"
+
+
+class Connector(models.Model):
+    """How the gateway reaches one write target of a tenant.
+
+    Capabilities decide what is automatic: without idempotency keys *and* lookup, a
+    repeated call could duplicate a side effect and a lost answer could never be
+    settled, so every write needs a person's one-time approval first.
+    """
+
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
+    tenant = models.ForeignKey("portal.Tenant", on_delete=models.PROTECT)
+    target = models.CharField(max_length=200)
+    kind = models.CharField(
+        max_length=20, choices=ConnectorKind, default=ConnectorKind.HTTP_JSON
+    )
+    base_url = models.URLField(max_length=500)
+    execute_path = models.CharField(max_length=200, default="/tickets")
+    lookup_path = models.CharField(max_length=200, default="/tickets")
+    # The receipt id in a successful answer (a top-level key of the JSON body).
+    reference_field = models.CharField(max_length=100, default="ticket_id")
+    supports_idempotency_keys = models.BooleanField(default=True)
+    supports_lookup = models.BooleanField(default=True)
+    connect_timeout_s = models.FloatField(default=2.0)
+    read_timeout_s = models.FloatField(default=5.0)
+    max_attempts = models.PositiveSmallIntegerField(default=3)
+    # Signs the short-lived credentials sent to this target (HMAC-SHA256). Never
+    # shown in events or admin lists.
+    signing_key = models.CharField(max_length=200)
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "id"], name="tasks_connector_tenant_id_uniq"
+            ),
+            models.UniqueConstraint(
+                fields=["tenant", "target"], name="tasks_connector_target_uniq"
+            ),
+            models.CheckConstraint(
+                condition=Q(kind__in=ConnectorKind.values),
+                name="tasks_connector_kind_check",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.target} -> {self.base_url}"
+
+    @property
+    def automatic_writes(self) -> bool:
+        return self.supports_idempotency_keys and self.supports_lookup
+
+
+class Escalation(models.Model):
+    """Why a task went to a person, with the evidence they need to decide.
+
+    One row per hand-over: the plan the agent proposed, what the gateway saw (the
+    current object version, the conflicting fields, the receipts found) and who is
+    responsible. Resolved by a person through the takeover services.
+    """
+
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
+    tenant = models.ForeignKey("portal.Tenant", on_delete=models.PROTECT)
+    task = models.ForeignKey(
+        Task, on_delete=models.PROTECT, db_constraint=False, related_name="escalations"
+    )
+    operation = models.ForeignKey(
+        Operation,
+        on_delete=models.PROTECT,
+        db_constraint=False,
+        null=True,
+        blank=True,
+        related_name="escalations",
+    )
+    reason_code = models.CharField(max_length=40, choices=ReasonCode)
+    evidence = models.JSONField(default=dict)
+    responsible_owner = models.CharField(max_length=200, blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    resolved_by = models.ForeignKey(
+        "auth.User", on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    resolution = models.CharField(max_length=20, blank=True, default="")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "id"], name="tasks_escalation_tenant_id_uniq"
+            ),
+            models.CheckConstraint(
+                condition=Q(reason_code__in=ReasonCode.values),
+                name="tasks_escalation_reason_code_check",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["tenant", "task"], name="tasks_escalation_task_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.reason_code} on {self.task_id}"
+
+
+class Approval(models.Model):
+    """A person's permission to execute one operation's exact input, once."""
+
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
+    tenant = models.ForeignKey("portal.Tenant", on_delete=models.PROTECT)
+    operation = models.ForeignKey(
+        Operation,
+        on_delete=models.PROTECT,
+        db_constraint=False,
+        related_name="approvals",
+    )
+    input_hash = models.CharField(max_length=64)
+    approved_by = models.ForeignKey(
+        "auth.User", on_delete=models.PROTECT, related_name="+"
+    )
+    approved_at = models.DateTimeField(db_default=Now(), editable=False)
+    used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "id"], name="tasks_approval_tenant_id_uniq"
+            ),
+            # At most one unused approval per operation: approving twice adds nothing.
+            models.UniqueConstraint(
+                fields=["tenant", "operation"],
+                condition=Q(used_at__isnull=True),
+                name="tasks_approval_one_open_uniq",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"approval of {self.operation_id} ({'used' if self.used_at else 'open'})"

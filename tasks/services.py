@@ -607,10 +607,10 @@ _RESERVE = f"""
 WITH lease AS ({_LIVE_LEASE})
 INSERT INTO tasks_operation AS o (
     id, tenant_id, task_id, idempotency_key, action, target, input_hash, input,
-    state, state_version, attempts, trace_id, span_id
+    state, state_version, attempts, lookups, trace_id, span_id
 )
 SELECT %(id)s, lease.tenant_id, lease.id, %(key)s, %(action)s, %(target)s,
-       %(input_hash)s, %(input)s::jsonb, 'reserved', 1, 0, %(trace_id)s, %(span_id)s
+       %(input_hash)s, %(input)s::jsonb, 'reserved', 1, 0, 0, %(trace_id)s, %(span_id)s
 FROM lease
 ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
 RETURNING {_OPERATION_COLUMNS}
@@ -697,7 +697,20 @@ def operation_reserve(
     return Reservation(operation=operation, created=True)
 
 
-_OPERATION_MOVE = f"""
+_OPERATION_SET = """
+    state = %(to)s,
+    state_version = o.state_version + 1,
+    attempts = o.attempts + %(attempt)s,
+    lookups = o.lookups + %(lookup)s,
+    reason_code = %(reason)s,
+    provider_reference = COALESCE(%(provider_reference)s, o.provider_reference),
+    result = COALESCE(%(result)s::jsonb, o.result),
+    next_check_at = app_now() + %(check_in)s,
+    updated_at = statement_timestamp()
+"""
+
+# Under the task's lease (an agent). The lease is read FOR SHARE, as in _RESERVE.
+_OPERATION_MOVE_UNDER_LEASE = f"""
 WITH lease AS (
     SELECT t.id FROM tasks_task AS t
     WHERE t.tenant_id = %(tenant_id)s
@@ -707,17 +720,20 @@ WITH lease AS (
       AND t.lease_owner IS NOT NULL AND t.lease_expires_at > app_now()
     FOR SHARE
 )
-UPDATE tasks_operation AS o SET
-    state = %(to)s,
-    state_version = o.state_version + 1,
-    attempts = o.attempts + %(attempt)s,
-    reason_code = %(reason)s,
-    provider_reference = COALESCE(%(provider_reference)s, o.provider_reference),
-    result = COALESCE(%(result)s::jsonb, o.result),
-    updated_at = statement_timestamp()
+UPDATE tasks_operation AS o SET {_OPERATION_SET}
 FROM tasks_operation AS old, lease
 WHERE o.tenant_id = %(tenant_id)s AND o.id = %(operation_id)s AND old.id = o.id
   AND o.task_id = lease.id
+  AND o.state = ANY(%(sources)s)
+RETURNING old.state, {_OPERATION_COLUMNS}
+"""
+
+# By the portal itself (recovery) or a person: guarded by the version they read.
+_OPERATION_MOVE_AT_VERSION = f"""
+UPDATE tasks_operation AS o SET {_OPERATION_SET}
+FROM tasks_operation AS old
+WHERE o.tenant_id = %(tenant_id)s AND o.id = %(operation_id)s AND old.id = o.id
+  AND o.state_version = %(expected_version)s
   AND o.state = ANY(%(sources)s)
 RETURNING old.state, {_OPERATION_COLUMNS}
 """
@@ -727,40 +743,68 @@ _OUTCOME_EVENTS: Final = {
     OperationState.VERIFIED: EventCode.OPERATION_VERIFIED,
     OperationState.FAILED: EventCode.OPERATION_FAILED,
     OperationState.UNKNOWN: EventCode.OPERATION_UNKNOWN,
+    OperationState.CONFLICT: EventCode.OPERATION_CONFLICTED,
+    OperationState.HUMAN_REQUIRED: EventCode.OPERATION_ESCALATED,
 }
 
 
-def _operation_move(
+def operation_move(
     *,
     tenant: Tenant,
     operation_id: uuid.UUID,
-    lease_token: int,
     to: OperationState,
     actor: Actor,
-    trace: Trace,
+    trace: Trace = NO_TRACE,
+    lease_token: int | None = None,
+    expected_version: int | None = None,
     reason: str | None = None,
     provider_reference: str | None = None,
     result: Mapping[str, Any] | None = None,
+    check_in: dt.timedelta | None = None,
+    lookup: bool = False,
+    data: Mapping[str, Any] | None = None,
 ) -> Operation:
+    """Move an operation and append its event, in the caller's transaction.
+
+    Guarded either by the task's live lease (``lease_token``, agents) or by the
+    operation's ``state_version`` (``expected_version``, the portal and people).
+    ``check_in`` schedules the next recovery look (None: no look is due).
+
+    Raises:
+        TransactionRequired: called outside a transaction.
+        OperationNotFound, LeaseExpired, StaleState, IllegalTransition: the guard
+            failed; nothing changed.
+    """
     portal_db.require_transaction()
+    if (lease_token is None) == (expected_version is None):
+        raise TypeError("pass exactly one of lease_token and expected_version")
     redacted = redact_payload(result) if result is not None else None
     row = _fetch(
-        _OPERATION_MOVE,
+        _OPERATION_MOVE_UNDER_LEASE
+        if lease_token is not None
+        else _OPERATION_MOVE_AT_VERSION,
         {
             "tenant_id": tenant.pk,
             "operation_id": operation_id,
             "lease_token": lease_token,
+            "expected_version": expected_version,
             "to": to,
             "reason": reason,
             "attempt": int(to == OperationState.EXECUTING),
+            "lookup": int(lookup),
             "provider_reference": provider_reference,
             "result": audit_services.json_text(redacted) if redacted else None,
+            "check_in": check_in,
             "sources": _OPERATION_SOURCES[to],
         },
     )
     if row is None:
         raise _operation_refusal(
-            tenant=tenant, operation_id=operation_id, lease_token=lease_token, to=to
+            tenant=tenant,
+            operation_id=operation_id,
+            lease_token=lease_token,
+            expected_version=expected_version,
+            to=to,
         )
     previous_state, operation = row[0], _operation(row[1:])
     audit_services.event_append(
@@ -778,17 +822,23 @@ def _operation_move(
             "idempotency_key": operation.idempotency_key,
             "provider_reference": provider_reference,
             "lease_token": lease_token,
+            **(data or {}),
         },
     )
     return operation
 
 
 def _operation_refusal(
-    *, tenant: Tenant, operation_id: uuid.UUID, lease_token: int, to: str
+    *,
+    tenant: Tenant,
+    operation_id: uuid.UUID,
+    lease_token: int | None,
+    expected_version: int | None,
+    to: str,
 ) -> Exception:
     row = _fetch(
         """
-        SELECT o.state, t.lease_token,
+        SELECT o.state, o.state_version, t.lease_token,
                t.lease_owner IS NOT NULL AND t.lease_expires_at > app_now()
         FROM tasks_operation AS o
         JOIN tasks_task AS t ON t.tenant_id = o.tenant_id AND t.id = o.task_id
@@ -798,9 +848,15 @@ def _operation_refusal(
     )
     if row is None:
         return OperationNotFound(operation_id=str(operation_id))
-    state, current_token, lease_live = row
-    if current_token != lease_token or not lease_live:
+    state, state_version, current_token, lease_live = row
+    if lease_token is not None and (current_token != lease_token or not lease_live):
         return LeaseExpired(operation_id=str(operation_id), lease_token=lease_token)
+    if expected_version is not None and state_version != expected_version:
+        return StaleState(
+            operation_id=str(operation_id),
+            expected_state_version=expected_version,
+            state_version=state_version,
+        )
     return IllegalTransition(
         operation_id=str(operation_id), current=state, requested=str(to)
     )
@@ -825,7 +881,7 @@ def operation_begin_execution(
         LeaseExpired: the task's lease token is not current or lapsed.
         IllegalTransition: the operation cannot start from its state.
     """
-    return _operation_move(
+    return operation_move(
         tenant=tenant,
         operation_id=operation_id,
         lease_token=lease_token,
@@ -877,7 +933,7 @@ def operation_record_outcome(
         )
     if state == OperationState.UNKNOWN and reason is None:
         reason = ReasonCode.RESULT_UNKNOWN
-    return _operation_move(
+    return operation_move(
         tenant=tenant,
         operation_id=operation_id,
         lease_token=lease_token,

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import User
 from django.db import connection, models, transaction
 
 from audit import services as audit_services
@@ -21,7 +22,13 @@ from portal import idempotency
 from portal import services as portal_services
 from portal.actors import Actor
 from portal.models import Tenant
-from tasks.models import Contract, ContractStatus, Credential
+from tasks.models import (
+    Approval,
+    Contract,
+    ContractStatus,
+    Credential,
+    Escalation,
+)
 from tests.support.tenancy import tenant_owned_models
 
 from .conftest import execute, refused_by
@@ -183,6 +190,29 @@ def _child_and_foreign_parent(
         )
         other_agent = portal_services.agent_create(tenant=other, name="b")
         return "portal_idempotentrequest", SimpleNamespace(pk=record_id), other_agent.pk
+    if relation in ("tasks_escalation.task_id", "tasks_escalation.operation_id"):
+        operation = make_operation()
+        escalation = Escalation.objects.create(
+            tenant=tenant,
+            task_id=operation.task_id,
+            operation=operation,
+            reason_code="FIELD_STALE",
+        )
+        other_operation = make_operation(task=make_task(tenant=other))
+        foreign = (
+            other_operation.task_id
+            if relation.endswith("task_id")
+            else other_operation.pk
+        )
+        return "tasks_escalation", escalation, foreign
+    if relation == "tasks_approval.operation_id":
+        operation = make_operation()
+        user = User.objects.create_user(username=f"approver-{operation.pk}")
+        approval = Approval.objects.create(
+            tenant=tenant, operation=operation, input_hash="h", approved_by=user
+        )
+        other_operation = make_operation(task=make_task(tenant=other))
+        return "tasks_approval", approval, other_operation.pk
     if relation == "audit_outbox.event_id":
         outbox = _event_in(tenant)
         return "audit_outbox", outbox, _event_in(other).event_id

@@ -40,7 +40,10 @@ from portal.models import (
 from portal.selectors import TenantNotFound
 from tasks import services as tasks_services
 from tasks.models import (
+    Approval,
+    Connector,
     Credential,
+    Escalation,
     ObjectVersion,
     Operation,
     OperationState,
@@ -181,6 +184,25 @@ def populate(
             response_status=201,
             locked_until=expires_at,
             expires_at=expires_at,
+        )
+        Connector.objects.create(
+            tenant=tenant,
+            target="desk",
+            base_url="http://127.0.0.1:9/",
+            signing_key="k" * 32,
+        )
+        Escalation.objects.create(
+            tenant=tenant,
+            task=task,
+            operation=reservation.operation,
+            reason_code="FIELD_STALE",
+            evidence={"fields": ["email"]},
+        )
+        Approval.objects.create(
+            tenant=tenant,
+            operation=reservation.operation,
+            input_hash=reservation.operation.input_hash,
+            approved_by=user,
         )
         group = Group.objects.create(name=f"reviewers-{n}")
         assign_perm("tasks.view_task", user, task)
