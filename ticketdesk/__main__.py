@@ -1,0 +1,96 @@
+"""``python -m ticketdesk --port PORT [--host 127.0.0.1] --signing-key KEY``.
+
+Prints ``ticketdesk listening on http://HOST:PORT`` once it accepts connections, then
+serves until SIGTERM or SIGINT (or, with ``--exit-on-stdin-eof``, until its standard
+input closes). POSIX only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Final
+
+from .server import TicketDeskServer, is_loopback
+
+SIGNING_KEY_ENV: Final = "TICKETDESK_SIGNING_KEY"
+_STOP_SIGNALS: Final = {signal.SIGTERM, signal.SIGINT}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m ticketdesk",
+        description="Run the ticket desk, a remote business system for tests.",
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="a loopback address (default 127.0.0.1)"
+    )
+    parser.add_argument(
+        "--port", type=int, required=True, help="the port; 0 picks a free one"
+    )
+    parser.add_argument(
+        "--signing-key",
+        default=os.environ.get(SIGNING_KEY_ENV),
+        help=f"the credential signing key (default: ${SIGNING_KEY_ENV})",
+    )
+    parser.add_argument(
+        "--exit-on-stdin-eof",
+        action="store_true",
+        help="stop when standard input closes (the launcher has gone)",
+    )
+    return parser
+
+
+def _stop_on_stdin_eof() -> None:
+    # The launcher holds the pipe's other end; it closes when the launcher dies,
+    # however it dies, and the desk then stops like on SIGTERM.
+    # os.read, not sys.stdin: a daemon thread blocked inside a buffered reader's
+    # lock makes interpreter shutdown abort.
+    while os.read(sys.stdin.fileno(), 4096):
+        pass
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Serve until told to stop; return the exit status."""
+    args = _parser().parse_args(argv)
+    if not args.signing_key:
+        _parser().error(f"give --signing-key or set ${SIGNING_KEY_ENV}")
+    if not is_loopback(args.host):
+        _parser().error(f"--host must be a loopback address, not {args.host!r}")
+    # Blocked before any thread starts, so every thread inherits the mask and the
+    # signals wait for sigwait below: no handler runs in the middle of a lock.
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        server = TicketDeskServer(args.host, args.port, signing_key=args.signing_key)
+    except OSError as error:
+        print(
+            f"ticketdesk: cannot listen on {args.host}:{args.port}: {error}",
+            file=sys.stderr,
+        )
+        return 1
+    serving = threading.Thread(
+        target=server.serve_forever,
+        # shutdown() waits for the loop to notice; the default 0.5 s slows every stop.
+        kwargs={"poll_interval": 0.05},
+        name="serve",
+        daemon=True,
+    )
+    serving.start()
+    if args.exit_on_stdin_eof:
+        threading.Thread(target=_stop_on_stdin_eof, name="stdin", daemon=True).start()
+    # The socket listens already (bound in the constructor): launchers wait for this.
+    print(f"ticketdesk listening on {server.url}", flush=True)
+    received = signal.sigwait(_STOP_SIGNALS)
+    print(f"ticketdesk: {signal.Signals(received).name}, stopping", file=sys.stderr)
+    server.shutdown()
+    server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

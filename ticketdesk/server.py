@@ -1,0 +1,387 @@
+"""The ticket desk's HTTP interface: routes, validation, credentials and faults.
+
+HTTP/1.0, one request per connection: a dropped response then always means "this
+request", never a pooled connection that a client might silently retry.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+import socket
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Final
+from urllib.parse import parse_qs, urlsplit
+
+from . import credentials
+from .store import (
+    DEFAULT_DELAY_S,
+    DEFAULT_RETRY_AFTER_S,
+    FAULT_MODES,
+    Desk,
+    Fault,
+    IdempotencyKeyReused,
+)
+
+MAX_BODY_BYTES: Final = 1_048_576
+MAX_KEY_LENGTH: Final = 200
+MAX_DELAY_S: Final = 120.0
+_TICKET_PATH: Final = re.compile(r"/tickets/(?P<ticket_id>[^/]+)")
+_LOOKUP_ACTIONS: Final = (credentials.ACTION_CREATE, credentials.ACTION_LOOKUP)
+# Create faults that answer at once, before the credential is even read.
+_REFUSALS: Final = frozenset({"error_5xx", "rate_limited", "reject"})
+# Body members and their JSON types; anything else is refused, not ignored.
+_BODY_TYPES: Final[dict[str, type]] = {
+    "queue": str,
+    "summary": str,
+    "customer": str,
+    "object": dict,
+    "fields": dict,
+}
+
+
+class BadRequest(Exception):
+    """The request cannot be served as sent."""
+
+    def __init__(self, status: int, error: str, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.error = error
+        self.detail = detail
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback IP literals (127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class TicketDeskServer(ThreadingHTTPServer):
+    """A threaded HTTP server holding the desk's state and signing key."""
+
+    daemon_threads = True  # a slow fault's sleeping thread must not delay exit
+    # The default backlog of 5 drops a burst of concurrent connects, and each
+    # dropped SYN costs the client a second before it tries again.
+    request_queue_size = 128
+
+    def __init__(self, host: str, port: int, *, signing_key: str) -> None:
+        if not is_loopback(host):
+            raise ValueError(f"the ticket desk binds loopback only, not {host!r}")
+        if not signing_key:
+            raise ValueError("the signing key is empty")
+        if host == "localhost":
+            host = "127.0.0.1"
+        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.desk = Desk()
+        self.signing_key = signing_key
+        super().__init__((host, port), Handler)
+
+    @property
+    def url(self) -> str:
+        host, port = self.socket.getsockname()[:2]
+        shown = f"[{host}]" if self.address_family == socket.AF_INET6 else str(host)
+        return f"http://{shown}:{port}"
+
+
+def _validated_body(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, ValueError):
+        raise BadRequest(400, "invalid_request", "the body is not JSON") from None
+    if not isinstance(body, dict):
+        raise BadRequest(400, "invalid_request", "the body is not a JSON object")
+    problems = [f"unknown member {name!r}" for name in body if name not in _BODY_TYPES]
+    for name, kind in _BODY_TYPES.items():
+        if name in body and not isinstance(body[name], kind):
+            json_type = "string" if kind is str else "object"
+            problems.append(f"{name} must be a JSON {json_type}")
+    for name in ("queue", "summary"):
+        if not body.get(name):
+            problems.append(f"{name} is required")
+    ref = body.get("object")
+    if isinstance(ref, dict) and (
+        set(ref) != {"type", "id"}
+        or not all(isinstance(value, str) and value for value in ref.values())
+    ):
+        problems.append("object must be {type: string, id: string}")
+    if problems:
+        raise BadRequest(400, "invalid_request", "; ".join(problems))
+    return body
+
+
+def _validated_fault(raw: bytes) -> Fault:
+    try:
+        spec = json.loads(raw)
+    except (UnicodeDecodeError, ValueError):
+        raise BadRequest(400, "invalid_request", "the body is not JSON") from None
+    if not isinstance(spec, dict) or spec.get("mode") not in FAULT_MODES:
+        modes = ", ".join(sorted(FAULT_MODES))
+        raise BadRequest(400, "invalid_request", f"mode must be one of: {modes}")
+    times = spec.get("times", 1)
+    delay_s = spec.get("delay_s", DEFAULT_DELAY_S)
+    retry_after_s = spec.get("retry_after_s", DEFAULT_RETRY_AFTER_S)
+    if isinstance(times, bool) or not isinstance(times, int) or times < 0:
+        raise BadRequest(400, "invalid_request", "times must be an integer >= 0")
+    if (
+        isinstance(delay_s, bool)
+        or not isinstance(delay_s, int | float)
+        or not 0 <= delay_s <= MAX_DELAY_S
+    ):
+        detail = f"delay_s must be a number from 0 to {MAX_DELAY_S:g}"
+        raise BadRequest(400, "invalid_request", detail)
+    if (
+        isinstance(retry_after_s, bool)
+        or not isinstance(retry_after_s, int)
+        or retry_after_s < 0
+    ):
+        raise BadRequest(
+            400, "invalid_request", "retry_after_s must be an integer >= 0"
+        )
+    return Fault(
+        mode=spec["mode"],
+        times=times,
+        delay_s=float(delay_s),
+        retry_after_s=retry_after_s,
+    )
+
+
+class Handler(BaseHTTPRequestHandler):
+    """One request: route it, answer JSON, or drop the connection when told to."""
+
+    server: TicketDeskServer
+    server_version = "ticketdesk/1"
+
+    # -- plumbing ---------------------------------------------------------------
+
+    def _send(
+        self, status: int, payload: Any, headers: dict[str, str] | None = None
+    ) -> None:
+        data = json.dumps(payload).encode("utf-8")
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _send_error(
+        self,
+        status: int,
+        error: str,
+        detail: str,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self._send(status, {"error": error, "detail": detail}, headers)
+
+    def _read_body(self) -> bytes:
+        # Read it all before answering: closing on an unread body makes the kernel
+        # reset the connection, and the client could lose the answer.
+        length_header = self.headers.get("Content-Length", "0")
+        try:
+            length = int(length_header)
+        except ValueError:
+            raise BadRequest(400, "invalid_request", "bad Content-Length") from None
+        if length < 0:
+            raise BadRequest(400, "invalid_request", "bad Content-Length")
+        if length > MAX_BODY_BYTES:
+            self.close_connection = True
+            raise BadRequest(413, "too_large", f"the limit is {MAX_BODY_BYTES} bytes")
+        return self.rfile.read(length)
+
+    def _claims(self, now: float) -> dict[str, Any]:
+        scheme, _, token = self.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise credentials.CredentialInvalid("no Bearer credential")
+        return credentials.verify(token.strip(), self.server.signing_key, now)
+
+    def _dispatch(self, method: str) -> None:
+        url = urlsplit(self.path)
+        routes = {
+            ("POST", "/tickets"): self._create,
+            ("GET", "/tickets"): self._lookup,
+            ("GET", "/_control/effects"): self._effects,
+            ("GET", "/_control/tickets"): self._all_tickets,
+            ("POST", "/_control/reset"): self._reset,
+            ("GET", "/_control/faults"): self._faults,
+            ("POST", "/_control/faults"): self._arm_fault,
+            ("DELETE", "/_control/faults"): self._clear_faults,
+        }
+        try:
+            body = self._read_body()
+            route = routes.get((method, url.path))
+            ticket_path = _TICKET_PATH.fullmatch(url.path)
+            if route is not None:
+                route(body=body, query=url.query)
+            elif method == "GET" and ticket_path:
+                self._get(ticket_id=ticket_path["ticket_id"])
+            elif ticket_path or url.path in {path for _, path in routes}:
+                self._send_error(405, "method_not_allowed", f"{method} {url.path}")
+            else:
+                self._send_error(404, "not_found", f"no route {url.path}")
+        except BadRequest as error:
+            self._send_error(error.status, error.error, error.detail)
+        except credentials.CredentialError as error:
+            headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else None
+            self._send_error(error.status, error.code, error.detail, headers)
+        except (BrokenPipeError, ConnectionResetError):
+            # A client that timed out (a slow fault) has gone; the work is done.
+            self.close_connection = True
+            self.log_message('"%s" answer not delivered', self.requestline)
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
+    def do_PATCH(self) -> None:
+        self._dispatch("PATCH")
+
+    # -- business API -----------------------------------------------------------
+
+    def _create(self, *, body: bytes, query: str) -> None:
+        """POST /tickets: fault, credential, key, body, scope, then create or replay.
+
+        Nothing before ``desk.create`` changes state, so every refusal leaves the key
+        free for a retry.
+        """
+        desk = self.server.desk
+        desk.count_request("create")
+        fault = desk.take_fault("create")
+        mode = fault.mode if fault is not None else None
+        if fault is not None and fault.mode == "slow":
+            # The work happens after the delay, even if the client has given up.
+            time.sleep(fault.delay_s)
+        elif fault is not None and fault.mode in _REFUSALS:
+            self._refuse(fault)
+            return
+        claims = self._claims(time.time())
+        key = self.headers.get("Idempotency-Key")
+        if key is None:
+            raise BadRequest(400, "idempotency_key_missing", "send Idempotency-Key")
+        if not 1 <= len(key) <= MAX_KEY_LENGTH:
+            detail = f"Idempotency-Key must be 1 to {MAX_KEY_LENGTH} characters"
+            raise BadRequest(400, "idempotency_key_invalid", detail)
+        parsed = _validated_body(body)
+        credentials.check_scope(
+            claims,
+            actions=(credentials.ACTION_CREATE,),
+            object_ref=parsed.get("object"),
+            fields=parsed.get("fields", {}).keys(),
+        )
+        try:
+            result = desk.create(
+                tenant=str(claims["tenant"]),
+                idempotency_key=key,
+                body=parsed,
+                credential_jti=claims["jti"],
+                copies=2 if mode == "duplicate" else 1,
+            )
+        except IdempotencyKeyReused:
+            detail = "this Idempotency-Key was first used with another body"
+            raise BadRequest(422, "idempotency_key_reused", detail) from None
+        if mode == "execute_then_drop":
+            # Nothing is written: the client reads an empty reply on a closed socket.
+            self.close_connection = True
+            self.log_message('"%s" dropped after the side effect', self.requestline)
+            return
+        if mode == "after_5xx":
+            self._send_error(500, "internal", "fault: after_5xx")
+            return
+        if result.created:
+            self._send(201, result.ticket.as_json())
+        else:
+            self._send(200, result.ticket.as_json(), {"Idempotent-Replayed": "true"})
+
+    def _refuse(self, fault: Fault) -> None:
+        """Answer as ``fault`` says, having done nothing."""
+        if fault.mode == "rate_limited":
+            headers = {"Retry-After": str(fault.retry_after_s)}
+            self._send_error(429, "rate_limited", "fault: rate_limited", headers)
+        elif fault.mode == "reject":
+            self._send_error(422, "rejected", "fault: reject")
+        else:
+            self._send_error(503, "unavailable", f"fault: {fault.mode}")
+
+    def _lookup_fault(self) -> None:
+        """Count a lookup and apply its fault; raise if the fault answers for it."""
+        desk = self.server.desk
+        desk.count_request("lookup")
+        fault = desk.take_fault("lookup")
+        if fault is None:
+            return
+        if fault.mode == "lookup_slow":
+            time.sleep(fault.delay_s)
+        elif fault.mode == "lookup_5xx":
+            raise BadRequest(503, "unavailable", "fault: lookup_5xx")
+
+    def _lookup(self, *, body: bytes, query: str) -> None:
+        self._lookup_fault()
+        claims = self._claims(time.time())
+        params = {name: values[-1] for name, values in parse_qs(query).items()}
+        key = params.get("idempotency_key")
+        object_type = params.get("object_type")
+        object_id = params.get("object_id")
+        if (object_type is None) != (object_id is None):
+            detail = "object_type and object_id go together"
+            raise BadRequest(400, "invalid_request", detail)
+        if key is None and object_type is None:
+            detail = "give idempotency_key, or object_type and object_id"
+            raise BadRequest(400, "invalid_request", detail)
+        object_ref = None
+        if object_type is not None:
+            object_ref = {"type": object_type, "id": object_id}
+        credentials.check_scope(claims, actions=_LOOKUP_ACTIONS, object_ref=object_ref)
+        tickets = self.server.desk.find(
+            tenant=str(claims["tenant"]),
+            idempotency_key=key,
+            object_type=object_type,
+            object_id=object_id,
+        )
+        self._send(200, {"tickets": [ticket.as_json() for ticket in tickets]})
+
+    def _get(self, *, ticket_id: str) -> None:
+        self._lookup_fault()
+        claims = self._claims(time.time())
+        credentials.check_scope(claims, actions=_LOOKUP_ACTIONS)
+        ticket = self.server.desk.get(tenant=str(claims["tenant"]), ticket_id=ticket_id)
+        if ticket is None:
+            raise BadRequest(404, "not_found", f"no ticket {ticket_id}")
+        self._send(200, ticket.as_json())
+
+    # -- control API (loopback only, no credential) -----------------------------
+
+    def _effects(self, *, body: bytes, query: str) -> None:
+        self._send(200, self.server.desk.effects())
+
+    def _all_tickets(self, *, body: bytes, query: str) -> None:
+        tickets = self.server.desk.all_tickets()
+        self._send(200, {"tickets": [ticket.as_json() for ticket in tickets]})
+
+    def _reset(self, *, body: bytes, query: str) -> None:
+        self.server.desk.reset()
+        self._send(200, self.server.desk.effects())
+
+    def _faults(self, *, body: bytes, query: str) -> None:
+        self._send(200, {"faults": self.server.desk.faults()})
+
+    def _arm_fault(self, *, body: bytes, query: str) -> None:
+        self.server.desk.arm_fault(_validated_fault(body))
+        self._send(201, {"faults": self.server.desk.faults()})
+
+    def _clear_faults(self, *, body: bytes, query: str) -> None:
+        self.server.desk.clear_faults()
+        self._send(200, {"faults": []})
