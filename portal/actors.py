@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from django.db import models
 
 if TYPE_CHECKING:
-    from django.contrib.auth.models import AbstractBaseUser
+    from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 
     from .models import Agent
 
@@ -29,7 +29,7 @@ class Actor:
         return cls(type=ActorType.AGENT, id=str(agent.pk))
 
     @classmethod
-    def of_user(cls, user: AbstractBaseUser) -> Actor:
+    def of_user(cls, user: AbstractBaseUser | AnonymousUser) -> Actor:
         return cls(type=ActorType.USER, id=str(user.pk))
 
     @classmethod

@@ -18,8 +18,12 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import exceptions as drf_exceptions
 from rest_framework import serializers
-from rest_framework.authentication import BaseAuthentication, get_authorization_header
-from rest_framework.permissions import BasePermission
+from rest_framework.authentication import (
+    BaseAuthentication,
+    SessionAuthentication,
+    get_authorization_header,
+)
+from rest_framework.permissions import BasePermission, IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.throttling import SimpleRateThrottle
@@ -316,22 +320,14 @@ def problem_responses(*statuses: int, post: bool = False) -> dict[tuple[int, str
     }
 
 
-class AgentApi(APIView):
-    """Base of every agent endpoint. Subclasses call one service and serialise.
+class PortalApi(APIView):
+    """What every endpoint shares: traces, validation, and no queries in views.
 
-    Views hold no queries: ``get_queryset``/``get_object`` are refused at class
-    creation, so every read goes through a selector that requires the tenant.
+    ``get_queryset``/``get_object`` are refused at class creation, so every read
+    goes through a selector that requires the tenant (STYLE.md R11).
     """
 
-    authentication_classes = [AgentKeyAuthentication]
-    permission_classes = [IsAgent]
-    throttle_classes = [AgentRateThrottle]
-
-    agent: Agent
-    tenant: Tenant
-    actor: Actor
     trace: Trace
-    _idempotency_record: uuid.UUID | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -339,8 +335,7 @@ class AgentApi(APIView):
             if name in cls.__dict__:
                 raise TypeError(
                     f"{cls.__name__}.{name}: API views hold no queries; call a "
-                    "selector "
-                    "with self.tenant instead (STYLE.md R11)."
+                    "selector with the tenant instead (STYLE.md R11)."
                 )
 
     def initialize_request(
@@ -352,6 +347,26 @@ class AgentApi(APIView):
         self.trace = Trace(trace_id=trace.trace_id, span_id=secrets.token_hex(8))
         request.portal_trace = self.trace  # type: ignore[attr-defined]
         return super().initialize_request(request, *args, **kwargs)
+
+    def validated(self, serializer_class: type[S], data: Any) -> dict[str, Any]:
+        """Validate input with a plain serializer; raise 400 VALIDATION_FAILED."""
+        reject_unstorable_text(data)
+        serializer = serializer_class(data=data)
+        serializer.is_valid(raise_exception=True)
+        return dict(serializer.validated_data)
+
+
+class AgentApi(PortalApi):
+    """Base of every agent endpoint. Subclasses call one service and serialise."""
+
+    authentication_classes = [AgentKeyAuthentication]
+    permission_classes = [IsAgent]
+    throttle_classes = [AgentRateThrottle]
+
+    agent: Agent
+    tenant: Tenant
+    actor: Actor
+    _idempotency_record: uuid.UUID | None = None
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(
@@ -397,13 +412,6 @@ class AgentApi(APIView):
 
     # Helpers for subclasses.
 
-    def validated(self, serializer_class: type[S], data: Any) -> dict[str, Any]:
-        """Validate input with a plain serializer; raise 400 VALIDATION_FAILED."""
-        reject_unstorable_text(data)
-        serializer = serializer_class(data=data)
-        serializer.is_valid(raise_exception=True)
-        return dict(serializer.validated_data)
-
     def lease_token(self, request: Request) -> int:
         """The ``Lease-Token`` header: the fencing token of the caller's lease."""
         raw = request.headers.get(LEASE_TOKEN_HEADER, "")
@@ -414,3 +422,14 @@ class AgentApi(APIView):
                 field=LEASE_TOKEN_HEADER,
             )
         return int(raw)
+
+
+class StaffApi(PortalApi):
+    """Base of endpoints for people (support staff): the admin's session, with CSRF.
+
+    The tenant is never an input: services look the object up among the tenants
+    where the user holds a membership with the right role, and answer 404 otherwise.
+    """
+
+    authentication_classes = [SessionAuthentication]
+    permission_classes = [IsAuthenticated]

@@ -186,12 +186,35 @@ CELERY_BEAT_SCHEDULE: dict[str, Any] = {
         "task": "portal.jobs.purge_idempotent_requests_job",
         "schedule": 3600.0,
     },
+    # The outbox relay's safety net; commits also nudge it (docs/outbox.md).
+    "relay-outbox": {
+        "task": "audit.jobs.relay_outbox_job",
+        "schedule": 5.0,
+        "options": {"expires": 5.0},
+    },
 }
+# The outbox relay (audit/relay.py, docs/outbox.md): where events are published, and
+# how rows are leased, retried and given up on.
+PORTAL_EVENTS_BROKER_URL = os.environ.get("PORTAL_EVENTS_BROKER_URL", CELERY_BROKER_URL)
+PORTAL_EVENTS_EXCHANGE = os.environ.get("PORTAL_EVENTS_EXCHANGE", "portal.events")
+PORTAL_OUTBOX_BATCH_SIZE = 50
+PORTAL_OUTBOX_CLAIM_LEASE_S = 30.0
+PORTAL_OUTBOX_BACKOFF_BASE_S = 1.0
+PORTAL_OUTBOX_BACKOFF_CAP_S = 60.0
+PORTAL_OUTBOX_MAX_ATTEMPTS = 25
+PORTAL_OUTBOX_CONFIRM_TIMEOUT_S = 10.0
+PORTAL_OUTBOX_RELAY_BUDGET_S = 20.0
 
 # Domain settings.
 PORTAL_EVENT_PAYLOAD_MAX_BYTES = 8192  # copied into audit migration 0002 (R7)
 PORTAL_DEFAULT_LEASE_SECONDS = 60
 PORTAL_MAX_LEASE_SECONDS = 3600
+# The gateway: how long a call may be in flight before recovery treats its result as
+# unknown, how often recovery may fail to get an answer before a person decides, and
+# the first wait between such lookups (doubling, capped at 300 s).
+PORTAL_EXECUTION_DEADLINE_S = int(os.environ.get("PORTAL_EXECUTION_DEADLINE_S", "60"))
+PORTAL_RECOVERY_MAX_LOOKUPS = 5
+PORTAL_RECOVERY_BACKOFF_S = 5
 
 LOGGING: dict[str, Any] = {
     "version": 1,

@@ -32,6 +32,17 @@ api_v1 = [
         "operations/<uuid:operation_id>/outcome", task_api.OperationOutcomeApi.as_view()
     ),
     path(
+        "operations/<uuid:operation_id>/execute", task_api.OperationExecuteApi.as_view()
+    ),
+    path("takeover/queue", task_api.TakeoverQueueApi.as_view()),
+    path("takeover/tasks/<uuid:task_id>/claim", task_api.TakeoverClaimApi.as_view()),
+    path(
+        "takeover/tasks/<uuid:task_id>/release", task_api.TakeoverReleaseApi.as_view()
+    ),
+    path(
+        "takeover/tasks/<uuid:task_id>/resolve", task_api.TakeoverResolveApi.as_view()
+    ),
+    path(
         "object-versions/<str:object_type>/<str:object_id>",
         task_api.ObjectVersionApi.as_view(),
     ),

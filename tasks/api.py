@@ -21,10 +21,11 @@ from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from portal.api import LEASE_TOKEN_HEADER, AgentApi, problem_responses
+from portal.api import LEASE_TOKEN_HEADER, AgentApi, StaffApi, problem_responses
 from portal.codes import ReasonCode
+from portal.exceptions import PortalError
 
-from . import selectors, services
+from . import gateway, selectors, services, takeover
 from .models import ObjectVersion, OperationState, Task, TaskState
 
 # --- Output ---------------------------------------------------------------------------
@@ -546,3 +547,189 @@ class ObjectVersionApi(AgentApi):
             tenant=self.tenant, version=data["version"], **path
         )
         return Response(ObjectVersionOutputSerializer(record).data)
+
+
+# --- The gateway ----------------------------------------------------------------------
+
+
+class GatewayRefused(PortalError):
+    """The gateway refused the action; the task now waits for a person."""
+
+    status = 422
+
+
+# One problem class per reason, so the reason code is the problem's ``code``.
+_REFUSALS: dict[str, type[GatewayRefused]] = {
+    reason: type(
+        f"Refused{reason.title().replace('_', '')}", (GatewayRefused,), {"code": reason}
+    )
+    for reason in ReasonCode.values
+}
+
+
+class FieldValueSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=100)
+    value = serializers.JSONField()
+    # A declared field named like Field.source: the metaclass moves it, so it works.
+    source = serializers.CharField(max_length=100)  # type: ignore[assignment]
+    observed_at = serializers.DateTimeField()
+
+
+class ExecutionOutputSerializer(serializers.Serializer):
+    outcome = serializers.ChoiceField(
+        choices=["verified", "failed", "unknown", "conflict", "refused"]
+    )
+    reason_code = serializers.CharField(allow_null=True)
+    escalation_id = serializers.UUIDField(allow_null=True)
+    operation = OperationOutputSerializer()
+
+
+class OperationExecuteApi(AgentApi):
+    @extend_schema_serializer(component_name="OperationExecuteInput")
+    class InputSerializer(serializers.Serializer):
+        field_values = serializers.ListField(
+            child=FieldValueSerializer(),
+            max_length=100,
+            help_text="The fields you read, each with its source and when you read it.",
+        )
+
+    @extend_schema(
+        operation_id="operations_execute",
+        request=InputSerializer,
+        responses={
+            200: ExecutionOutputSerializer,
+            **problem_responses(404, 409, 422, post=True),
+        },
+        parameters=[LEASE_HEADER, *POST_HEADERS],
+        description="Execute through the gateway: contract, fields (value, source, "
+        "observed_at), target, permission now, object-version fence, short-lived "
+        "credential, then one call under the operation's key. 200 with the outcome "
+        "(verified, failed, or unknown while recovery looks the receipt up); 422 "
+        "with the reason code (FIELD_STALE, VERSION_CONFLICT, …) when refused: the "
+        "task then waits for a person.",
+    )
+    def post(self, request: Request, operation_id: Any) -> Response:
+        data = self.validated(self.InputSerializer, request.data)
+        result = gateway.operation_execute(
+            tenant=self.tenant,
+            operation_id=operation_id,
+            lease_token=self.lease_token(request),
+            actor=self.actor,
+            trace=self.trace,
+            fields=[gateway.FieldValue(**field) for field in data["field_values"]],
+        )
+        if result.outcome == "refused":
+            raise _REFUSALS[str(result.reason)](
+                operation_id=str(result.operation.pk),
+                escalation_id=str(result.escalation_id),
+                task_state="human_required",
+            )
+        return Response(
+            ExecutionOutputSerializer(
+                {
+                    "outcome": result.outcome,
+                    "reason_code": result.reason,
+                    "escalation_id": result.escalation_id,
+                    "operation": result.operation,
+                }
+            ).data
+        )
+
+
+# --- Human takeover (people, session-authenticated) ----------------------------------
+
+
+class EscalationOutputSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    operation_id = serializers.UUIDField(allow_null=True)
+    reason_code = serializers.CharField()
+    evidence = serializers.JSONField()
+    responsible_owner = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    resolved_at = serializers.DateTimeField(allow_null=True)
+    resolution = serializers.CharField()
+
+
+class TakeoverItemSerializer(TaskOutputSerializer):
+    tenant = serializers.CharField(source="tenant.slug")
+    escalations = serializers.SerializerMethodField()
+
+    @extend_schema_field(EscalationOutputSerializer(many=True))
+    def get_escalations(self, task: Task) -> Any:
+        records = task.escalations.order_by("-created_at")[:5]
+        return EscalationOutputSerializer(records, many=True).data
+
+
+class TakeoverQueueApi(StaffApi):
+    @extend_schema_serializer(component_name="TakeoverQueueFilter")
+    class FilterSerializer(serializers.Serializer):
+        reason_code = serializers.ChoiceField(
+            choices=ReasonCode.choices, required=False
+        )
+
+    @extend_schema(
+        operation_id="takeover_queue",
+        parameters=[FilterSerializer],
+        responses={200: TakeoverItemSerializer(many=True), **problem_responses(403)},
+        description="Tasks waiting for a person in your tenants, oldest first.",
+    )
+    def get(self, request: Request) -> Response:
+        filters = self.validated(self.FilterSerializer, request.query_params)
+        tasks = takeover.takeover_queue(
+            user=request.user, reason=filters.get("reason_code")
+        )[:200]
+        return Response(TakeoverItemSerializer(tasks, many=True).data)
+
+
+class TakeoverClaimApi(StaffApi):
+    @extend_schema(
+        operation_id="takeover_claim",
+        request=None,
+        responses={200: TaskOutputSerializer, **problem_responses(403, 404, 409)},
+        description="Claim a task: the automatic lease is revoked and the fencing "
+        "token raised. 409 ALREADY_CLAIMED when someone was first.",
+    )
+    def post(self, request: Request, task_id: Any) -> Response:
+        task = takeover.task_get_for_person(user=request.user, task_id=task_id)
+        claimed = takeover.task_human_claim(
+            task=task, user=request.user, trace=self.trace
+        )
+        return Response(TaskOutputSerializer(claimed).data)
+
+
+class TakeoverReleaseApi(StaffApi):
+    @extend_schema(
+        operation_id="takeover_release",
+        request=None,
+        responses={200: TaskOutputSerializer, **problem_responses(403, 404, 409)},
+    )
+    def post(self, request: Request, task_id: Any) -> Response:
+        task = takeover.task_get_for_person(user=request.user, task_id=task_id)
+        released = takeover.task_human_release(
+            task=task, user=request.user, trace=self.trace
+        )
+        return Response(TaskOutputSerializer(released).data)
+
+
+class TakeoverResolveApi(StaffApi):
+    @extend_schema_serializer(component_name="TakeoverResolveInput")
+    class InputSerializer(serializers.Serializer):
+        resolution = serializers.ChoiceField(choices=takeover.RESOLUTIONS)
+        operation_id = serializers.UUIDField(required=False)
+        provider_reference = serializers.CharField(max_length=200, required=False)
+        note = serializers.CharField(max_length=2000, required=False, default="")
+
+    @extend_schema(
+        operation_id="takeover_resolve",
+        request=InputSerializer,
+        responses={200: TaskOutputSerializer, **problem_responses(403, 404, 409)},
+        description="Settle a claimed task: verify (with the receipt id you found), "
+        "retry (same key, approved once), fail, cancel, hand_back or complete.",
+    )
+    def post(self, request: Request, task_id: Any) -> Response:
+        data = self.validated(self.InputSerializer, request.data)
+        task = takeover.task_get_for_person(user=request.user, task_id=task_id)
+        outcome = takeover.task_human_resolve(
+            task=task, user=request.user, trace=self.trace, **data
+        )
+        return Response(TaskOutputSerializer(outcome.task).data)

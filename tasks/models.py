@@ -234,6 +234,18 @@ class Operation(models.Model):
     # SHA-256 of the input in RFC 8785 canonical JSON (tasks/hashing.py).
     input_hash = models.CharField(max_length=64)
     input = models.JSONField()
+    # The agent that reserved it: its grant is re-checked at every execution.
+    agent = models.ForeignKey(
+        "portal.Agent",
+        on_delete=models.PROTECT,
+        db_constraint=False,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
+    # The contract fields the gateway passed on, fixed at the first authorised call
+    # so every retry under the same key sends the identical request.
+    call_fields = models.JSONField(null=True, blank=True)
     state = models.CharField(
         max_length=20, choices=OperationState, default=OperationState.RESERVED
     )

@@ -607,10 +607,11 @@ _RESERVE = f"""
 WITH lease AS ({_LIVE_LEASE})
 INSERT INTO tasks_operation AS o (
     id, tenant_id, task_id, idempotency_key, action, target, input_hash, input,
-    state, state_version, attempts, lookups, trace_id, span_id
+    agent_id, state, state_version, attempts, lookups, trace_id, span_id
 )
 SELECT %(id)s, lease.tenant_id, lease.id, %(key)s, %(action)s, %(target)s,
-       %(input_hash)s, %(input)s::jsonb, 'reserved', 1, 0, 0, %(trace_id)s, %(span_id)s
+       %(input_hash)s, %(input)s::jsonb, %(agent_id)s, 'reserved', 1, 0, 0,
+       %(trace_id)s, %(span_id)s
 FROM lease
 ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
 RETURNING {_OPERATION_COLUMNS}
@@ -663,6 +664,7 @@ def operation_reserve(
             "target": target,
             "input_hash": digest,
             "input": audit_services.json_text(input),
+            "agent_id": actor.id if actor.type == ActorType.AGENT else None,
             "trace_id": trace.trace_id,
             "span_id": trace.span_id,
         },

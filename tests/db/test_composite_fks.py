@@ -213,6 +213,10 @@ def _child_and_foreign_parent(
         )
         other_operation = make_operation(task=make_task(tenant=other))
         return "tasks_approval", approval, other_operation.pk
+    if relation == "tasks_operation.agent_id":
+        operation = make_operation()
+        other_agent = portal_services.agent_create(tenant=other, name="b")
+        return "tasks_operation", operation, other_agent.pk
     if relation == "audit_outbox.event_id":
         outbox = _event_in(tenant)
         return "audit_outbox", outbox, _event_in(other).event_id

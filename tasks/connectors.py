@@ -1,0 +1,218 @@
+"""Connectors: how the gateway calls a remote business system and asks for receipts.
+
+A connector answers two questions, and only these: *do it* (with a stable
+idempotency key and a short-lived credential) and *did it happen?* (lookup by key).
+Every answer is classified so the recovery protocol can act on it:
+
+- ``succeeded``: the remote says it did it and gave a receipt id;
+- ``rejected``: the remote refused (4xx); nothing happened;
+- ``not_executed``: throttled (429); nothing happened, try later with the same key;
+- ``unknown``: timeout, dropped connection, 5xx, unreadable answer: it may or may not
+  have happened. Only a lookup can tell.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import httpx
+
+from portal import db as portal_db
+
+from .models import Connector
+
+CallKind = Literal["succeeded", "rejected", "not_executed", "unknown"]
+LookupKind = Literal["found", "none", "unknown"]
+
+# Bounds what a remote answer can make us hold or store.
+MAX_RESPONSE_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True, kw_only=True)
+class CallResult:
+    kind: CallKind
+    status: int | None = None
+    provider_reference: str | None = None
+    body: dict[str, Any] | None = None
+    error: str = ""
+    retry_after_s: float | None = None
+    duration_ms: int = 0
+
+    def as_event_data(self) -> dict[str, Any]:
+        """Facts for the ``connector.called`` event (the body stays out: redaction)."""
+        return {
+            "outcome": self.kind,
+            "status": self.status,
+            "error": self.error[:200],
+            "provider_reference": self.provider_reference,
+            "retry_after_s": self.retry_after_s,
+            "duration_ms": self.duration_ms,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class LookupResult:
+    kind: LookupKind
+    references: list[str] = field(default_factory=list)
+    status: int | None = None
+    error: str = ""
+
+
+class RemoteSystem(Protocol):
+    """What the gateway needs of a connector."""
+
+    supports_idempotency_keys: bool
+    supports_lookup: bool
+
+    def execute(
+        self, *, idempotency_key: str, credential: str, payload: dict[str, Any]
+    ) -> CallResult: ...
+
+    def lookup(self, *, idempotency_key: str, credential: str) -> LookupResult: ...
+
+
+class HttpJsonConnector:
+    """A remote system speaking JSON over HTTP, configured by a ``Connector`` row.
+
+    ``execute``: ``POST {base_url}{execute_path}`` with ``Idempotency-Key`` and
+    ``Authorization: Bearer <credential>``. ``lookup``: ``GET {base_url}{lookup_path}
+    ?idempotency_key=K`` answering ``{"tickets": [{<reference_field>: ...}, ...]}``.
+    Explicit connect and read timeouts; redirects are never followed (a redirect
+    could send the credential elsewhere).
+    """
+
+    def __init__(
+        self, config: Connector, *, transport: httpx.BaseTransport | None = None
+    ):
+        self.config = config
+        self.supports_idempotency_keys = config.supports_idempotency_keys
+        self.supports_lookup = config.supports_lookup
+        self._timeout = httpx.Timeout(
+            connect=config.connect_timeout_s,
+            read=config.read_timeout_s,
+            write=config.read_timeout_s,
+            pool=config.connect_timeout_s,
+        )
+        self._transport = transport
+
+    def _client(self) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.config.base_url.rstrip("/"),
+            timeout=self._timeout,
+            follow_redirects=False,
+            transport=self._transport,
+        )
+
+    def execute(
+        self, *, idempotency_key: str, credential: str, payload: dict[str, Any]
+    ) -> CallResult:
+        portal_db.forbid_transaction("the gateway calls the remote system")
+        started = time.monotonic()
+        headers = {"Authorization": f"Bearer {credential}"}
+        if self.supports_idempotency_keys:
+            headers["Idempotency-Key"] = idempotency_key
+        try:
+            with self._client() as client:
+                response = client.post(
+                    self.config.execute_path, json=payload, headers=headers
+                )
+                content = response.content[:MAX_RESPONSE_BYTES]
+        except httpx.HTTPError as error:
+            return CallResult(
+                kind="unknown",
+                error=f"{type(error).__name__}: {error}",
+                duration_ms=_ms(started),
+            )
+        elapsed = _ms(started)
+        status = response.status_code
+        body = _json_object(content)
+        if status == 429:
+            return CallResult(
+                kind="not_executed",
+                status=status,
+                duration_ms=elapsed,
+                retry_after_s=_retry_after(response.headers.get("Retry-After")),
+            )
+        if 200 <= status < 300:
+            reference = body.get(self.config.reference_field) if body else None
+            if not isinstance(reference, str | int) or body is None:
+                # It says yes but shows no receipt: not evidence of anything.
+                return CallResult(
+                    kind="unknown",
+                    status=status,
+                    duration_ms=elapsed,
+                    error="success without a receipt id",
+                )
+            return CallResult(
+                kind="succeeded",
+                status=status,
+                provider_reference=str(reference),
+                body=body,
+                duration_ms=elapsed,
+            )
+        if 400 <= status < 500 and status != 408:
+            return CallResult(
+                kind="rejected",
+                status=status,
+                body=body,
+                duration_ms=elapsed,
+                error=str((body or {}).get("error", ""))[:200],
+            )
+        # 3xx (not followed), 408, 5xx: the remote may have acted before failing.
+        return CallResult(kind="unknown", status=status, duration_ms=elapsed)
+
+    def lookup(self, *, idempotency_key: str, credential: str) -> LookupResult:
+        portal_db.forbid_transaction("the gateway queries the remote system")
+        try:
+            with self._client() as client:
+                response = client.get(
+                    self.config.lookup_path,
+                    params={"idempotency_key": idempotency_key},
+                    headers={"Authorization": f"Bearer {credential}"},
+                )
+                content = response.content[:MAX_RESPONSE_BYTES]
+        except httpx.HTTPError as error:
+            return LookupResult(
+                kind="unknown", error=f"{type(error).__name__}: {error}"
+            )
+        body = _json_object(content)
+        records = body.get("tickets") if body else None
+        if response.status_code != 200 or not isinstance(records, list):
+            return LookupResult(kind="unknown", status=response.status_code)
+        references = [
+            str(record[self.config.reference_field])
+            for record in records
+            if isinstance(record, dict) and self.config.reference_field in record
+        ]
+        if len(references) != len(records):
+            return LookupResult(kind="unknown", status=200, error="unreadable receipt")
+        return LookupResult(
+            kind="found" if references else "none", references=references, status=200
+        )
+
+
+def _ms(started: float) -> int:
+    return int((time.monotonic() - started) * 1000)
+
+
+def _json_object(content: bytes) -> dict[str, Any] | None:
+    try:
+        value = json.loads(content)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _retry_after(header: str | None) -> float | None:
+    try:
+        return min(max(float(header or ""), 0.0), 3600.0)
+    except ValueError:
+        return None
+
+
+def connector_for(config: Connector) -> RemoteSystem:
+    """The connector implementation for a configured target."""
+    return HttpJsonConnector(config)

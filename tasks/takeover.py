@@ -1,0 +1,365 @@
+"""Human takeover: the queue, claim, release, resolve, and one-time approvals.
+
+A person acts only in tenants where they hold a support or admin membership (checked
+here, in the services, not only by the caller). Claiming revokes the automatic lease
+and raises the fencing token, so a worker that still believes it holds the task can
+write nothing more. Every step is an event in the task's own chain, with the person
+as actor.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db import connection, transaction
+from django.db.models import QuerySet
+from django.db.models.functions import Now
+
+from audit import services as audit_services
+from audit.models import EventCode
+from portal import db as portal_db
+from portal import selectors as portal_selectors
+from portal.actors import Actor
+from portal.exceptions import IllegalTransition, PortalError, ValidationFailed
+from portal.models import Role, Tenant
+from portal.tracing import NO_TRACE, Trace
+
+from . import services
+from .exceptions import OperationNotFound, TaskNotFound
+from .models import Approval, Escalation, Operation, OperationState, Task, TaskState
+
+TAKEOVER_ROLES: Final = (Role.SUPPORT, Role.ADMIN)
+# A person's claim is a lease like an agent's, only longer: a working day.
+HUMAN_LEASE_HOURS: Final = 8
+
+Resolution = Literal["verify", "retry", "fail", "cancel", "hand_back", "complete"]
+RESOLUTIONS: Final[tuple[str, ...]] = (
+    "verify",
+    "retry",
+    "fail",
+    "cancel",
+    "hand_back",
+    "complete",
+)
+_TASK_AFTER: Final[dict[str, str]] = {
+    "verify": TaskState.PENDING,
+    "retry": TaskState.PENDING,
+    "fail": TaskState.FAILED,
+    "cancel": TaskState.CANCELLED,
+    "hand_back": TaskState.PENDING,
+    "complete": TaskState.SUCCEEDED,
+}
+_OPEN_OPERATION_STATES: Final = (
+    OperationState.HUMAN_REQUIRED,
+    OperationState.UNKNOWN,
+    OperationState.CONFLICT,
+)
+
+
+class AlreadyClaimed(PortalError):
+    """Someone else claimed this task first."""
+
+    code = "ALREADY_CLAIMED"
+    status = 409
+
+
+class NotYourClaim(PortalError):
+    """Only the person who claimed the task can release or resolve it."""
+
+    code = "NOT_YOUR_CLAIM"
+    status = 409
+
+
+Person = AbstractBaseUser | AnonymousUser
+
+
+def _owner(user: Person) -> str:
+    return f"user:{user.pk}"
+
+
+def takeover_tenants(*, user: Person) -> QuerySet[Tenant]:
+    """Tenants whose takeover queue the user may work."""
+    return portal_selectors.tenants_of(user=user, roles=TAKEOVER_ROLES)
+
+
+def takeover_queue(
+    *, user: Person, reason: str | None = None, tenant: Tenant | None = None
+) -> QuerySet[Task]:
+    """Tasks waiting for a person in the user's tenants, oldest first."""
+    tasks = Task.objects.filter(
+        tenant__in=takeover_tenants(user=user),
+        state__in=[TaskState.HUMAN_REQUIRED, TaskState.HUMAN_CLAIMED],
+    )
+    if tenant is not None:
+        tasks = tasks.filter(tenant=tenant)
+    if reason is not None:
+        tasks = tasks.filter(reason_code=reason)
+    return tasks.select_related("tenant").order_by("updated_at", "id")
+
+
+def task_get_for_person(*, user: Person, task_id: uuid.UUID) -> Task:
+    """A task in one of the user's takeover tenants.
+
+    Raises:
+        TaskNotFound: no such task, or not in a tenant the user may work.
+    """
+    task = (
+        Task.objects.filter(tenant__in=takeover_tenants(user=user), pk=task_id)
+        .select_related("tenant")
+        .first()
+    )
+    if task is None:
+        raise TaskNotFound(task_id=str(task_id))
+    return task
+
+
+def _require_role(*, tenant: Tenant, user: Person) -> None:
+    if not takeover_tenants(user=user).filter(pk=tenant.pk).exists():
+        raise TaskNotFound()  # no membership: the task does not exist for them
+
+
+def _fetch_task(sql: str, params: list[Any]) -> Task | None:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    return services._task(row) if row else None
+
+
+@portal_db.translate_integrity_errors
+@transaction.atomic(durable=True)
+def task_human_claim(*, task: Task, user: Person, trace: Trace = NO_TRACE) -> Task:
+    """Take a task from the queue. Exactly one of several claimers wins.
+
+    Guarantee: the automatic lease is gone and the fencing token is larger than any
+    a worker holds, in the same transaction as the claim and its event.
+
+    Raises:
+        TaskNotFound: not in the user's takeover tenants.
+        AlreadyClaimed: someone else claimed it first.
+        IllegalTransition: the task is not waiting for a person.
+    """
+    _require_role(tenant=task.tenant, user=user)
+    claimed = _fetch_task(
+        f"""
+        UPDATE tasks_task AS t SET
+            state = 'human_claimed', state_version = t.state_version + 1,
+            lease_owner = %s, lease_token = t.lease_token + 1,
+            lease_acquired_at = app_now(),
+            lease_expires_at = app_now() + interval '{HUMAN_LEASE_HOURS} hours',
+            updated_at = statement_timestamp()
+        WHERE t.tenant_id = %s AND t.id = %s AND t.state = 'human_required'
+        RETURNING {services._TASK_COLUMNS}
+        """,
+        [_owner(user), task.tenant_id, task.pk],
+    )
+    if claimed is None:
+        current = Task.objects.get(pk=task.pk)
+        if current.state == TaskState.HUMAN_CLAIMED:
+            raise AlreadyClaimed(task_id=str(task.pk), claimed_by=current.lease_owner)
+        raise IllegalTransition(current=current.state, requested="human_claimed")
+    audit_services.event_append(
+        tenant_id=task.tenant_id,
+        code=EventCode.TASK_HUMAN_CLAIMED,
+        actor=Actor.of_user(user),
+        task_id=task.pk,
+        reason=claimed.reason_code,
+        trace=trace,
+        data={
+            "lease_token": claimed.lease_token,
+            "from": "human_required",
+            "to": "human_claimed",
+        },
+    )
+    return claimed
+
+
+def _require_claimer(*, task: Task, user: Person) -> Task:
+    current = Task.objects.select_for_update(of=("self",)).get(
+        tenant_id=task.tenant_id, pk=task.pk
+    )
+    if current.state != TaskState.HUMAN_CLAIMED:
+        raise IllegalTransition(current=current.state, requested="resolve")
+    if current.lease_owner != _owner(user):
+        raise NotYourClaim(task_id=str(task.pk), claimed_by=current.lease_owner)
+    return current
+
+
+def _move_claimed_task(*, task: Task, to: str, keep_reason: bool = False) -> Task:
+    moved = _fetch_task(
+        f"""
+        UPDATE tasks_task AS t SET
+            state = %s, state_version = t.state_version + 1,
+            reason_code = CASE WHEN %s THEN t.reason_code END,
+            lease_owner = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
+            lease_token = t.lease_token + 1, updated_at = statement_timestamp()
+        WHERE t.tenant_id = %s AND t.id = %s AND t.state_version = %s
+        RETURNING {services._TASK_COLUMNS}
+        """,
+        [to, keep_reason, task.tenant_id, task.pk, task.state_version],
+    )
+    assert moved is not None  # the row is locked by _require_claimer
+    return moved
+
+
+@portal_db.translate_integrity_errors
+@transaction.atomic(durable=True)
+def task_human_release(*, task: Task, user: Person, trace: Trace = NO_TRACE) -> Task:
+    """Put a claimed task back in the queue for someone else.
+
+    Raises:
+        TaskNotFound, IllegalTransition, NotYourClaim.
+    """
+    _require_role(tenant=task.tenant, user=user)
+    current = _require_claimer(task=task, user=user)
+    released = _move_claimed_task(
+        task=current, to=TaskState.HUMAN_REQUIRED, keep_reason=True
+    )
+    audit_services.event_append(
+        tenant_id=task.tenant_id,
+        code=EventCode.TASK_HUMAN_RELEASED,
+        actor=Actor.of_user(user),
+        task_id=task.pk,
+        reason=released.reason_code,
+        trace=trace,
+        data={"from": "human_claimed", "to": "human_required"},
+    )
+    return released
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResolutionOutcome:
+    task: Task
+    operation: Operation | None
+
+
+@portal_db.translate_integrity_errors
+@transaction.atomic(durable=True)
+def task_human_resolve(
+    *,
+    task: Task,
+    user: Person,
+    resolution: Resolution | str,
+    operation_id: uuid.UUID | None = None,
+    provider_reference: str | None = None,
+    note: str = "",
+    trace: Trace = NO_TRACE,
+) -> ResolutionOutcome:
+    """Settle a claimed task; its outcome joins the same event chain.
+
+    - ``verify``: the person found the receipt: the operation becomes ``verified``
+      with ``provider_reference``; the task goes back to automation (``pending``).
+    - ``retry``: the person approves running the operation's exact input again under
+      the *same* key; the task goes back to automation, whose next execute uses the
+      approval once.
+    - ``fail`` / ``cancel``: open operations fail; the task fails / is cancelled.
+    - ``hand_back``: back to automation as it is. ``complete``: the task succeeded.
+
+    Raises:
+        TaskNotFound, IllegalTransition, NotYourClaim: see the claim.
+        ValidationFailed: unknown resolution, or its operation details are missing.
+        OperationNotFound: the operation is not this task's.
+    """
+    if resolution not in RESOLUTIONS:
+        raise ValidationFailed(field="resolution", value=str(resolution))
+    _require_role(tenant=task.tenant, user=user)
+    current = _require_claimer(task=task, user=user)
+    actor = Actor.of_user(user)
+    operation: Operation | None = None
+    if operation_id is not None:
+        operation = (
+            Operation.objects.select_for_update(of=("self",))
+            .filter(tenant_id=task.tenant_id, task_id=task.pk, pk=operation_id)
+            .first()
+        )
+        if operation is None:
+            raise OperationNotFound(operation_id=str(operation_id))
+    elif resolution in ("verify", "retry"):
+        raise ValidationFailed(
+            f"'{resolution}' needs operation_id.", field="operation_id"
+        )
+    if resolution == "verify":
+        assert operation is not None
+        if not provider_reference:
+            raise ValidationFailed(
+                "'verify' needs the receipt id the person found.",
+                field="provider_reference",
+            )
+        operation = services.operation_move(
+            tenant=task.tenant,
+            operation_id=operation.pk,
+            to=OperationState.VERIFIED,
+            expected_version=operation.state_version,
+            actor=actor,
+            trace=trace,
+            provider_reference=provider_reference,
+            data={"note": note},
+        )
+    elif resolution == "retry":
+        assert operation is not None
+        if operation.state != OperationState.HUMAN_REQUIRED:
+            raise IllegalTransition(current=operation.state, requested="retry")
+        _approve(operation=operation, user=user, trace=trace)
+    elif resolution in ("fail", "cancel"):
+        open_operations = Operation.objects.select_for_update(of=("self",)).filter(
+            tenant_id=task.tenant_id, task_id=task.pk, state__in=_OPEN_OPERATION_STATES
+        )
+        for open_operation in open_operations.order_by("pk"):
+            moved = services.operation_move(
+                tenant=task.tenant,
+                operation_id=open_operation.pk,
+                to=OperationState.FAILED,
+                expected_version=open_operation.state_version,
+                actor=actor,
+                trace=trace,
+                data={"note": note},
+            )
+            if operation is not None and moved.pk == operation.pk:
+                operation = moved
+    resolved = _move_claimed_task(task=current, to=_TASK_AFTER[resolution])
+    Escalation.objects.filter(
+        tenant_id=task.tenant_id, task_id=task.pk, resolved_at__isnull=True
+    ).update(resolved_at=Now(), resolved_by_id=user.pk, resolution=resolution)
+    audit_services.event_append(
+        tenant_id=task.tenant_id,
+        code=EventCode.TASK_RESOLVED,
+        actor=actor,
+        task_id=task.pk,
+        operation_id=operation.pk if operation else None,
+        reason=current.reason_code,
+        trace=trace,
+        data={
+            "resolution": resolution,
+            "from": "human_claimed",
+            "to": resolved.state,
+            "provider_reference": provider_reference,
+            "note": note,
+        },
+    )
+    return ResolutionOutcome(task=resolved, operation=operation)
+
+
+def _approve(*, operation: Operation, user: Person, trace: Trace) -> Approval:
+    portal_db.require_transaction()
+    approval, _ = Approval.objects.get_or_create(
+        tenant_id=operation.tenant_id,
+        operation=operation,
+        used_at=None,
+        defaults={"input_hash": operation.input_hash, "approved_by_id": user.pk},
+    )
+    audit_services.event_append(
+        tenant_id=operation.tenant_id,
+        code=EventCode.OPERATION_APPROVED,
+        actor=Actor.of_user(user),
+        task_id=operation.task_id,
+        operation_id=operation.pk,
+        trace=trace,
+        data={
+            "approval_id": str(approval.pk),
+            "input_hash": approval.input_hash,
+            "idempotency_key": operation.idempotency_key,
+        },
+    )
+    return approval
