@@ -3,7 +3,8 @@
 
 ``python3 manage.py <command>`` works on a machine with nothing but Python 3.11+:
 run from any interpreter other than ``.venv/bin/python``, it creates ``.venv`` when
-missing, installs the dependencies when pyproject.toml or constraints.txt changed
+missing, installs the dependencies (the portal and its agent client, portal_client/)
+when pyproject.toml, constraints.txt or portal_client/pyproject.toml changed
 since the last install, and re-executes itself with the venv's interpreter. The
 bootstrap uses only the standard library, because nothing else is installed yet.
 Set PORTAL_NO_BOOTSTRAP=1 to run in the current interpreter as it is.
@@ -23,7 +24,7 @@ REPO = Path(__file__).resolve().parent
 VENV = REPO / ".venv"
 VENV_PYTHON = VENV / "bin" / "python"
 # What the installed dependencies were made from; a change means reinstall.
-DEPENDENCY_FILES = ("pyproject.toml", "constraints.txt")
+DEPENDENCY_FILES = ("pyproject.toml", "constraints.txt", "portal_client/pyproject.toml")
 STAMP = VENV / ".portal-dependencies.sha256"
 
 
@@ -73,6 +74,8 @@ def _prepare_venv() -> None:
             [
                 str(VENV_PYTHON), "-m", "pip", "install", "--quiet",
                 "--disable-pip-version-check", "--editable", ".[dev]",
+                # The agent client (its own package) for the examples and tests.
+                "--editable", "portal_client",
                 "--constraint", "constraints.txt",
             ],
             "installing dependencies failed (pip's output is above)",

@@ -383,6 +383,7 @@ class AgentApi(PortalApi):
                     method=request.method,
                     path=request.get_full_path(),
                     body=request._request.body,
+                    lease_token=request.headers.get(LEASE_TOKEN_HEADER, ""),
                 )
                 self._idempotency_record = idempotency.idempotent_request_begin(
                     agent=self.agent,

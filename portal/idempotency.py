@@ -58,10 +58,13 @@ class IdempotentReplay(Exception):
         super().__init__("replay")
 
 
-def request_fingerprint(*, method: str, path: str, body: bytes) -> str:
-    """What makes two requests "the same": method, path with query, exact body."""
+def request_fingerprint(
+    *, method: str, path: str, body: bytes, lease_token: str = ""
+) -> str:
+    """What makes two requests "the same": method, path with query, exact body, and
+    the Lease-Token header (a write under another token is another request)."""
     digest = hashlib.sha256()
-    for part in (method.upper().encode(), path.encode(), body):
+    for part in (method.upper().encode(), path.encode(), body, lease_token.encode()):
         digest.update(len(part).to_bytes(8, "big"))
         digest.update(part)
     return digest.hexdigest()

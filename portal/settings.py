@@ -182,6 +182,10 @@ CELERY_TASK_SOFT_TIME_LIMIT = 60
 CELERY_TASK_TIME_LIMIT = 90
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BEAT_SCHEDULE: dict[str, Any] = {
+    "check-receipts": {
+        "task": "tasks.jobs.check_receipts_job",
+        "schedule": 10.0,
+    },
     "purge-idempotent-requests": {
         "task": "portal.jobs.purge_idempotent_requests_job",
         "schedule": 3600.0,

@@ -122,6 +122,32 @@ def _no_hook(point: str) -> None:
     return None
 
 
+def _lock(
+    *, tenant: Tenant, operation_id: uuid.UUID, skip_locked: bool = False
+) -> tuple[Task, Operation] | None:
+    """Lock an operation's task, then the operation: the one lock order of the app.
+
+    Every writer takes the task row before the operation row (the lease checks in
+    services read the task FOR SHARE first too), so two of them can never deadlock.
+    With ``skip_locked``, a busy operation returns None instead of waiting.
+    """
+    portal_db.require_transaction()
+    task_id = (
+        Operation.objects.filter(tenant=tenant, pk=operation_id)
+        .values_list("task_id", flat=True)
+        .first()
+    )
+    if task_id is None:
+        return None
+    task = Task.objects.select_for_update(of=("self",)).get(tenant=tenant, pk=task_id)
+    operation = (
+        Operation.objects.select_for_update(of=("self",), skip_locked=skip_locked)
+        .filter(tenant=tenant, pk=operation_id)
+        .first()
+    )
+    return (task, operation) if operation is not None else None
+
+
 # --- Escalation ----------------------------------------------------------------------
 
 
@@ -298,16 +324,10 @@ def _authorize(
     actor: Actor,
     trace: Trace,
 ) -> _Authorized | _Refused | GatewayResult:
-    operation = (
-        Operation.objects.select_for_update(of=("self",))
-        .filter(tenant=tenant, pk=operation_id)
-        .first()
-    )
-    if operation is None:
+    locked = _lock(tenant=tenant, operation_id=operation_id)
+    if locked is None:
         raise OperationNotFound(operation_id=str(operation_id))
-    task = Task.objects.select_for_update(of=("self",)).get(
-        tenant=tenant, pk=operation.task_id
-    )
+    task, operation = locked
     now = _db_now()
     if (
         task.lease_token != lease_token
@@ -541,7 +561,26 @@ def _begin_call(
     actor: Actor,
     trace: Trace,
 ) -> Operation | _Refused:
-    """Right before the call: the credential must still be live; then ``executing``."""
+    """Right before the call, check again what time can change; then ``executing``.
+
+    The credential must still be live (``CREDENTIAL_EXPIRED``) and the object version
+    still the one the task read (``VERSION_CONFLICT``): both may have changed since
+    the checks committed. What remains is the moment between this commit and the
+    request leaving; a remote system that takes a version precondition closes it.
+    """
+    locked = _lock(tenant=tenant, operation_id=authorized.operation.pk)
+    assert locked is not None
+    task, operation = locked
+    if operation.state_version != authorized.operation.state_version:
+        # A concurrent delivery of this execution got here first and is calling:
+        # report its progress rather than call a second time.
+        return _Refused(
+            result=GatewayResult(
+                outcome=_outcome_of(operation),
+                operation=operation,
+                reason=operation.reason_code,
+            )
+        )
     operation = authorized.operation
     with connection.cursor() as cursor:
         cursor.execute(
@@ -550,30 +589,45 @@ def _begin_call(
             [authorized.credential_id],
         )
         (live,) = cursor.fetchone()
+    current = ObjectVersion.objects.filter(
+        tenant=tenant, object_type=task.object_type, object_id=task.object_id
+    ).first()
+    problem: tuple[ReasonCode, str, dict[str, Any]] | None = None
     if not live:
-        task = Task.objects.select_for_update(of=("self",)).get(
-            tenant=tenant, pk=operation.task_id
+        problem = (
+            ReasonCode.CREDENTIAL_EXPIRED,
+            "credential",
+            {"credential_id": str(authorized.credential_id)},
         )
+    elif current is None or current.version != task.object_version:
+        problem = (
+            ReasonCode.VERSION_CONFLICT,
+            "version",
+            {
+                "version_read": task.object_version,
+                "current_version": current.version if current else None,
+                "when": "between the checks and the call",
+            },
+        )
+    if problem is not None:
+        reason, check, evidence = problem
         operation.refresh_from_db()
         _checked(
             tenant=tenant,
             operation=operation,
-            check="credential",
-            reason=ReasonCode.CREDENTIAL_EXPIRED,
+            check=check,
+            reason=reason,
             actor=actor,
             trace=trace,
             contract=None,
-            credential_id=str(authorized.credential_id),
+            **evidence,
         )
         record = escalate(
             tenant=tenant,
             task=task,
             operation=operation,
-            reason=ReasonCode.CREDENTIAL_EXPIRED,
-            evidence={
-                "plan": _plan(operation, task),
-                "credential_id": str(authorized.credential_id),
-            },
+            reason=reason,
+            evidence={"plan": _plan(operation, task), **evidence},
             actor=actor,
             trace=trace,
         )
@@ -582,7 +636,7 @@ def _begin_call(
             result=GatewayResult(
                 outcome="refused",
                 operation=operation,
-                reason=ReasonCode.CREDENTIAL_EXPIRED,
+                reason=reason,
                 escalation_id=record.pk,
             )
         )
@@ -620,10 +674,17 @@ def _record_call(
     tenant: Tenant,
     operation: Operation,
     result: CallResult,
+    confirmation: LookupResult | None,
     actor: Actor,
     trace: Trace,
 ) -> Operation:
-    """Write what the call did, in a new transaction; one event for the call itself."""
+    """Write what the call did, in a new transaction; one event for the call itself.
+
+    A success is ``verified`` only when its receipt stands alone: if the receipt
+    lookup (``confirmation``) shows several receipts for the key, or none that match,
+    the answer is not evidence and the operation goes to ``conflict`` or recovery.
+    """
+    _lock(tenant=tenant, operation_id=operation.pk)
     audit_services.event_append(
         tenant_id=tenant.pk,
         code=EventCode.CONNECTOR_CALLED,
@@ -640,11 +701,75 @@ def _record_call(
         "trace": trace,
         "expected_version": operation.state_version,
     }
+    if result.kind == "succeeded" and confirmation is not None:
+        audit_services.event_append(
+            tenant_id=tenant.pk,
+            code=EventCode.RECEIPT_QUERIED,
+            actor=actor,
+            task_id=operation.task_id,
+            operation_id=operation.pk,
+            trace=trace,
+            data={
+                "outcome": confirmation.kind,
+                "receipts": confirmation.references[:10],
+                "count": len(confirmation.references),
+                "purpose": "confirm",
+                "error": confirmation.error[:200],
+            },
+        )
+        references = confirmation.references
+        if confirmation.kind == "found" and (
+            len(references) > 1 or references != [result.provider_reference]
+        ):
+            doubtful = services.operation_move(
+                to=OperationState.UNKNOWN,
+                reason=ReasonCode.MULTIPLE_RECEIPTS,
+                data={"answered": result.provider_reference},
+                **common,
+            )
+            conflicted = services.operation_move(
+                tenant=tenant,
+                operation_id=operation.pk,
+                actor=actor,
+                trace=trace,
+                expected_version=doubtful.state_version,
+                to=OperationState.CONFLICT,
+                reason=ReasonCode.MULTIPLE_RECEIPTS,
+            )
+            task = Task.objects.select_for_update(of=("self",)).get(
+                tenant=tenant, pk=operation.task_id
+            )
+            escalate(
+                tenant=tenant,
+                task=task,
+                operation=conflicted,
+                reason=ReasonCode.MULTIPLE_RECEIPTS,
+                actor=actor,
+                trace=trace,
+                evidence={
+                    "plan": _plan(conflicted, task),
+                    "answered": result.provider_reference,
+                    "receipts": references,
+                },
+            )
+            return conflicted
+        if confirmation.kind == "none":
+            # It says done, yet the system of record knows nothing: not evidence.
+            return services.operation_move(
+                to=OperationState.UNKNOWN,
+                reason=ReasonCode.RESULT_UNKNOWN,
+                check_in=dt.timedelta(0),
+                data={"call": "unconfirmed"},
+                **common,
+            )
     if result.kind == "succeeded":
         return services.operation_move(
             to=OperationState.VERIFIED,
             provider_reference=result.provider_reference,
             result=result.body,
+            data={
+                "confirmed": confirmation is not None and confirmation.kind == "found"
+            },
             **common,
         )
     if result.kind == "rejected":
@@ -695,13 +820,36 @@ def _call(
         payload=authorized.payload,
     )
     hook("after_call")
+    confirmation = None
+    if (
+        result.kind == "succeeded"
+        and remote.supports_lookup
+        and (_receipt_required(operation))
+    ):
+        confirmation = remote.lookup(
+            idempotency_key=operation.idempotency_key, credential=authorized.token
+        )
     return _record_call(
         tenant=tenant,
         operation=operation,
         result=result,
+        confirmation=confirmation,
         actor=actor,
         trace=trace,
     )
+
+
+def _receipt_required(operation: Operation) -> bool:
+    """Whether the pinned contract asks for a verified receipt (the seed's default)."""
+    task = Task.objects.only("tenant_id", "contract_key", "contract_version").get(
+        pk=operation.task_id
+    )
+    if task.contract_key is None or task.contract_version is None:
+        return True
+    contract = Contract.objects.only("spec").get(
+        tenant_id=task.tenant_id, key=task.contract_key, version=task.contract_version
+    )
+    return bool(contract.spec["receipt"]["required"])
 
 
 def operation_execute(
@@ -790,13 +938,10 @@ def _recovery_claim(
     *, tenant: Tenant, operation_id: uuid.UUID, trace: Trace
 ) -> _Lookup | GatewayResult | None:
     """Claim an operation in doubt for one recovery look, or settle it without one."""
-    operation = (
-        Operation.objects.select_for_update(of=("self",), skip_locked=True)
-        .filter(tenant=tenant, pk=operation_id)
-        .first()
-    )
-    if operation is None:
+    locked = _lock(tenant=tenant, operation_id=operation_id, skip_locked=True)
+    if locked is None:
         return None  # another runner holds it, or it is gone
+    task, operation = locked
     now = _db_now()
     due = operation.next_check_at is None or operation.next_check_at <= now
     if operation.state == OperationState.EXECUTING and due:
@@ -818,9 +963,6 @@ def _recovery_claim(
             operation=operation,
             reason=operation.reason_code,
         )
-    task = Task.objects.select_for_update(of=("self",)).get(
-        tenant=tenant, pk=operation.task_id
-    )
     connector = Connector.objects.filter(tenant=tenant, target=operation.target).first()
     if connector is None or not connector.supports_lookup:
         record = escalate(
@@ -913,12 +1055,9 @@ def operation_recover(
 def _recovery_decide(
     *, tenant: Tenant, claim: _Lookup, lookup: LookupResult, trace: Trace
 ) -> GatewayResult | _Authorized:
-    operation = Operation.objects.select_for_update(of=("self",)).get(
-        tenant=tenant, pk=claim.operation.pk
-    )
-    task = Task.objects.select_for_update(of=("self",)).get(
-        tenant=tenant, pk=operation.task_id
-    )
+    locked = _lock(tenant=tenant, operation_id=claim.operation.pk)
+    assert locked is not None  # operations are never deleted while in doubt
+    task, operation = locked
     if operation.state_version != claim.operation.state_version:
         return GatewayResult(outcome=_outcome_of(operation), operation=operation)
     audit_services.event_append(

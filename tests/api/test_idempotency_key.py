@@ -174,3 +174,21 @@ def test_a_duplicate_while_the_first_is_in_flight_is_409(api):
     assert (
         Event.objects.filter(code="task.transitioned", task_id=task["id"]).count() == 2
     )
+
+
+@pytest.mark.django_db
+def test_the_same_key_under_another_lease_token_is_another_request(api):
+    """A write under another fencing token is not a replay (found by the client work)."""
+    task = register_and_claim(api)
+    path = f"/api/v1/tasks/{task['id']}/lease/renew"
+    good = api.post(
+        path,
+        {"ttl_s": 60},
+        **{"Lease-Token": str(task["lease"]["token"]), "Idempotency-Key": "renew-1"},
+    )
+    assert good.status_code == 200
+    forged = api.post(
+        path, {"ttl_s": 60}, **{"Lease-Token": "999", "Idempotency-Key": "renew-1"}
+    )
+    assert forged.status_code == 422
+    assert forged.json()["code"] == "IDEMPOTENCY_KEY_MISMATCH"
