@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.utils.decorators import method_decorator
+from django.views.decorators.csrf import ensure_csrf_cookie
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiExample,
@@ -671,8 +673,10 @@ class TakeoverQueueApi(StaffApi):
         operation_id="takeover_queue",
         parameters=[FilterSerializer],
         responses={200: TakeoverItemSerializer(many=True), **problem_responses(403)},
-        description="Tasks waiting for a person in your tenants, oldest first.",
+        description="Tasks waiting for a person in your tenants, oldest first. Also "
+        "sets the CSRF cookie that the POSTs below must echo in X-CSRFToken.",
     )
+    @method_decorator(ensure_csrf_cookie)
     def get(self, request: Request) -> Response:
         filters = self.validated(self.FilterSerializer, request.query_params)
         tasks = takeover.takeover_queue(

@@ -23,6 +23,9 @@ PAGES = [
     "tasks/objectversion",
     "audit/event",
     "audit/outbox",
+    "tasks/connector",
+    "tasks/escalation",
+    "tasks/approval",
 ]
 
 
@@ -65,3 +68,17 @@ def test_issuing_a_key_from_the_admin_shows_the_secret_once(staff_client, agent)
     assert "New key for" in text and "agp_" in text
     key = agent.keys.get()
     assert key.key_hash not in text
+
+
+def test_a_connector_signing_key_is_never_shown(staff_client, tenant):
+    from tasks.models import Connector
+
+    connector = Connector.objects.create(
+        tenant=tenant,
+        target="desk",
+        base_url="http://127.0.0.1:9/",
+        signing_key="a-very-secret-signing-key",
+    )
+    page = staff_client.get(f"/admin/tasks/connector/{connector.pk}/change/")
+    assert page.status_code == 200
+    assert b"a-very-secret-signing-key" not in page.content
