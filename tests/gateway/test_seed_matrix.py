@@ -604,3 +604,20 @@ def test_a_connector_without_lookup_needs_a_one_time_approval(world: World):
         == OperationState.VERIFIED
     )
     assert Task.objects.get(pk=task.pk).state == TaskState.RUNNING
+
+
+def test_a_result_that_stays_unknowable_goes_to_a_person(world: World):
+    """Every lookup fails: after the lookup budget, RESULT_UNKNOWN and a person."""
+    started = world.start_task()
+    world.desk.set_fault("error_5xx")
+    world.desk.set_fault("lookup_5xx", times=0)  # until cleared
+    assert world.execute(started).json()["outcome"] == "unknown"
+    for _ in range(settings.PORTAL_RECOVERY_MAX_LOOKUPS):
+        with connection.cursor() as cursor:
+            cursor.execute("UPDATE tasks_operation SET next_check_at = app_now()")
+        check_receipts_job()
+    assert state_of(started) == ("human_required", "human_required", "RESULT_UNKNOWN")
+    operation = Operation.objects.get(pk=started["operation"]["id"])
+    assert operation.lookups == settings.PORTAL_RECOVERY_MAX_LOOKUPS
+    assert operation.attempts == 1  # it never called again while it could not tell
+    assert world.tickets() == 0
