@@ -1,40 +1,51 @@
 """Example agent: each confirmed customer issue becomes one support ticket.
 
-The seed's worked example ("客户问题转工单"), run against a live portal::
+The seed's worked example ("客户问题转工单"), run against the portal that
+``python3 manage.py up`` starts (it seeds the contract, the agent's grant and the
+ticket desk this needs, and prints the agent's key)::
 
-    python3 manage.py up          # prints the demo agent's key (Agent key: ...)
     .venv/bin/python examples/customer_issue_agent.py \\
         --base-url http://127.0.0.1:8000 --api-key agp_... --issues 3
 
-For each issue ``n`` the agent records the issue's version, registers the task
-``issue-<n>``, claims it, reserves the side effect ``create_ticket`` on
-``ticket-desk`` under the business key ``ticket-for-issue-<n>``, marks it started,
-calls the ticket desk, reports the receipt (the ticket id) as verified, moves the
-task to ``succeeded`` and prints the task's audit trail.
+For each issue ``n`` the agent records the issue's version (``7``), registers the
+task ``issue-<n>`` pinned to the contract ``customer-issue``, claims it (lease, then
+``running``), reserves the side effect ``create_ticket`` on ``ticket-desk`` under the
+business key ``ticket-for-issue-<n>``, and asks the portal's action gateway to
+execute it with the fields it read: the customer's e-mail (from the CRM) and plan
+(from billing), each with the time it was read. The gateway checks them against the
+contract, calls the ticket desk once and verifies the receipt (the ticket id); the
+agent then moves the task to ``succeeded`` and prints the audit trails.
+
+One case goes to a person on purpose: the last issue's e-mail address was read ten
+minutes ago, longer than the contract's 300 s. The gateway refuses it
+(``FIELD_STALE``), no ticket is made, and the task waits in the takeover queue
+(``/api/v1/takeover/queue``; Escalations in the admin) for support staff. That is
+the demo's expected outcome, so it does not fail the run. ``--stale-issue 0`` makes
+every issue fresh.
 
 Safe to run again, and to re-run after a crash: every step is keyed, so a second
-run finds the same tasks and operations (answers 200, nothing duplicated), and a run
-cut short resumes where the portal says the work stands.
+run finds the same tasks and operations, makes no second ticket (the desk's own
+count shows it) and leaves the issue that is with a person alone.
 
-There is no ticket desk server yet, so ``TicketDesk`` stands in for it: it answers a
-ticket id derived from the issue (``TCK-<n>``), as a real desk would answer the same
-ticket for a repeated idempotency key.
-
-Exit status: 0 when every issue has its verified ticket, 1 otherwise.
+Exit status: 0 when every issue ended as planned (a verified ticket, or with a
+person for the deliberately stale one); 1 otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import os
 import secrets
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from portal_client import (
+    FieldValue,
+    GatewayRefused,
     LeaseHeld,
     LeaseKeeper,
     LeaseLost,
@@ -48,11 +59,19 @@ from portal_client import (
 
 WORKFLOW_KEY: Final = "customer-issue"
 WORKFLOW_VERSION: Final = "1"
+CONTRACT_KEY: Final = "customer-issue"
 OBJECT_TYPE: Final = "customer_issue"
+OBJECT_VERSION: Final = "7"
 ACTION: Final = "create_ticket"
 TARGET: Final = "ticket-desk"
 QUEUE: Final = "support_queue_a"
 LEASE_TTL_S: Final = 30
+# Longer ago than the contract's max_age_s for the e-mail (300 s): the stale case.
+STALE_AGE: Final = dt.timedelta(minutes=10)
+# How long to wait for the portal's recovery to settle an answer in doubt.
+SETTLE_TIMEOUT_S: Final = 20.0
+SETTLED: Final = frozenset({"verified", "failed", "conflict", "human_required"})
+WITH_A_PERSON: Final = frozenset({"human_required", "human_claimed"})
 
 SUMMARIES: Final = (
     "Login fails after a password reset",
@@ -61,10 +80,22 @@ SUMMARIES: Final = (
     "Mobile app crashes when opening settings",
     "Order confirmation e-mail never arrives",
 )
+PLANS: Final = ("pro", "basic", "enterprise")
+
+Result = Literal["ticket", "person"]
 
 
 class AgentFailure(Exception):
     """The issue cannot be finished automatically; a person has to look."""
+
+
+class HandedToPerson(Exception):
+    """The portal put the task in the takeover queue; a person takes it from here."""
+
+    def __init__(self, reason: str, escalation_id: str | None = None) -> None:
+        self.reason = reason
+        self.escalation_id = escalation_id
+        super().__init__(reason)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,8 +104,11 @@ class CustomerIssue:
 
     number: int
     customer: str
+    email: str
+    plan: str
     summary: str
-    version: str = "1"
+    # How long ago the agent read the e-mail address from the CRM.
+    email_age: dt.timedelta = dt.timedelta(0)
 
     @property
     def client_task_id(self) -> str:
@@ -85,38 +119,41 @@ class CustomerIssue:
         return f"ticket-for-issue-{self.number}"
 
     @property
+    def stale(self) -> bool:
+        return self.email_age > dt.timedelta(0)
+
+    @property
     def ticket_input(self) -> dict[str, Any]:
         # Exactly the same every run: the portal hashes it to recognise a repeat.
+        # Only queue, summary and customer: the desk refuses members it does not know
+        # (the gateway adds the object and the contract's read fields itself).
         return {"queue": QUEUE, "summary": self.summary, "customer": self.customer}
 
+    def field_values(self, now: dt.datetime) -> list[FieldValue]:
+        """What the agent read, where from, and when."""
+        return [
+            FieldValue(
+                name="email",
+                value=self.email,
+                source="crm",
+                observed_at=now - self.email_age,
+            ),
+            FieldValue(name="plan", value=self.plan, source="billing", observed_at=now),
+        ]
 
-def demo_issues(count: int) -> list[CustomerIssue]:
+
+def demo_issues(count: int, *, stale_issue: int) -> list[CustomerIssue]:
     return [
         CustomerIssue(
             number=n,
             customer=f"CUST-{n:04d}",
+            email=f"customer{n}@example.com",
+            plan=PLANS[(n - 1) % len(PLANS)],
             summary=SUMMARIES[(n - 1) % len(SUMMARIES)],
+            email_age=STALE_AGE if n == stale_issue else dt.timedelta(0),
         )
         for n in range(1, count + 1)
     ]
-
-
-class TicketDesk:
-    """Stand-in for the ticket desk (a later issue adds a real server).
-
-    Deterministic per idempotency key, like a desk that deduplicates by key: creating
-    twice answers the same ticket, and a lookup finds it.
-    """
-
-    def create(self, *, idempotency_key: str, ticket: dict[str, Any]) -> str:
-        return self._ticket_id(idempotency_key)
-
-    def find(self, *, idempotency_key: str) -> str | None:
-        return self._ticket_id(idempotency_key)
-
-    @staticmethod
-    def _ticket_id(idempotency_key: str) -> str:
-        return "TCK-" + idempotency_key.rsplit("-", 1)[-1]
 
 
 def say(line: str) -> None:
@@ -124,23 +161,25 @@ def say(line: str) -> None:
 
 
 class CustomerIssueAgent:
-    def __init__(self, client: PortalClient, *, owner: str, desk: TicketDesk) -> None:
+    def __init__(self, client: PortalClient, *, owner: str) -> None:
         self.client = client
         self.owner = owner
-        self.desk = desk
         self.task_ids: dict[str, str] = {}  # client task id -> task id, for reports
 
-    def handle(self, issue: CustomerIssue) -> str:
-        """Bring one issue to a verified ticket; returns the ticket id.
+    def handle(self, issue: CustomerIssue) -> Result:
+        """Bring one issue to a verified ticket, or leave it with a person.
+
+        Returns ``"ticket"`` when its ticket is verified (now or by an earlier run),
+        ``"person"`` when the task waits for (or was settled by) a person.
 
         Raises:
-            AgentFailure: the task or operation needs a person.
+            AgentFailure: the issue cannot be finished automatically.
             LeaseLost: the lease went away mid-work; a later run resumes.
             PortalError: the portal refused a step.
         """
         name = issue.client_task_id
         self.client.record_object_version(
-            OBJECT_TYPE, str(issue.number), version=issue.version
+            OBJECT_TYPE, str(issue.number), version=OBJECT_VERSION
         )
         task, created = self.client.register_task(
             client_task_id=name,
@@ -148,7 +187,8 @@ class CustomerIssueAgent:
             workflow_version=WORKFLOW_VERSION,
             object_type=OBJECT_TYPE,
             object_id=str(issue.number),
-            object_version=issue.version,
+            object_version=OBJECT_VERSION,
+            contract_key=CONTRACT_KEY,
         )
         self.task_ids[name] = task.id
         say(
@@ -156,18 +196,12 @@ class CustomerIssueAgent:
             f"{'registered' if created else 'already registered'} ({task.state})"
         )
         if task.state == "succeeded":
-            # Finished by an earlier run: the same reservation answers the stored
-            # operation (no lease needed to read back an existing reservation).
-            operation = self._reserve(task, issue, lease_token=task.lease.token)
-            say(
-                f"{name}: already done; ticket {operation.provider_reference} "
-                f"(operation {operation.id} {operation.state})"
-            )
-            if operation.state != "verified" or not operation.provider_reference:
-                raise AgentFailure(f"{name}: succeeded without a verified ticket")
-            return operation.provider_reference
+            return self._already_done(task, issue)
+        if task.state in WITH_A_PERSON:
+            say(f"{name}: with a person ({task.reason_code}); left alone")
+            return "person"
         if task.state not in ("pending", "running"):
-            raise AgentFailure(f"{name}: task is {task.state}; left for a person")
+            raise AgentFailure(f"{name}: task is {task.state}")
 
         task = self._claim(task)
         say(f"{name}: claimed by {self.owner} (lease token {task.lease.token})")
@@ -176,7 +210,7 @@ class CustomerIssueAgent:
                 self.client, task.id, task.lease.token, LEASE_TTL_S
             ) as keeper:
                 operation = self._reserve(task, issue, lease_token=keeper.token)
-                keeper.check()
+                keeper.check()  # the last moment to stop before the side effect
                 ticket = self._execute(operation, issue, keeper)
                 keeper.check()
                 task = self.client.transition(
@@ -187,11 +221,33 @@ class CustomerIssueAgent:
                     step="ticket_created",
                     payload={"ticket": ticket},
                 )
+        except HandedToPerson as handed:
+            # The portal revoked the lease and opened an escalation: nothing to
+            # hand back, and nothing more this agent may write for the issue.
+            say(
+                f"{name}: handed to a person: {handed.reason} "
+                f"(escalation {handed.escalation_id}); it waits in the takeover queue"
+            )
+            return "person"
         except (AgentFailure, LeaseLost, PortalError):
             self._hand_back(task)
             raise
         say(f"{name}: task {task.state} (state version {task.state_version})")
-        return ticket
+        return "ticket"
+
+    def _already_done(self, task: Task, issue: CustomerIssue) -> Result:
+        name = issue.client_task_id
+        # Finished by an earlier run: the same reservation answers the stored
+        # operation (no lease needed to read back an existing reservation).
+        operation = self._reserve(task, issue, lease_token=task.lease.token)
+        if operation.state == "verified" and operation.provider_reference:
+            say(
+                f"{name}: already done; ticket {operation.provider_reference} "
+                f"(operation {operation.id} {operation.state})"
+            )
+            return "ticket"
+        say(f"{name}: settled by a person (operation {operation.state})")
+        return "person"
 
     def _claim(self, task: Task) -> Task:
         """Lease this very task (not claim-next: the tenant may hold other work)."""
@@ -248,46 +304,72 @@ class CustomerIssueAgent:
     def _execute(
         self, operation: Operation, issue: CustomerIssue, keeper: LeaseKeeper
     ) -> str:
-        name = issue.client_task_id
-        if operation.state == "verified" and operation.provider_reference:
-            return operation.provider_reference
-        if operation.state in ("executing", "unknown"):
-            # An earlier attempt may have reached the desk: look before calling again.
-            found = self.desk.find(idempotency_key=operation.idempotency_key)
-            if found is not None:
-                return self._verified(operation, found, keeper, name)
-        if operation.state not in ("reserved", "executing", "unknown"):
-            raise AgentFailure(f"{name}: operation is {operation.state}")
-        if operation.state != "executing":
-            operation = self.client.start_operation(
-                operation.id, lease_token=keeper.token
-            )
-            say(f"{name}: operation started (attempt {operation.attempts})")
-        keeper.check()  # the last moment to stop before the side effect
-        ticket = self.desk.create(
-            idempotency_key=operation.idempotency_key, ticket=issue.ticket_input
-        )
-        return self._verified(operation, ticket, keeper, name)
+        """Execute through the gateway (or find the earlier attempt's result).
 
-    def _verified(
-        self, operation: Operation, ticket: str, keeper: LeaseKeeper, name: str
-    ) -> str:
-        operation = self.client.report_outcome(
-            operation.id,
-            lease_token=keeper.token,
-            outcome="verified",
-            provider_reference=ticket,
-            result={"ticket_id": ticket, "queue": QUEUE},
+        Raises:
+            HandedToPerson: the gateway refused, or the result needs a person.
+            AgentFailure: the ticket desk refused the ticket.
+        """
+        name = issue.client_task_id
+        if issue.stale:
+            say(
+                f"{name}: e-mail read {issue.email_age.total_seconds():.0f} s ago "
+                "(the contract allows 300 s): expect the gateway to refuse"
+            )
+        try:
+            execution = self.client.execute_operation(
+                operation.id,
+                lease_token=keeper.token,
+                # Read "now": a real agent would stamp each value as it reads it.
+                field_values=issue.field_values(dt.datetime.now(dt.UTC)),
+            )
+        except GatewayRefused as refused:
+            raise HandedToPerson(refused.reason, refused.escalation_id) from refused
+        result = execution.operation
+        say(f"{name}: gateway: {execution.outcome} (attempt {result.attempts})")
+        if execution.outcome == "unknown":
+            result = self._settle(result, keeper, name)
+        if result.state == "verified" and result.provider_reference:
+            say(f"{name}: ticket {result.provider_reference} verified")
+            return result.provider_reference
+        if result.state in ("conflict", "human_required"):
+            raise HandedToPerson(
+                result.reason_code or result.state, execution.escalation_id
+            )
+        raise AgentFailure(
+            f"{name}: operation {result.state} ({result.reason_code or 'no reason'})"
         )
-        say(f"{name}: ticket {ticket} verified (operation {operation.state})")
-        return ticket
+
+    def _settle(
+        self, operation: Operation, keeper: LeaseKeeper, name: str
+    ) -> Operation:
+        """Wait for the portal's recovery to look the receipt up by key.
+
+        The answer was lost or the call is still running: the portal, not this
+        agent, finds out whether the ticket exists. Never call the desk again here.
+        """
+        say(f"{name}: result in doubt; the portal looks the receipt up")
+        give_up_at = time.monotonic() + SETTLE_TIMEOUT_S
+        while operation.state not in SETTLED:
+            if time.monotonic() > give_up_at:
+                raise AgentFailure(
+                    f"{name}: still {operation.state} after {SETTLE_TIMEOUT_S:.0f} s; "
+                    "the portal keeps looking, run again later"
+                )
+            keeper.check()
+            time.sleep(1)
+            operation = self.client.get_operation(operation.id)
+        return operation
 
     def print_events(self, task_id: str, name: str) -> None:
         say(f"{name}: events")
         for event in self.client.list_events(task_id):
             detail = ""
-            if isinstance(event.payload, dict) and "to" in event.payload:
-                detail = f"{event.payload.get('from')} -> {event.payload['to']}"
+            payload = event.payload if isinstance(event.payload, dict) else {}
+            if "to" in payload:
+                detail = f"{payload.get('from')} -> {payload['to']}"
+            elif "check" in payload:
+                detail = f"{payload['check']}: {payload.get('verdict')}"
             if event.reason_code:
                 detail += f" [{event.reason_code}]"
             say(
@@ -305,46 +387,69 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="the agent's key (default: $PORTAL_API_KEY)",
     )
     parser.add_argument("--issues", type=int, default=3, metavar="N")
+    parser.add_argument(
+        "--stale-issue",
+        type=int,
+        default=None,
+        metavar="K",
+        help="the issue whose e-mail was read 10 minutes ago, so a person gets it "
+        "(default: the last one; 0: none)",
+    )
     parser.add_argument("--owner", default="customer-issue-agent")
     args = parser.parse_args(argv)
     if not args.api_key:
         parser.error("--api-key (or PORTAL_API_KEY) is required")
     if args.issues < 1:
         parser.error("--issues must be at least 1")
+    if args.stale_issue is None:
+        args.stale_issue = args.issues
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    issues = demo_issues(args.issues, stale_issue=args.stale_issue)
     # One trace for the run, so its requests can be found together in the portal.
     trace_id = secrets.token_hex(16)
     say(f"customer-issue agent: {args.issues} issue(s), trace {trace_id}")
-    failed: set[str] = set()
+    tickets: list[str] = []
+    people: list[str] = []
+    failed: list[str] = []
     with PortalClient(
         args.base_url,
         args.api_key,
         traceparent=f"00-{trace_id}-{secrets.token_hex(8)}-01",
     ) as client:
-        agent = CustomerIssueAgent(client, owner=args.owner, desk=TicketDesk())
-        for issue in demo_issues(args.issues):
+        agent = CustomerIssueAgent(client, owner=args.owner)
+        for issue in issues:
+            name = issue.client_task_id
             try:
-                agent.handle(issue)
+                result = agent.handle(issue)
             except (Unauthenticated, PortalUnavailable) as exc:
                 say(f"error: {exc}")  # every other issue would fail the same way
                 return 1
             except (AgentFailure, LeaseLost, PortalError) as exc:
-                failed.add(issue.client_task_id)
-                say(f"{issue.client_task_id}: FAILED: {exc}")
-        for issue in demo_issues(args.issues):
+                failed.append(name)
+                say(f"{name}: FAILED: {exc}")
+                continue
+            (tickets if result == "ticket" else people).append(name)
+            planned: Result = "person" if issue.stale else "ticket"
+            if result != planned:
+                failed.append(name)
+                say(f"{name}: FAILED: planned {planned!r}, ended with {result!r}")
+        for issue in issues:
             task_id = agent.task_ids.get(issue.client_task_id)
             if task_id is None:
                 continue  # never registered; its failure is reported above
             try:
                 agent.print_events(task_id, issue.client_task_id)
             except PortalError as exc:
-                failed.add(issue.client_task_id)
+                failed.append(issue.client_task_id)
                 say(f"{issue.client_task_id}: cannot read events: {exc}")
-    say(f"done: {args.issues - len(failed)} ok, {len(failed)} failed")
+    say(
+        f"done: {len(tickets)} ticket(s), {len(people)} with a person "
+        f"({', '.join(people) or 'none'}), {len(failed)} failed"
+    )
     return 1 if failed else 0
 
 

@@ -7,18 +7,22 @@ to the server's threads and the other way round.
 
 from __future__ import annotations
 
+import io
 import itertools
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
+from django.core.management import call_command
 from pytest_django.live_server_helper import LiveServer
 
 from portal import services as portal_services
 from portal.models import Agent, Tenant
 from portal_client import PortalClient
+from ticketdesk.harness import TicketDesk, start_ticketdesk
 
 _counter = itertools.count(1)
 
@@ -116,3 +120,47 @@ def make_client(
 def api(make_client: Callable[..., PortalClient]) -> PortalClient:
     """A client of the fixture's agent (``client`` stays pytest-django's)."""
     return make_client()
+
+
+@pytest.fixture(scope="session")
+def ticketdesk_server() -> Iterator[TicketDesk]:
+    """One real ticket desk on 127.0.0.1 for the session (tests reset it)."""
+    with start_ticketdesk() as desk:
+        yield desk
+
+
+@pytest.fixture
+def desk(ticketdesk_server: TicketDesk) -> Iterator[TicketDesk]:
+    ticketdesk_server.reset()
+    yield ticketdesk_server
+    ticketdesk_server.clear_faults()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Demo:
+    """What ``manage.py seed_demo`` made: the demo tenant and its agent's key."""
+
+    tenant: Tenant
+    secret: str
+    output: str
+
+
+@pytest.fixture
+def demo(live_server: LiveServer, desk: TicketDesk) -> Demo:
+    """The demo world, seeded by the real command against the real desk."""
+    out = io.StringIO()
+    call_command(
+        "seed_demo",
+        "--ticketdesk-url",
+        desk.url,
+        "--ticketdesk-key",
+        desk.signing_key,
+        stdout=out,
+    )
+    match = re.search(
+        r"issued a new API key for '[^']+': (\S+) \(shown once\)", out.getvalue()
+    )
+    assert match, out.getvalue()
+    return Demo(
+        tenant=Tenant.objects.get(slug="demo"), secret=match[1], output=out.getvalue()
+    )

@@ -1,4 +1,6 @@
-"""The example agent (examples/customer_issue_agent.py) run as a program, twice."""
+"""The example agent (examples/customer_issue_agent.py) run as a program, twice,
+against a live portal seeded by ``seed_demo`` and a real ticket desk, whose own
+ledger is the evidence of how many tickets exist."""
 
 from __future__ import annotations
 
@@ -9,16 +11,20 @@ from pathlib import Path
 
 from audit.models import Event
 from portal import services as portal_services
-from tasks.models import Operation, Task
+from tasks.models import Escalation, Operation, Task
+from ticketdesk.harness import TicketDesk
 
-from .conftest import AgentIdentity
+from .conftest import Demo
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "examples" / "customer_issue_agent.py"
 ISSUES = 3
+STALE = ISSUES  # the agent's default: the last issue's e-mail is 10 minutes old
 
 
-def run_agent(portal_url: str, api_key: str) -> subprocess.CompletedProcess[str]:
+def run_agent(
+    portal_url: str, api_key: str, *extra: str
+) -> subprocess.CompletedProcess[str]:
     # The portal runs inside this test process; the agent reaches it by URL only.
     env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
     return subprocess.run(
@@ -31,6 +37,7 @@ def run_agent(portal_url: str, api_key: str) -> subprocess.CompletedProcess[str]
             api_key,
             "--issues",
             str(ISSUES),
+            *extra,
         ],
         capture_output=True,
         text=True,
@@ -41,40 +48,88 @@ def run_agent(portal_url: str, api_key: str) -> subprocess.CompletedProcess[str]
     )
 
 
-def test_example_agent_turns_issues_into_tickets_once_however_often_it_runs(
-    portal_url: str, identity: AgentIdentity
+def test_example_agent_makes_tickets_once_and_hands_the_stale_issue_to_a_person(
+    portal_url: str, demo: Demo, desk: TicketDesk
 ) -> None:
-    # When: the agent runs.
-    first = run_agent(portal_url, identity.secret)
+    # When: the agent runs against the seeded portal.
+    first = run_agent(portal_url, demo.secret)
 
-    # Then: N tasks succeeded, each with one verified ticket.
-    assert first.returncode == 0, first.stdout + first.stderr
-    tasks = Task.objects.filter(tenant=identity.tenant)
-    operations = Operation.objects.filter(tenant=identity.tenant)
+    # Then: the planned outcome is a success (exit 0): N-1 tickets on the desk ...
+    output = first.stdout + first.stderr
+    assert first.returncode == 0, output
+    effects = desk.effects()
+    assert effects["tickets_created"] == ISSUES - 1, effects
+    assert effects["by_idempotency_key"] == {
+        f"ticket-for-issue-{n}": 1 for n in range(1, ISSUES)
+    }
+    tickets = {ticket["idempotency_key"]: ticket for ticket in desk.tickets()}
+    assert tickets["ticket-for-issue-1"]["queue"] == "support_queue_a"
+    assert tickets["ticket-for-issue-1"]["object"] == {
+        "type": "customer_issue",
+        "id": "1",
+    }
+    # ... only the contract's read field reached the desk ...
+    assert tickets["ticket-for-issue-1"]["fields"] == {"email": "customer1@example.com"}
+    # ... N-1 tasks succeeded, each with its verified operation and desk receipt ...
+    tasks = Task.objects.filter(tenant=demo.tenant)
+    operations = Operation.objects.filter(tenant=demo.tenant)
     assert tasks.count() == ISSUES
-    assert set(tasks.values_list("state", flat=True)) == {"succeeded"}
-    assert sorted(operations.values_list("idempotency_key", "provider_reference")) == [
-        (f"ticket-for-issue-{n}", f"TCK-{n}") for n in range(1, ISSUES + 1)
-    ]
-    assert set(operations.values_list("state", flat=True)) == {"verified"}
-    for n in range(1, ISSUES + 1):
-        assert f"issue-{n}: task " in first.stdout
-        assert f"issue-{n}: ticket TCK-{n} verified" in first.stdout
+    assert set(tasks.values_list("contract_key", "contract_version")) == {
+        ("customer-issue", 1)
+    }
+    for n in range(1, ISSUES):
+        task = tasks.get(client_task_id=f"issue-{n}")
+        operation = operations.get(task=task)
+        assert task.state == "succeeded"
+        assert operation.state == "verified"
+        ticket_id = tickets[f"ticket-for-issue-{n}"]["ticket_id"]
+        assert operation.provider_reference == ticket_id
+        assert f"issue-{n}: ticket {ticket_id} verified" in first.stdout
+    # ... and the stale one waits for a person, with an escalation and no ticket.
+    stale = tasks.get(client_task_id=f"issue-{STALE}")
+    assert (stale.state, stale.reason_code) == ("human_required", "FIELD_STALE")
+    assert operations.get(task=stale).state == "human_required"
+    escalation = Escalation.objects.get(task=stale)
+    assert escalation.reason_code == "FIELD_STALE"
+    assert escalation.resolved_at is None
+    assert f"issue-{STALE}: handed to a person: FIELD_STALE" in first.stdout
+    assert "takeover queue" in first.stdout
     assert "task.transitioned" in first.stdout  # the printed audit trail
-    events_after_first = Event.objects.filter(tenant=identity.tenant).count()
+    assert "fields: refused [FIELD_STALE]" in first.stdout
+    assert (
+        f"done: {ISSUES - 1} ticket(s), 1 with a person (issue-{STALE}), 0 failed"
+        in first.stdout
+    )
+    events_after_first = Event.objects.filter(tenant=demo.tenant).count()
 
     # When: it runs again.
-    second = run_agent(portal_url, identity.secret)
+    second = run_agent(portal_url, demo.secret)
 
-    # Then: it finds the same tasks and operations and changes nothing.
+    # Then: it finds the same tasks and operations, and the desk makes no new ticket.
     assert second.returncode == 0, second.stdout + second.stderr
+    assert desk.effects()["tickets_created"] == ISSUES - 1
+    assert desk.effects()["create_requests"] == effects["create_requests"]
     assert tasks.count() == ISSUES
     assert operations.count() == ISSUES
-    assert set(operations.values_list("state", flat=True)) == {"verified"}
-    assert Event.objects.filter(tenant=identity.tenant).count() == events_after_first
-    for n in range(1, ISSUES + 1):
-        assert f"issue-{n}: already done; ticket TCK-{n}" in second.stdout
+    assert Escalation.objects.filter(tenant=demo.tenant).count() == 1
+    assert Event.objects.filter(tenant=demo.tenant).count() == events_after_first
+    for n in range(1, ISSUES):
+        assert f"issue-{n}: already done; ticket TCK-" in second.stdout
+    assert f"issue-{STALE}: with a person (FIELD_STALE); left alone" in second.stdout
     assert "already registered" in second.stdout
+
+
+def test_example_agent_with_no_stale_issue_makes_every_ticket(
+    portal_url: str, demo: Demo, desk: TicketDesk
+) -> None:
+    result = run_agent(portal_url, demo.secret, "--stale-issue", "0")
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert desk.effects()["tickets_created"] == ISSUES
+    assert set(
+        Task.objects.filter(tenant=demo.tenant).values_list("state", flat=True)
+    ) == {"succeeded"}
+    assert not Escalation.objects.filter(tenant=demo.tenant).exists()
 
 
 def test_example_agent_exits_non_zero_on_a_bad_key(portal_url: str) -> None:
@@ -85,19 +140,20 @@ def test_example_agent_exits_non_zero_on_a_bad_key(portal_url: str) -> None:
 
 
 def test_example_agent_exits_non_zero_without_a_grant_and_hands_the_task_back(
-    portal_url: str, identity: AgentIdentity
+    portal_url: str, demo: Demo, desk: TicketDesk
 ) -> None:
-    # Given: an agent of the same tenant that may not create tickets.
-    agent = portal_services.agent_create(tenant=identity.tenant, name="no-grants")
+    # Given: an agent of the demo tenant that may not create tickets.
+    agent = portal_services.agent_create(tenant=demo.tenant, name="no-grants")
     secret = portal_services.agent_key_issue(agent=agent).secret
 
     result = run_agent(portal_url, secret)
 
-    # Then: it fails loudly, and no task is left leased to it.
+    # Then: it fails loudly, no task is left leased to it, and no ticket exists.
     assert result.returncode == 1
     assert "ACTION_NOT_GRANTED" in result.stdout
     assert "lease released" in result.stdout
-    tasks = Task.objects.filter(tenant=identity.tenant)
+    tasks = Task.objects.filter(tenant=demo.tenant)
     assert set(tasks.values_list("state", flat=True)) == {"pending"}
     assert not tasks.filter(lease_owner__isnull=False).exists()
-    assert not Operation.objects.filter(tenant=identity.tenant).exists()
+    assert not Operation.objects.filter(tenant=demo.tenant).exists()
+    assert desk.effects()["tickets_created"] == 0

@@ -1,22 +1,32 @@
 """``manage.py seed_demo``: a demo tenant, staff users and an agent key, for dev only.
 
-Running it again leaves the same tenant, users and agent and resets the demo
-passwords, so the credentials it prints always work; the agent gets a new key each
-run, because a key's secret is shown only when it is issued.
+Besides people and an agent, it seeds the customer-issue → ticket workflow of the
+example agent (examples/customer_issue_agent.py): the published contract
+``customer-issue`` v1, the connector to the ticket desk (``ticket-desk``, the
+``python -m ticketdesk`` that ``manage.py up`` runs) and the agent's grant to
+``create_ticket`` there.
+
+Running it again leaves the same tenant, users, agent, contract and grant, resets
+the demo passwords (so the credentials it prints always work) and points the
+connector at the given desk; the agent gets a new key each run, because a key's
+secret is shown only when it is issued.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.base_user import AbstractBaseUser
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from portal import services
 from portal.models import Agent, Role, Tenant
+from tasks import services as task_services
+from tasks.models import Connector, Contract
 
 TENANT_SLUG: Final = "demo"
 TENANT_NAME: Final = "Demo Co"
@@ -30,9 +40,50 @@ USERS: Final = (
     ("support", "support-demo-password", Role.SUPPORT, False),
 )
 
+# The ticket desk `up` runs beside the portal; the signing key is development-only
+# (the desk verifies the gateway's short-lived credentials with it).
+TICKETDESK_TARGET: Final = "ticket-desk"
+TICKETDESK_ACTION: Final = "create_ticket"
+TICKETDESK_DEFAULT_PORT: Final = 8100
+TICKETDESK_DEMO_KEY: Final = "ticketdesk-demo-signing-key"
+CONTRACT_KEY: Final = "customer-issue"
+# The seed's worked example: an issue may become a ticket only with a fresh e-mail
+# address from the CRM and a plan from billing; the desk sees the e-mail only.
+CONTRACT_SPEC: Final[Mapping[str, Any]] = {
+    "object_type": "customer_issue",
+    "required_fields": [
+        {"name": "email", "source": "crm", "max_age_s": 300},
+        {"name": "plan", "source": "billing", "max_age_s": 3600},
+    ],
+    "policy": {
+        "read_fields": ["email"],
+        "write_targets": [TICKETDESK_TARGET],
+        "credential_ttl_s": 60,
+    },
+    "receipt": {"required": True, "type": "ticket_id"},
+}
 
-def seed(*, report: Callable[[str], None]) -> str:
+
+def ticketdesk_port() -> int:
+    """The desk's port: ``PORTAL_TICKETDESK_PORT`` or 8100 (``up`` reads the same)."""
+    return int(os.environ.get("PORTAL_TICKETDESK_PORT", TICKETDESK_DEFAULT_PORT))
+
+
+def ticketdesk_default_url() -> str:
+    return f"http://127.0.0.1:{ticketdesk_port()}"
+
+
+def seed(
+    *,
+    report: Callable[[str], None],
+    ticketdesk_url: str | None = None,
+    ticketdesk_key: str = TICKETDESK_DEMO_KEY,
+) -> str:
     """Create or refresh the demo data; return the new agent key's secret.
+
+    ``ticketdesk_url`` (default: ``http://127.0.0.1:$PORTAL_TICKETDESK_PORT``, port
+    8100) and ``ticketdesk_key`` say where the ``ticket-desk`` connector calls and
+    how it signs credentials.
 
     Raises:
         CommandError: production settings, or the demo tenant was deleted.
@@ -69,9 +120,59 @@ def seed(*, report: Callable[[str], None]) -> str:
     if agent is None:
         agent = services.agent_create(tenant=tenant, name=AGENT_NAME)
         report(f"created agent {agent.name!r}")
+    services.agent_grant(
+        agent=agent, action=TICKETDESK_ACTION, target=TICKETDESK_TARGET
+    )
+    report(f"{agent.name!r} may {TICKETDESK_ACTION} on {TICKETDESK_TARGET!r}")
+    _contract_seed(tenant, report=report)
+    _connector_set(
+        tenant,
+        url=ticketdesk_url or ticketdesk_default_url(),
+        key=ticketdesk_key,
+        report=report,
+    )
     issued = services.agent_key_issue(agent=agent)
     report(f"issued a new API key for {agent.name!r}: {issued.secret} (shown once)")
     return issued.secret
+
+
+def _contract_seed(tenant: Tenant, *, report: Callable[[str], None]) -> None:
+    """Publish ``customer-issue`` v1 unless some version of it exists.
+
+    An existing version is left alone, even a retired or edited one: published
+    versions are immutable, and a person who changed the contract meant it.
+    """
+    latest = (
+        Contract.objects.filter(tenant=tenant, key=CONTRACT_KEY)
+        .order_by("-version")
+        .first()
+    )
+    if latest is not None:
+        report(f"contract {CONTRACT_KEY!r} exists (v{latest.version}, {latest.status})")
+        return
+    contract = task_services.contract_create(
+        tenant=tenant, key=CONTRACT_KEY, spec=CONTRACT_SPEC, publish=True
+    )
+    report(f"published contract {CONTRACT_KEY!r} v{contract.version}")
+
+
+def _connector_set(
+    tenant: Tenant, *, url: str, key: str, report: Callable[[str], None]
+) -> None:
+    """Point the ``ticket-desk`` connector at the desk ``up`` started.
+
+    Written with the ORM: connectors have no service yet (operators edit them in
+    the admin), and the desk's port may differ from run to run.
+    """
+    _, created = Connector.objects.update_or_create(
+        tenant=tenant,
+        target=TICKETDESK_TARGET,
+        defaults={"base_url": url, "signing_key": key},
+    )
+    report(
+        f"{'created' if created else 'updated'} connector {TICKETDESK_TARGET!r} "
+        f"-> {url}"
+    )
 
 
 def _user_set(
@@ -88,7 +189,30 @@ def _user_set(
 
 
 class Command(BaseCommand):
-    help = "Create or refresh the demo tenant, users and agent (development only)."
+    help = (
+        "Create or refresh the demo tenant, users, agent, customer-issue contract and "
+        "ticket-desk connector (development only)."
+    )
 
-    def handle(self, *args: Any, **options: Any) -> None:
-        seed(report=lambda line: self.stdout.write(f"seed_demo: {line}"))
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--ticketdesk-url",
+            default=ticketdesk_default_url(),
+            help="where the ticket-desk connector calls (default: "
+            "http://127.0.0.1:$PORTAL_TICKETDESK_PORT, port 8100, as `up` runs it)",
+        )
+        parser.add_argument(
+            "--ticketdesk-key",
+            default=TICKETDESK_DEMO_KEY,
+            help="the desk's credential signing key (default: the demo key `up` "
+            "gives the desk)",
+        )
+
+    def handle(
+        self, *args: Any, ticketdesk_url: str, ticketdesk_key: str, **options: Any
+    ) -> None:
+        seed(
+            report=lambda line: self.stdout.write(f"seed_demo: {line}"),
+            ticketdesk_url=ticketdesk_url,
+            ticketdesk_key=ticketdesk_key,
+        )

@@ -1,25 +1,30 @@
 """``manage.py up``: the whole portal on one machine, in one terminal.
 
-Starts the embedded PostgreSQL (when DATABASE_URL is unset), migrates, collects
-static files, seeds the demo data, then runs gunicorn, a Celery worker and Celery
-beat as child processes. Ctrl-C (or SIGTERM) stops them all, the database last. If
-any of them exits, the others are stopped and ``up`` exits non-zero. Every child
-also gets a parent-death signal, so even a SIGKILLed ``up`` leaves nothing behind.
+Starts the embedded PostgreSQL (when DATABASE_URL is unset) and the demo ticket
+desk (``python -m ticketdesk``, the remote system the example agent's tickets land
+in), migrates, collects static files, seeds the demo data, then runs gunicorn, a
+Celery worker and Celery beat as child processes. Ctrl-C (or SIGTERM) stops them all,
+the database last. If any of them exits, the others are stopped and ``up`` exits
+non-zero. Every child also gets a parent-death signal, so even a SIGKILLed ``up``
+leaves nothing behind.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import queue
+import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any, Final
+from typing import IO, Any, Final
 
 from django.conf import settings
 from django.core.management import call_command
@@ -28,11 +33,16 @@ from django.db import connections
 
 from portal import embedded_db
 
-from .seed_demo import USERS, seed
+from .seed_demo import TICKETDESK_DEMO_KEY, USERS, seed, ticketdesk_port
 
 STOP_TIMEOUT: Final = 20.0
 WEB_START_TIMEOUT: Final = 60.0
+TICKETDESK_START_TIMEOUT: Final = 15.0
 _POLL_SECONDS: Final = 0.5
+# The one line the desk prints to stdout once its socket listens (ticketdesk/README).
+_TICKETDESK_LISTENING: Final = re.compile(
+    r"ticketdesk listening on (?P<url>http://\S+)"
+)
 
 
 class _StopRequested(BaseException):
@@ -65,6 +75,19 @@ def _accepts_connections(port: int) -> bool:
         return False
 
 
+def _pump_stdout(stream: IO[bytes], lines: queue.Queue[str | None]) -> None:
+    """Hand the child's stdout lines to ``lines``, and on to our stdout.
+
+    Drains the pipe for the child's whole life, so a full pipe never blocks it.
+    """
+    with stream:
+        for raw in stream:
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            lines.put(line)
+            print(line, flush=True)
+    lines.put(None)
+
+
 def _exit_code(returncode: int) -> int:
     # Any exit is a failure here: the children are meant to run until stopped.
     if returncode > 0:
@@ -74,8 +97,8 @@ def _exit_code(returncode: int) -> int:
 
 class Command(BaseCommand):
     help = (
-        "Start the whole portal: database, migrations, demo data, web server, Celery "
-        "worker and beat. Ctrl-C stops everything."
+        "Start the whole portal: database, demo ticket desk, migrations, demo data, "
+        "web server, Celery worker and beat. Ctrl-C stops everything."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -86,15 +109,32 @@ class Command(BaseCommand):
             help="web server port on 127.0.0.1 (default: PORTAL_PORT or 8000)",
         )
         parser.add_argument(
+            "--ticketdesk-port",
+            type=int,
+            default=ticketdesk_port(),
+            help="the demo ticket desk's port on 127.0.0.1 "
+            "(default: PORTAL_TICKETDESK_PORT or 8100)",
+        )
+        parser.add_argument(
             "--no-worker",
             action="store_true",
-            help="run the web server only, without Celery worker and beat",
+            help="run the web server (and the ticket desk) only, without Celery "
+            "worker and beat",
         )
 
-    def handle(self, *args: Any, port: int, no_worker: bool, **options: Any) -> None:
+    def handle(
+        self,
+        *args: Any,
+        port: int,
+        ticketdesk_port: int,
+        no_worker: bool,
+        **options: Any,
+    ) -> None:
         server: embedded_db.EmbeddedServer | None = None
         children: list[Child] = []
         code = 0
+        # The desk is demo equipment: production settings seed nothing that uses it.
+        demo = not settings.PRODUCTION
         previous = {
             signum: signal.signal(signum, _raise_stop)
             for signum in (signal.SIGINT, signal.SIGTERM)
@@ -105,6 +145,13 @@ class Command(BaseCommand):
                 server="the web server",
                 hint="Pass --port or set PORTAL_PORT to use another one.",
             )
+            if demo:
+                embedded_db.check_port_free(
+                    ticketdesk_port,
+                    server="the ticket desk",
+                    hint="Pass --ticketdesk-port or set PORTAL_TICKETDESK_PORT to use "
+                    "another one.",
+                )
             database_url = os.environ.get("DATABASE_URL")
             if not database_url:
                 server = embedded_db.EmbeddedServer(
@@ -114,12 +161,19 @@ class Command(BaseCommand):
                 self._say(f"starting PostgreSQL on {embedded_db.HOST}:{server.port}…")
                 server.start()
                 database_url = server.url
-            secret = self._prepare(verbosity=options["verbosity"])
+            desk_url = None
+            if demo:
+                desk_url = self._start_ticketdesk(children, port=ticketdesk_port)
+            secret = self._prepare(verbosity=options["verbosity"], desk_url=desk_url)
             self._start_children(
                 children, database_url=database_url, port=port, no_worker=no_worker
             )
             code = self._supervise(
-                children=children, server=server, port=port, secret=secret
+                children=children,
+                server=server,
+                port=port,
+                secret=secret,
+                desk_url=desk_url,
             )
         except _StopRequested as stop:
             self._say(f"{stop}: stopping…")
@@ -137,7 +191,7 @@ class Command(BaseCommand):
         if code:
             sys.exit(code)
 
-    def _prepare(self, *, verbosity: int) -> str | None:
+    def _prepare(self, *, verbosity: int, desk_url: str | None) -> str | None:
         """Migrate, collect static files, seed; return the demo agent's key."""
         self._say("applying migrations…")
         call_command("migrate", interactive=False, verbosity=verbosity)
@@ -147,10 +201,63 @@ class Command(BaseCommand):
         if settings.PRODUCTION:
             self._say("production settings: not seeding demo users")
         else:
-            secret = seed(report=lambda line: self._say(f"seed_demo: {line}"))
+            secret = seed(
+                report=lambda line: self._say(f"seed_demo: {line}"),
+                ticketdesk_url=desk_url,
+                ticketdesk_key=TICKETDESK_DEMO_KEY,
+            )
         # Idle connections would hold the embedded server open at shutdown.
         connections.close_all()
         return secret
+
+    def _start_ticketdesk(self, children: list[Child], *, port: int) -> str:
+        """Start the demo ticket desk as a child; return its URL once it listens.
+
+        Raises:
+            LaunchError: it exited or stayed silent past the start timeout.
+        """
+        command = [
+            sys.executable, "-m", "ticketdesk", "--host", embedded_db.HOST,
+            "--port", str(port),
+        ]  # fmt: skip
+        self._say(f"starting ticket desk: {' '.join(command[1:])}")
+        env = dict(os.environ)
+        # Through the environment, so the key stays off the process list.
+        env["TICKETDESK_SIGNING_KEY"] = TICKETDESK_DEMO_KEY
+        env["PYTHONUNBUFFERED"] = "1"
+        process = subprocess.Popen(  # noqa: S603 (this interpreter, fixed arguments)
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            cwd=settings.BASE_DIR,
+            env=env,
+            preexec_fn=embedded_db.die_with_parent(signal.SIGTERM),
+            process_group=0,  # as the other children: see _start_children
+        )
+        children.append(Child(name="ticket desk", process=process))
+        assert process.stdout is not None
+        lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(
+            target=_pump_stdout,
+            args=(process.stdout, lines),
+            name="ticketdesk-stdout",
+            daemon=True,
+        ).start()
+        deadline = time.monotonic() + TICKETDESK_START_TIMEOUT
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = lines.get(timeout=min(left, _POLL_SECONDS))
+            except queue.Empty:
+                continue
+            if line is None:  # stdout closed: the desk exited
+                break
+            if match := _TICKETDESK_LISTENING.fullmatch(line):
+                return match["url"]
+        raise embedded_db.LaunchError(
+            f"the ticket desk did not start on port {port} within "
+            f"{TICKETDESK_START_TIMEOUT:.0f} s (exit code {process.poll()}); its "
+            "messages are above."
+        )
 
     def _start_children(
         self, children: list[Child], *, database_url: str, port: int, no_worker: bool
@@ -206,6 +313,7 @@ class Command(BaseCommand):
         server: embedded_db.EmbeddedServer | None,
         port: int,
         secret: str | None,
+        desk_url: str | None,
     ) -> int:
         """Wait until a child or the database exits; return the exit code for up."""
         web_deadline: float | None = time.monotonic() + WEB_START_TIMEOUT
@@ -220,7 +328,9 @@ class Command(BaseCommand):
             if web_deadline is not None:
                 if _accepts_connections(port):
                     web_deadline = None
-                    self._banner(port=port, server=server, secret=secret)
+                    self._banner(
+                        port=port, server=server, secret=secret, desk_url=desk_url
+                    )
                 elif time.monotonic() > web_deadline:
                     self._say(f"the web server did not listen on port {port}; stopping")
                     return 1
@@ -249,6 +359,7 @@ class Command(BaseCommand):
         port: int,
         server: embedded_db.EmbeddedServer | None,
         secret: str | None,
+        desk_url: str | None,
     ) -> None:
         base = f"http://127.0.0.1:{port}"
         lines = [
@@ -261,10 +372,19 @@ class Command(BaseCommand):
             for username, password, role, _ in USERS:
                 lines.append(f"  Log in as:  {username} / {password}  ({role.label})")
             lines.append(f"  Agent key:  Authorization: Bearer {secret}")
+        if desk_url is not None:
+            lines.append(f"  Ticket desk: {desk_url}  (demo target 'ticket-desk')")
         if server is not None:
             lines.append(f"  Database:   {server.url} (embedded, {server.data_dir})")
+        if secret is not None and desk_url is not None:
+            lines.append(
+                "  Try:        .venv/bin/python examples/customer_issue_agent.py "
+                f"--base-url {base} --api-key {secret}"
+            )
         lines += ["Press Ctrl-C to stop everything.", ""]
         self.stdout.write("\n".join(lines))
+        # A pipe (`up | tee log`, a test) buffers stdout; the banner is needed now.
+        self.stdout.flush()
 
     def _say(self, message: str) -> None:
         self.stderr.write(f"up: {message}")

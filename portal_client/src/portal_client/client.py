@@ -23,14 +23,14 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Final, TypeVar
 from urllib.parse import parse_qs, quote, urlsplit
 
 import httpx
 
 from .errors import PortalError, PortalUnavailable, error_from_problem
-from .models import Event, ObjectVersion, Operation, Page, Task
+from .models import Event, Execution, FieldValue, ObjectVersion, Operation, Page, Task
 
 __all__ = ["PortalClient"]
 
@@ -456,6 +456,46 @@ class PortalClient:
             request_key=request_key,
         )
         return Operation.from_json(response.json())
+
+    def execute_operation(
+        self,
+        operation_id: str,
+        *,
+        lease_token: int,
+        field_values: Iterable[FieldValue | Mapping[str, Any]],
+        request_key: str | None = None,
+    ) -> Execution:
+        """Have the action gateway execute a reserved operation for you.
+
+        The gateway checks the pinned contract, the fields you read (``name``,
+        ``value``, ``source``, ``observed_at``), the target, your grant *now* and
+        the object-version fence, issues a short-lived scoped credential and calls
+        the remote system once under the operation's key. Executing the same
+        operation again reports where it stands instead of calling again.
+
+        Returns:
+            The outcome: ``verified``, ``failed``, ``unknown`` or ``conflict``.
+
+        Raises:
+            GatewayRefused: a check failed (``FieldStale``, ``VersionConflict``,
+                ...); the task is now ``human_required`` and your lease is gone.
+            LeaseExpired: your token is not the task's current one.
+            NotFound: no such operation in your tenant.
+        """
+        body = {
+            "field_values": [
+                value.as_json() if isinstance(value, FieldValue) else dict(value)
+                for value in field_values
+            ]
+        }
+        response = self._send(
+            "POST",
+            f"operations/{_segment(operation_id)}/execute",
+            body=body,
+            lease_token=lease_token,
+            request_key=request_key,
+        )
+        return Execution.from_json(response.json())
 
     # --- Events ----------------------------------------------------------------------
 

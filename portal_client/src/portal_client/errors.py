@@ -3,7 +3,8 @@
 The portal answers every error as RFC 9457 ``application/problem+json`` carrying a
 stable ``code``. The client maps that code (never the HTTP status alone, which
 several codes share) to a subclass of ``PortalError``; an unknown code raises the
-base class, so a newer server never breaks an older client.
+base class, so a newer server never breaks an older client. The action gateway's
+refusals (422, the reason code as ``code``) raise a ``GatewayRefused`` subclass.
 """
 
 from __future__ import annotations
@@ -118,6 +119,88 @@ class ContractRetired(PortalError):
     """The pinned contract version is retired; no new work may start under it."""
 
 
+class GatewayRefused(PortalError):
+    """The action gateway refused to execute; the task now waits for a person.
+
+    A refusal is not a failed request to retry: the portal has moved the task to
+    ``human_required`` (revoking your lease) and opened an escalation with the
+    evidence. Stop working the task and move on; a person takes it from here.
+
+    Attributes:
+        reason: the reason code (the problem's ``code``), e.g. ``"FIELD_STALE"``.
+        escalation_id: the escalation in the takeover queue (None if not given).
+        operation_id: the refused operation (None if not given).
+        task_state: the task's state now, ``"human_required"``.
+    """
+
+    @property
+    def reason(self) -> str:
+        return self.code
+
+    @property
+    def escalation_id(self) -> str | None:
+        return _optional_id(self.body.get("escalation_id"))
+
+    @property
+    def operation_id(self) -> str | None:
+        return _optional_id(self.body.get("operation_id"))
+
+    @property
+    def task_state(self) -> str | None:
+        value = self.body.get("task_state")
+        return None if value is None else str(value)
+
+
+class FieldRefused(GatewayRefused):
+    """A required field was missing, from the wrong source or too old."""
+
+
+class FieldMissing(FieldRefused):
+    """A field the contract requires was not sent (``FIELD_MISSING``)."""
+
+
+class FieldSourceMismatch(FieldRefused):
+    """A field came from another source than the contract names
+    (``FIELD_SOURCE_MISMATCH``)."""
+
+
+class FieldStale(FieldRefused):
+    """A field was observed longer ago than its ``max_age_s`` (``FIELD_STALE``)."""
+
+
+class GatewayContractRetired(GatewayRefused, ContractRetired):
+    """The task's pinned contract version was retired before execution."""
+
+
+class VersionConflict(GatewayRefused):
+    """The business object changed since the task read it (``VERSION_CONFLICT``)."""
+
+
+class TargetForbidden(GatewayRefused):
+    """The contract does not allow writing to that target (``TARGET_FORBIDDEN``)."""
+
+
+class PermissionRevoked(GatewayRefused):
+    """The agent's grant for the action was withdrawn (``PERMISSION_REVOKED``)."""
+
+
+class CredentialExpired(GatewayRefused):
+    """The scoped credential expired before the call (``CREDENTIAL_EXPIRED``)."""
+
+
+class ApprovalRequired(GatewayRefused):
+    """The target cannot settle doubt, so a person must approve the input once
+    (``APPROVAL_REQUIRED``)."""
+
+
+class MultipleReceipts(GatewayRefused):
+    """The remote system holds several results for one key (``MULTIPLE_RECEIPTS``)."""
+
+
+class ResultUnknown(GatewayRefused):
+    """Nobody can tell whether the call took effect (``RESULT_UNKNOWN``)."""
+
+
 class LeaseLost(Exception):
     """Raised by ``LeaseKeeper.check()``: the lease is gone, so stop the work now.
 
@@ -159,11 +242,51 @@ ERRORS_BY_CODE: Final[Mapping[str, type[PortalError]]] = {
 }
 
 
+# The gateway's refusals (422, the reason code as ``code``): the task went to a person.
+REFUSALS_BY_CODE: Final[Mapping[str, type[GatewayRefused]]] = {
+    "FIELD_MISSING": FieldMissing,
+    "FIELD_SOURCE_MISMATCH": FieldSourceMismatch,
+    "FIELD_STALE": FieldStale,
+    "CONTRACT_RETIRED": GatewayContractRetired,
+    "VERSION_CONFLICT": VersionConflict,
+    "TARGET_FORBIDDEN": TargetForbidden,
+    "PERMISSION_REVOKED": PermissionRevoked,
+    "CREDENTIAL_EXPIRED": CredentialExpired,
+    "APPROVAL_REQUIRED": ApprovalRequired,
+    "MULTIPLE_RECEIPTS": MultipleReceipts,
+    "RESULT_UNKNOWN": ResultUnknown,
+}
+_REFUSAL_STATUS: Final = 422
+
+
+def _optional_id(value: Any) -> str | None:
+    # The portal renders an absent id as null, and older builds as the text "None".
+    text = "" if value is None else str(value)
+    return text if text and text != "None" else None
+
+
+def _refusal_class(
+    status: int, code: str, body: Mapping[str, Any]
+) -> type[GatewayRefused] | None:
+    """The refusal class for a gateway refusal, or None if it is not one."""
+    if status != _REFUSAL_STATUS:
+        return None
+    handed_over = "task_state" in body or "escalation_id" in body
+    if code == "CONTRACT_RETIRED" and not handed_over:
+        # Registration refuses a retired contract with the same code and status, but
+        # nothing went to a person: that is the plain ``ContractRetired``.
+        return None
+    cls = REFUSALS_BY_CODE.get(code)
+    if cls is None and body.get("task_state") == "human_required":
+        return GatewayRefused  # a reason newer than this client
+    return cls
+
+
 def error_from_problem(status: int, body: Mapping[str, Any]) -> PortalError:
     """The typed error for a problem document; unknown codes give ``PortalError``."""
     code = str(body.get("code") or f"HTTP_{status}")
     detail = str(body.get("detail") or body.get("title") or "")
-    cls = ERRORS_BY_CODE.get(code)
+    cls = _refusal_class(status, code, body) or ERRORS_BY_CODE.get(code)
     if cls is None:
         # Infrastructure in front of the portal (a proxy's 502) sends no code.
         cls = ServerError if status >= 500 else PortalError

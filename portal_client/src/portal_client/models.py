@@ -150,6 +150,63 @@ class Operation:
 
 
 @dataclass(frozen=True, kw_only=True)
+class FieldValue:
+    """A field the agent read, with its provenance, for the gateway's field check.
+
+    The gateway refuses the action when a required field is missing, comes from
+    another ``source`` than the contract names, or was observed longer ago than the
+    contract's ``max_age_s``: send when you *read* the value, not when you send it.
+    """
+
+    name: str
+    value: Any
+    source: str
+    observed_at: dt.datetime
+
+    def __post_init__(self) -> None:
+        # A naive time would be read in the portal's zone: freshness would be off
+        # by the UTC offset, which is exactly what the stale check must not be.
+        if self.observed_at.utcoffset() is None:
+            raise ValueError("observed_at must be timezone-aware")
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "value": self.value,
+            "source": self.source,
+            "observed_at": self.observed_at.isoformat(),
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class Execution:
+    """What the gateway did with an execution request (200 answers only).
+
+    ``outcome`` is ``verified`` (``operation.provider_reference`` holds the receipt
+    id), ``failed`` (the remote system refused), ``unknown`` (in doubt: the portal's
+    recovery looks the receipt up by key; poll ``get_operation``) or ``conflict``
+    (several receipts; a person has the escalation ``escalation_id``). A refusal is
+    not an ``Execution`` but a ``GatewayRefused`` error.
+    """
+
+    outcome: str
+    reason_code: str | None
+    escalation_id: str | None
+    operation: Operation
+    raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Execution:
+        return cls(
+            outcome=str(data["outcome"]),
+            reason_code=_optional_str(data.get("reason_code")),
+            escalation_id=_optional_str(data.get("escalation_id")),
+            operation=Operation.from_json(data["operation"]),
+            raw=dict(data),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
 class Event:
     """One entry of a task's audit trail (payload already redacted by the portal)."""
 

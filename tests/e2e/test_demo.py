@@ -1,0 +1,248 @@
+"""The README's demo, for real: ``manage.py up``, then the example agent against it.
+
+``up`` runs as a subprocess on a scratch database of the test server (so the
+embedded PostgreSQL is skipped), with its own ports, filesystem broker and var/
+folder; the agent's tickets are counted by the ticket desk ``up`` started, and
+Ctrl-C (SIGINT) must end everything ``up`` started.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, LiteralString
+
+import httpx
+import psutil
+import psycopg
+import pytest
+from django.conf import settings
+from psycopg import sql
+
+from portal import embedded_db
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "examples" / "customer_issue_agent.py"
+ISSUES = 3
+READY_TIMEOUT_S = 90.0
+STOP_TIMEOUT_S = 60.0
+AGENT_KEY = re.compile(r"Agent key:\s+Authorization: Bearer (\S+)")
+DESK_URL = re.compile(r"Ticket desk:\s+(http://\S+)")
+# Whatever `up` must have started, by a word of its command line.
+CHILDREN = ("ticketdesk", "gunicorn", "celery")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _server_params() -> dict[str, Any]:
+    """How to reach the test run's PostgreSQL server (system or embedded)."""
+    db = settings.DATABASES["default"]
+    return {
+        "host": db["HOST"] or "127.0.0.1",
+        "port": int(db["PORT"] or 5432),
+        "user": db["USER"],
+        "password": db["PASSWORD"] or None,
+    }
+
+
+@pytest.fixture
+def scratch_database_url() -> Iterator[str]:
+    """A new empty database on the test server, dropped afterwards."""
+    params = _server_params()
+    name = f"portal_e2e_{secrets.token_hex(4)}"
+    with psycopg.connect(dbname="postgres", autocommit=True, **params) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    auth = params["user"] + (f":{params['password']}" if params["password"] else "")
+    try:
+        yield f"postgres://{auth}@{params['host']}:{params['port']}/{name}"
+    finally:
+        with psycopg.connect(dbname="postgres", autocommit=True, **params) as admin:
+            # FORCE: a worker killed mid-query may leave a session behind.
+            admin.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                    sql.Identifier(name)
+                )
+            )
+
+
+@dataclass
+class Up:
+    """A running ``manage.py up`` and everything it printed so far."""
+
+    process: subprocess.Popen[bytes]
+    lines: list[str] = field(default_factory=list)
+
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def search(self, pattern: re.Pattern[str]) -> str | None:
+        match = pattern.search(self.output())
+        return match[1] if match else None
+
+
+def _collect(stream: IO[bytes], lines: list[str]) -> None:
+    with stream:
+        for raw in stream:
+            lines.append(raw.decode("utf-8", "replace").rstrip("\n"))
+
+
+def _clean_env(**overrides: str) -> dict[str, str]:
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        # A proxy must not stand between the agent and 127.0.0.1; a secret key
+        # would turn on production settings, which seed nothing.
+        if "proxy" not in key.lower()
+        and key
+        not in (
+            "CELERY_BROKER_URL",
+            "PORTAL_EVENTS_BROKER_URL",
+            "DJANGO_SECRET_KEY",
+            "PORTAL_PORT",
+        )
+    }
+    env.update(overrides)
+    return env
+
+
+def _alive(process: psutil.Process) -> bool:
+    # A zombie has ended; only its parent (init, after up) has yet to reap it.
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _wait_ready(up: Up, portal: str) -> tuple[str, str]:
+    """Wait for /admin/login/ to answer 200 and the banner; its agent key and desk."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    with httpx.Client(trust_env=False, timeout=2) as http:
+        while time.monotonic() < deadline:
+            if up.process.poll() is not None:
+                pytest.fail(f"up exited with {up.process.returncode}:\n{up.output()}")
+            try:
+                ready = http.get(f"{portal}/admin/login/").status_code == 200
+            except httpx.TransportError:
+                ready = False
+            key, desk = up.search(AGENT_KEY), up.search(DESK_URL)
+            if ready and key and desk:
+                return key, desk
+            time.sleep(0.5)
+    pytest.fail(f"up was not ready in {READY_TIMEOUT_S:.0f} s:\n{up.output()}")
+
+
+def _run_agent(portal: str, key: str) -> subprocess.CompletedProcess[str]:
+    command = [
+        sys.executable, str(SCRIPT), "--base-url", portal, "--api-key", key,
+        "--issues", str(ISSUES),
+    ]  # fmt: skip
+    return subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_clean_env(),
+        cwd=REPO,
+        check=False,
+    )
+
+
+def _rows(database_url: str, query: LiteralString) -> list[tuple[Any, ...]]:
+    with psycopg.connect(database_url) as conn:
+        return conn.execute(query).fetchall()
+
+
+def test_the_readme_demo_runs_end_to_end_and_stops_cleanly(
+    scratch_database_url: str, tmp_path: Path
+) -> None:
+    # Given: the README's start command, on a scratch database and free ports.
+    port, desk_port = _free_port(), _free_port()
+    portal = f"http://127.0.0.1:{port}"
+    env = _clean_env(
+        DATABASE_URL=scratch_database_url,
+        PORTAL_TICKETDESK_PORT=str(desk_port),
+        PORTAL_VAR_DIR=str(tmp_path / "var"),
+        DJANGO_STATIC_ROOT=str(tmp_path / "static"),
+        PYTHONUNBUFFERED="1",
+    )
+    process = subprocess.Popen(
+        # The venv's interpreter: `python3 manage.py` would only re-exec into it.
+        [sys.executable, "manage.py", "up", "--port", str(port)],
+        cwd=REPO,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        # If this test process dies, up (and through it everything) goes too.
+        preexec_fn=embedded_db.die_with_parent(signal.SIGTERM),
+    )
+    up = Up(process=process)
+    assert process.stdout is not None
+    pump = threading.Thread(
+        target=_collect, args=(process.stdout, up.lines), daemon=True
+    )
+    pump.start()
+    try:
+        key, desk = _wait_ready(up, portal)
+        assert desk == f"http://127.0.0.1:{desk_port}"
+        children = psutil.Process(process.pid).children(recursive=True)
+        commands = [" ".join(child.cmdline()) for child in children]
+        for name in CHILDREN:
+            assert any(name in command for command in commands), commands
+
+        # When: the example agent runs against it, twice.
+        first = _run_agent(portal, key)
+        second = _run_agent(portal, key)
+
+        # Then: the expected demo outcome (exit 0): N-1 tickets on the desk, made
+        # once, and one issue in the takeover queue for a stale e-mail address.
+        assert first.returncode == 0, first.stdout + first.stderr
+        assert second.returncode == 0, second.stdout + second.stderr
+        effects = httpx.get(f"{desk}/_control/effects", trust_env=False).json()
+        assert effects["tickets_created"] == ISSUES - 1, effects
+        assert f"issue-{ISSUES}: handed to a person: FIELD_STALE" in first.stdout
+        assert f"issue-{ISSUES}: with a person (FIELD_STALE)" in second.stdout
+        tasks = _rows(
+            scratch_database_url,
+            "SELECT client_task_id, state, reason_code FROM tasks_task "
+            "ORDER BY client_task_id",
+        )
+        assert tasks == [
+            *[(f"issue-{n}", "succeeded", None) for n in range(1, ISSUES)],
+            (f"issue-{ISSUES}", "human_required", "FIELD_STALE"),
+        ]
+        assert _rows(
+            scratch_database_url, "SELECT reason_code FROM tasks_escalation"
+        ) == [("FIELD_STALE",)]
+
+        # When: Ctrl-C.
+        process.send_signal(signal.SIGINT)
+        returncode = process.wait(STOP_TIMEOUT_S)
+
+        # Then: up exits 0 and nothing it started is left running.
+        pump.join(10)
+        assert returncode == 0, up.output()
+        deadline = time.monotonic() + 10
+        while (left := [c for c in children if _alive(c)]) and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(0.2)
+        assert not left, [" ".join(child.cmdline()) for child in left]
+    finally:
+        if process.poll() is None:
+            process.kill()  # its children follow by their parent-death signal
+            process.wait()
