@@ -46,6 +46,8 @@ class EventCode(models.TextChoices):
     TASK_HUMAN_CLAIMED = "task.human_claimed"
     TASK_HUMAN_RELEASED = "task.human_released"
     TASK_RESOLVED = "task.resolved"
+    TASK_LEASE_EXPIRED = "task.lease_expired"
+    TASK_WOKEN = "task.woken"
 
 
 class Event(models.Model):

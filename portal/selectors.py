@@ -75,3 +75,17 @@ def agent_may(
     return AgentGrant.objects.filter(
         tenant=tenant, agent_id=agent_id, action=action, target__in=[target, "*"]
     ).exists()
+
+
+def tenant_for_person(
+    *, user: AbstractBaseUser | AnonymousUser, slug: str, roles: tuple[Role, ...]
+) -> Tenant:
+    """A live tenant in which the user holds one of ``roles``.
+
+    Raises:
+        TenantNotFound: no such tenant, or the user holds none of the roles there.
+    """
+    tenant = tenants_of(user=user, roles=roles).filter(slug=slug).first()
+    if tenant is None:
+        raise TenantNotFound(slug=slug)
+    return tenant

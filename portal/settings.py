@@ -182,6 +182,8 @@ CELERY_TASK_SOFT_TIME_LIMIT = 60
 CELERY_TASK_TIME_LIMIT = 90
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BEAT_SCHEDULE: dict[str, Any] = {
+    "reap-leases": {"task": "tasks.jobs.reap_leases_job", "schedule": 5.0},
+    "wake-tasks": {"task": "tasks.jobs.wake_tasks_job", "schedule": 5.0},
     "check-receipts": {
         "task": "tasks.jobs.check_receipts_job",
         "schedule": 10.0,

@@ -34,6 +34,23 @@ api_v1 = [
     path(
         "operations/<uuid:operation_id>/execute", task_api.OperationExecuteApi.as_view()
     ),
+    path("contracts", task_api.ContractCollectionApi.as_view()),
+    path(
+        "contracts/<slug:key>/versions/<int:version>",
+        task_api.ContractDetailApi.as_view(),
+    ),
+    path(
+        "tenants/<slug:tenant_slug>/contracts",
+        task_api.TenantContractCreateApi.as_view(),
+    ),
+    path(
+        "tenants/<slug:tenant_slug>/contracts/<slug:key>/versions/<int:version>/publish",
+        task_api.TenantContractPublishApi.as_view(),
+    ),
+    path(
+        "tenants/<slug:tenant_slug>/contracts/<slug:key>/versions/<int:version>/retire",
+        task_api.TenantContractRetireApi.as_view(),
+    ),
     path("takeover/queue", task_api.TakeoverQueueApi.as_view()),
     path("takeover/tasks/<uuid:task_id>/claim", task_api.TakeoverClaimApi.as_view()),
     path(

@@ -23,9 +23,11 @@ from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from portal import selectors as portal_selectors
 from portal.api import LEASE_TOKEN_HEADER, AgentApi, StaffApi, problem_responses
 from portal.codes import ReasonCode
 from portal.exceptions import PortalError
+from portal.models import Role
 
 from . import gateway, selectors, services, takeover
 from .models import ObjectVersion, OperationState, Task, TaskState
@@ -737,3 +739,99 @@ class TakeoverResolveApi(StaffApi):
             task=task, user=request.user, trace=self.trace, **data
         )
         return Response(TaskOutputSerializer(outcome.task).data)
+
+
+# --- Contracts -----------------------------------------------------------------------
+
+
+class ContractOutputSerializer(serializers.Serializer):
+    key = serializers.CharField()
+    version = serializers.IntegerField()
+    status = serializers.CharField()
+    spec = serializers.JSONField()
+    created_at = serializers.DateTimeField()
+    published_at = serializers.DateTimeField(allow_null=True)
+    retired_at = serializers.DateTimeField(allow_null=True)
+
+
+class ContractCollectionApi(AgentApi):
+    @extend_schema_serializer(component_name="ContractListFilter")
+    class FilterSerializer(serializers.Serializer):
+        key = serializers.CharField(max_length=100, required=False)
+
+    @extend_schema(
+        operation_id="contracts_list",
+        parameters=[FilterSerializer],
+        responses={200: ContractOutputSerializer(many=True), **problem_responses()},
+        description="Your tenant's field contracts, every version. Agents read them; "
+        "only tenant administrators change them (the /tenants/… endpoints).",
+    )
+    def get(self, request: Request) -> Response:
+        filters = self.validated(self.FilterSerializer, request.query_params)
+        contracts = selectors.contract_list(tenant=self.tenant, **filters)
+        return Response(ContractOutputSerializer(contracts, many=True).data)
+
+
+class ContractDetailApi(AgentApi):
+    @extend_schema(
+        operation_id="contracts_get",
+        responses={200: ContractOutputSerializer, **problem_responses(404)},
+    )
+    def get(self, request: Request, key: str, version: int) -> Response:
+        contract = selectors.contract_get(tenant=self.tenant, key=key, version=version)
+        return Response(ContractOutputSerializer(contract).data)
+
+
+class TenantContractCreateApi(StaffApi):
+    @extend_schema_serializer(component_name="ContractCreateInput")
+    class InputSerializer(serializers.Serializer):
+        key = serializers.SlugField(max_length=100)
+        spec = serializers.JSONField(help_text="Validated against the contract schema.")
+        publish = serializers.BooleanField(default=False)
+
+    @extend_schema(
+        operation_id="tenant_contracts_create",
+        request=InputSerializer,
+        responses={201: ContractOutputSerializer, **problem_responses(403, 404)},
+        description="Create the next version of a contract (tenant administrators). "
+        "400 CONTRACT_INVALID lists every problem with its JSON path.",
+    )
+    def post(self, request: Request, tenant_slug: str) -> Response:
+        data = self.validated(self.InputSerializer, request.data)
+        tenant = portal_selectors.tenant_for_person(
+            user=request.user, slug=tenant_slug, roles=(Role.ADMIN,)
+        )
+        contract = services.contract_create(tenant=tenant, **data)
+        return Response(ContractOutputSerializer(contract).data, status=201)
+
+
+class TenantContractStatusApi(StaffApi):
+    """Publish or retire a version; ``action`` comes from the URL."""
+
+    action_name: str = ""
+
+    @extend_schema(
+        request=None,
+        responses={200: ContractOutputSerializer, **problem_responses(403, 404, 409)},
+    )
+    def post(
+        self, request: Request, tenant_slug: str, key: str, version: int
+    ) -> Response:
+        tenant = portal_selectors.tenant_for_person(
+            user=request.user, slug=tenant_slug, roles=(Role.ADMIN,)
+        )
+        change = (
+            services.contract_publish
+            if self.action_name == "publish"
+            else services.contract_retire
+        )
+        contract = change(tenant=tenant, key=key, version=version)
+        return Response(ContractOutputSerializer(contract).data)
+
+
+class TenantContractPublishApi(TenantContractStatusApi):
+    action_name = "publish"
+
+
+class TenantContractRetireApi(TenantContractStatusApi):
+    action_name = "retire"

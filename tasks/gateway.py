@@ -314,6 +314,49 @@ def _plan(operation: Operation, task: Task) -> dict[str, Any]:
     }
 
 
+def _refuse(
+    *,
+    tenant: Tenant,
+    task: Task,
+    operation: Operation,
+    reason: ReasonCode,
+    check: str,
+    actor: Actor,
+    trace: Trace,
+    contract: Contract | None,
+    **evidence: Any,
+) -> _Refused:
+    """Write the failed check's verdict, hand the task to a person, report it."""
+    _checked(
+        tenant=tenant,
+        operation=operation,
+        check=check,
+        reason=reason,
+        actor=actor,
+        trace=trace,
+        contract=contract,
+        **evidence,
+    )
+    record = escalate(
+        tenant=tenant,
+        task=task,
+        operation=operation,
+        reason=reason,
+        evidence={"plan": _plan(operation, task), **evidence},
+        actor=actor,
+        trace=trace,
+    )
+    operation.refresh_from_db()
+    return _Refused(
+        result=GatewayResult(
+            outcome="refused",
+            operation=operation,
+            reason=reason,
+            escalation_id=record.pk,
+        )
+    )
+
+
 @transaction.atomic(durable=True)
 def _authorize(
     *,
@@ -364,25 +407,7 @@ def _authorize(
     }
 
     def refuse(reason: ReasonCode, check: str, **evidence: Any) -> _Refused:
-        _checked(check=check, reason=reason, **context, **evidence)
-        record = escalate(
-            tenant=tenant,
-            task=task,
-            operation=operation,
-            reason=reason,
-            evidence={"plan": _plan(operation, task), **evidence},
-            actor=actor,
-            trace=trace,
-        )
-        operation.refresh_from_db()
-        return _Refused(
-            result=GatewayResult(
-                outcome="refused",
-                operation=operation,
-                reason=reason,
-                escalation_id=record.pk,
-            )
-        )
+        return _refuse(task=task, reason=reason, check=check, **context, **evidence)
 
     # 1. Contract still in force.
     if contract.status == ContractStatus.RETIRED:
@@ -612,33 +637,16 @@ def _begin_call(
     if problem is not None:
         reason, check, evidence = problem
         operation.refresh_from_db()
-        _checked(
-            tenant=tenant,
-            operation=operation,
-            check=check,
-            reason=reason,
-            actor=actor,
-            trace=trace,
-            contract=None,
-            **evidence,
-        )
-        record = escalate(
+        return _refuse(
             tenant=tenant,
             task=task,
             operation=operation,
             reason=reason,
-            evidence={"plan": _plan(operation, task), **evidence},
+            check=check,
             actor=actor,
             trace=trace,
-        )
-        operation.refresh_from_db()
-        return _Refused(
-            result=GatewayResult(
-                outcome="refused",
-                operation=operation,
-                reason=reason,
-                escalation_id=record.pk,
-            )
+            contract=None,
+            **evidence,
         )
     _checked(
         tenant=tenant,

@@ -8,7 +8,7 @@ from celery import shared_task
 
 from portal import selectors as portal_selectors
 
-from . import gateway
+from . import gateway, services
 
 logger = logging.getLogger(__name__)
 
@@ -30,3 +30,27 @@ def check_receipts_job(*, limit: int = 100) -> int:
             continue
         looked += 1
     return looked
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def reap_leases_job() -> int:
+    """Take back lapsed leases, batch by batch, until none is left (or 10 batches)."""
+    total = 0
+    for _ in range(10):
+        reaped = services.unscoped_leases_reap()
+        total += reaped
+        if reaped < 200:
+            break
+    return total
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def wake_tasks_job() -> int:
+    """Wake waiting tasks whose time has come, batch by batch (at most 10 batches)."""
+    total = 0
+    for _ in range(10):
+        woken = services.unscoped_waiting_tasks_wake()
+        total += woken
+        if woken < 200:
+            break
+    return total

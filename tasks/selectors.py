@@ -114,3 +114,11 @@ def object_version_get(
         raise ObjectVersionNotFound(
             object_type=object_type, object_id=object_id
         ) from None
+
+
+def contract_list(*, tenant: Tenant, key: str | None = None) -> QuerySet[Contract]:
+    """The tenant's contract versions, by key then version."""
+    contracts = Contract.objects.filter(tenant=tenant)
+    if key is not None:
+        contracts = contracts.filter(key=key)
+    return contracts.order_by("key", "version")

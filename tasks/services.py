@@ -963,7 +963,7 @@ def contract_create(
     """
     contract_spec_validate(spec)
     latest = Contract.objects.filter(tenant=tenant, key=key).aggregate(v=Max("version"))
-    return Contract.objects.create(
+    contract = Contract.objects.create(
         tenant=tenant,
         key=key,
         version=(latest["v"] or 0) + 1,
@@ -971,6 +971,8 @@ def contract_create(
         status=ContractStatus.PUBLISHED if publish else ContractStatus.DRAFT,
         published_at=Now() if publish else None,
     )
+    contract.refresh_from_db()  # published_at was a database expression
+    return contract
 
 
 @portal_db.translate_integrity_errors
@@ -1022,3 +1024,112 @@ def object_version_record(
     )
     record.refresh_from_db(fields=["updated_at"])
     return record
+
+
+# --- Housekeeping: lease reaper and wake-up (run by Celery beat) --------------------
+
+_REAP = f"""
+WITH lapsed AS (
+    SELECT id FROM tasks_task
+    WHERE lease_owner IS NOT NULL AND lease_expires_at <= app_now()
+      AND state IN ('pending', 'running', 'waiting', 'human_claimed')
+    ORDER BY lease_expires_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE tasks_task AS t SET
+    state = CASE t.state WHEN 'running' THEN 'pending'
+                         WHEN 'human_claimed' THEN 'human_required'
+                         ELSE t.state END,
+    state_version = t.state_version
+        + (t.state IN ('running', 'human_claimed'))::int,
+    reason_code = CASE WHEN t.state IN ('running', 'human_claimed')
+                       THEN 'LEASE_EXPIRED' ELSE t.reason_code END,
+    lease_owner = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
+    updated_at = statement_timestamp()
+FROM lapsed, tasks_task AS old
+WHERE t.id = lapsed.id AND old.id = t.id
+RETURNING old.state, old.lease_owner, {_TASK_COLUMNS}
+"""
+
+
+@portal_db.translate_integrity_errors
+@transaction.atomic(durable=True)
+def unscoped_leases_reap(*, limit: int = 200) -> int:
+    """Take back lapsed leases, across tenants: one batch, one transaction.
+
+    A running task returns to ``pending`` (reason ``LEASE_EXPIRED``) for another
+    worker; a person's lapsed claim returns to the queue. Operations the lost holder
+    left ``executing`` are made due for recovery now: whether their call happened is
+    for the receipt lookup to say, never for a new call. Safe on several workers at
+    once (``SKIP LOCKED``); the fencing token is untouched, so the old holder stays
+    fenced out by expiry and the next holder's acquisition raises it.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(_REAP, {"limit": limit})
+        rows = cursor.fetchall()
+    actor = Actor.system("lease-reaper")
+    for row in rows:
+        previous_state, previous_owner, task = row[0], row[1], _task(row[2:])
+        Operation.objects.filter(
+            tenant_id=task.tenant_id, task_id=task.pk, state=OperationState.EXECUTING
+        ).update(next_check_at=Now())
+        audit_services.event_append(
+            tenant_id=task.tenant_id,
+            code=EventCode.TASK_LEASE_EXPIRED,
+            actor=actor,
+            task_id=task.pk,
+            reason=ReasonCode.LEASE_EXPIRED,
+            data={
+                "from": previous_state,
+                "to": task.state,
+                "owner": previous_owner,
+                "lease_token": task.lease_token,
+            },
+        )
+    return len(rows)
+
+
+_WAKE = f"""
+WITH due AS (
+    SELECT id FROM tasks_task
+    WHERE state = 'waiting' AND wake_at <= app_now()
+    ORDER BY wake_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE tasks_task AS t SET
+    state = 'pending', state_version = t.state_version + 1, wake_at = NULL,
+    lease_owner = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
+    updated_at = statement_timestamp()
+FROM due
+WHERE t.id = due.id
+RETURNING {_TASK_COLUMNS}
+"""
+
+
+@portal_db.translate_integrity_errors
+@transaction.atomic(durable=True)
+def unscoped_waiting_tasks_wake(*, limit: int = 200) -> int:
+    """Move waiting tasks whose ``wake_at`` is due back to ``pending``, across tenants.
+
+    One batch in one transaction; safe on several workers at once (``SKIP LOCKED``).
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(_WAKE, {"limit": limit})
+        rows = cursor.fetchall()
+    actor = Actor.system("wake-up")
+    for row in rows:
+        task = _task(row)
+        audit_services.event_append(
+            tenant_id=task.tenant_id,
+            code=EventCode.TASK_WOKEN,
+            actor=actor,
+            task_id=task.pk,
+            data={
+                "from": "waiting",
+                "to": "pending",
+                "state_version": task.state_version,
+            },
+        )
+    return len(rows)

@@ -42,7 +42,8 @@ def test_the_schema_validates_without_warnings(tmp_path: Path):
         problem = spec["responses"]["401"]["content"]
         assert list(problem) == ["application/problem+json"], (method, path)
         # Agents use their key; the takeover endpoints are for people (session).
-        scheme = "cookieAuth" if "/takeover/" in path else "agentKey"
+        for_people = "/takeover/" in path or "/tenants/" in path
+        scheme = "cookieAuth" if for_people else "agentKey"
         assert spec["security"] == [{scheme: []}], (method, path)
         if "{" in path and method != "put":  # PUT object-versions is an upsert
             assert "404" in spec["responses"], (method, path)

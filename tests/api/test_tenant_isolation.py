@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 
 from portal.urls import api_v1
+from tasks import services as task_services
+from tests.gateway.conftest import SPEC
 from tests.support.tenancy import tenant_fingerprint
 
 from .conftest import REGISTRATION, AgentClient, register_and_claim
@@ -45,6 +47,7 @@ BODIES: dict[tuple[str, str], Any] = {
 }
 # Routes without an id of another tenant in them, checked separately below.
 COLLECTIONS = {
+    "contracts",
     "tasks",
     "tasks/claim-next",
     "object-versions/<str:object_type>/<str:object_id>",
@@ -55,8 +58,8 @@ def routes_with_ids() -> list[tuple[str, str]]:
     cases = []
     for pattern in api_v1:
         route = str(pattern.pattern)
-        if route in COLLECTIONS or route.startswith("takeover/"):
-            continue  # takeover routes are for people: tests/api/test_takeover_api.py
+        if route in COLLECTIONS or route.startswith(("takeover/", "tenants/")):
+            continue  # routes for people: tests/api/test_takeover_api.py, test_contracts
         view = pattern.callback.view_class  # type: ignore[attr-defined]
         for method in ("get", "post", "put", "delete"):
             if hasattr(view, method):
@@ -79,11 +82,16 @@ def victim(other_api: AgentClient) -> dict[str, Any]:
         **{"Lease-Token": str(task["lease"]["token"])},
     ).json()
     other_api.put("/api/v1/object-versions/customer_issue/1042", {"version": "9"})
+    task_services.contract_create(
+        tenant=other_api.tenant, key="victim-contract", spec=SPEC, publish=True
+    )
     return {
         "task_id": task["id"],
         "operation_id": operation["id"],
         "token": task["lease"]["token"],
         "tenant": other_api.tenant,
+        "key": "victim-contract",
+        "version": "1",
     }
 
 
@@ -101,7 +109,7 @@ def _call(api: AgentClient, route: str, method: str, ids: dict[str, str], token:
 
 def _masked(response, ids: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     body = {k: v for k, v in response.json().items() if k != "trace_id"}
-    own = {str(ids["task_id"]), str(ids["operation_id"])}
+    own = {str(ids["task_id"]), str(ids["operation_id"]), ids["key"]}
     return response.status_code, {k: "ID" if v in own else v for k, v in body.items()}
 
 
@@ -115,7 +123,12 @@ def test_every_id_route_is_in_the_matrix():
 def test_another_tenants_id_answers_like_a_missing_one(api, victim, route, method):
     before = tenant_fingerprint(victim["tenant"].pk)
     foreign = _call(api, route, method, victim, victim["token"])
-    missing_ids = {"task_id": str(uuid.uuid4()), "operation_id": str(uuid.uuid4())}
+    missing_ids = {
+        "task_id": str(uuid.uuid4()),
+        "operation_id": str(uuid.uuid4()),
+        "key": "no-such-contract",
+        "version": "1",
+    }
     missing = _call(api, route, method, missing_ids, victim["token"])
     assert foreign.status_code == 404, foreign.content
     assert foreign.json()["code"] == "NOT_FOUND"

@@ -82,3 +82,37 @@ def test_a_connector_signing_key_is_never_shown(staff_client, tenant):
     page = staff_client.get(f"/admin/tasks/connector/{connector.pk}/change/")
     assert page.status_code == 200
     assert b"a-very-secret-signing-key" not in page.content
+
+
+def test_a_contract_version_is_added_validated_and_published_from_the_admin(
+    staff_client, tenant
+):
+    import json
+
+    from tasks.models import Contract
+    from tests.gateway.conftest import SPEC
+
+    bad = staff_client.post(
+        "/admin/tasks/contract/add/",
+        {"tenant": str(tenant.pk), "key": "ci", "spec": json.dumps({"nope": 1})},
+    )
+    assert bad.status_code == 200  # the form again, with the problems listed
+    assert b"required property" in bad.content
+    assert not Contract.objects.exists()
+    good = staff_client.post(
+        "/admin/tasks/contract/add/",
+        {"tenant": str(tenant.pk), "key": "ci", "spec": json.dumps(SPEC)},
+    )
+    assert good.status_code == 302
+    contract = Contract.objects.get()
+    assert (contract.version, contract.status) == (1, "draft")
+    staff_client.post(
+        "/admin/tasks/contract/",
+        {"action": "publish_versions", "_selected_action": [str(contract.pk)]},
+    )
+    contract.refresh_from_db()
+    assert contract.status == "published"
+    assert (
+        staff_client.get(f"/admin/tasks/contract/{contract.pk}/change/").status_code
+        == 200
+    )
