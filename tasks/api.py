@@ -6,6 +6,7 @@ R11). The tenant always comes from the agent's key.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.utils.decorators import method_decorator
@@ -29,8 +30,10 @@ from portal.codes import ReasonCode
 from portal.exceptions import PortalError
 from portal.models import Role
 
-from . import gateway, selectors, services, takeover
+from . import gateway, jobs, selectors, services, takeover
 from .models import ObjectVersion, OperationState, Task, TaskState
+
+logger = logging.getLogger(__name__)
 
 # --- Output ---------------------------------------------------------------------------
 
@@ -581,11 +584,36 @@ class FieldValueSerializer(serializers.Serializer):
 
 class ExecutionOutputSerializer(serializers.Serializer):
     outcome = serializers.ChoiceField(
-        choices=["verified", "failed", "unknown", "conflict", "refused"]
+        choices=["verified", "failed", "unknown", "conflict", "refused", "queued"]
     )
     reason_code = serializers.CharField(allow_null=True)
     escalation_id = serializers.UUIDField(allow_null=True)
     operation = OperationOutputSerializer()
+
+
+PREFER_HEADER = OpenApiParameter(
+    "Prefer",
+    OpenApiTypes.STR,
+    OpenApiParameter.HEADER,
+    required=False,
+    description="respond-async: run the checks now (their verdict commits), answer "
+    "202 with outcome 'queued', and let a worker make the call; poll the operation.",
+)
+
+
+def _enqueue_run(*, tenant_id: Any, operation_id: Any) -> None:
+    """Nudge a worker. If the broker is down the authorisation is still committed:
+    the settle job starts the call after a grace period."""
+    try:
+        jobs.run_operation_job.delay(
+            tenant_id=str(tenant_id), operation_id=str(operation_id)
+        )
+    except Exception:  # the database, not the broker, holds the pending work
+        logger.warning(
+            "could not enqueue operation %s; the settle job will run it",
+            operation_id,
+            exc_info=True,
+        )
 
 
 class OperationExecuteApi(AgentApi):
@@ -602,9 +630,10 @@ class OperationExecuteApi(AgentApi):
         request=InputSerializer,
         responses={
             200: ExecutionOutputSerializer,
+            202: ExecutionOutputSerializer,
             **problem_responses(404, 409, 422, post=True),
         },
-        parameters=[LEASE_HEADER, *POST_HEADERS],
+        parameters=[LEASE_HEADER, PREFER_HEADER, *POST_HEADERS],
         description="Execute through the gateway: contract, fields (value, source, "
         "observed_at), target, permission now, object-version fence, short-lived "
         "credential, then one call under the operation's key. 200 with the outcome "
@@ -614,7 +643,9 @@ class OperationExecuteApi(AgentApi):
     )
     def post(self, request: Request, operation_id: Any) -> Response:
         data = self.validated(self.InputSerializer, request.data)
+        queue = "respond-async" in request.headers.get("Prefer", "").lower()
         result = gateway.operation_execute(
+            queue=queue,
             tenant=self.tenant,
             operation_id=operation_id,
             lease_token=self.lease_token(request),
@@ -628,15 +659,18 @@ class OperationExecuteApi(AgentApi):
                 escalation_id=str(result.escalation_id),
                 task_state="human_required",
             )
+        if result.outcome == "queued":
+            _enqueue_run(tenant_id=self.tenant.pk, operation_id=result.operation.pk)
         return Response(
-            ExecutionOutputSerializer(
+            status=202 if result.outcome == "queued" else 200,
+            data=ExecutionOutputSerializer(
                 {
                     "outcome": result.outcome,
                     "reason_code": result.reason,
                     "escalation_id": result.escalation_id,
                     "operation": result.operation,
                 }
-            ).data
+            ).data,
         )
 
 

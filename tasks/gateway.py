@@ -37,7 +37,7 @@ from audit.models import EventCode
 from audit.redaction import redact_payload
 from portal import db as portal_db
 from portal import selectors as portal_selectors
-from portal.actors import Actor
+from portal.actors import Actor, ActorType
 from portal.codes import ReasonCode
 from portal.exceptions import LeaseExpired, ValidationFailed
 from portal.models import Tenant
@@ -59,15 +59,18 @@ from .models import (
     Operation,
     OperationState,
     Task,
+    TaskState,
 )
 
 TestHook = Callable[[str], None]
-Outcome = Literal["verified", "failed", "unknown", "conflict", "refused"]
+Outcome = Literal["verified", "failed", "unknown", "conflict", "refused", "queued"]
 
 SYSTEM: Final = Actor.system("gateway")
 # A future observed_at beyond this is a clock or provenance problem, not freshness.
 MAX_CLOCK_SKEW: Final = dt.timedelta(minutes=5)
 LOOKUP_CREDENTIAL_TTL_S: Final = 60
+# How long a queued execution may wait for its worker before the settle job runs it.
+QUEUED_GRACE_S: Final = 30
 
 
 class ContractRequired(ValidationFailed):
@@ -362,23 +365,39 @@ def _authorize(
     *,
     tenant: Tenant,
     operation_id: uuid.UUID,
-    lease_token: int,
+    lease_token: int | None,
     fields: Sequence[FieldValue],
     actor: Actor,
     trace: Trace,
+    queue: bool = False,
 ) -> _Authorized | _Refused | GatewayResult:
+    """Run the checks. ``lease_token``: an agent, now. None: a queued run, fenced by
+    the token recorded when it was queued. ``queue``: record the authorisation for a
+    worker instead of issuing a credential for an immediate call."""
     locked = _lock(tenant=tenant, operation_id=operation_id)
     if locked is None:
         raise OperationNotFound(operation_id=str(operation_id))
     task, operation = locked
     now = _db_now()
-    if (
+    if lease_token is not None and (
         task.lease_token != lease_token
         or task.lease_owner is None
         or task.lease_expires_at is None
         or task.lease_expires_at <= now
     ):
         raise LeaseExpired(operation_id=str(operation_id), lease_token=lease_token)
+    if lease_token is None and (
+        operation.authorized_token is None
+        or task.lease_token != operation.authorized_token
+        or task.state not in (TaskState.PENDING, TaskState.RUNNING, TaskState.WAITING)
+    ):
+        # Taken over (a person, or another worker) since it was queued: whoever
+        # holds the task now decides; this run does nothing.
+        return GatewayResult(
+            outcome=_outcome_of(operation),
+            operation=operation,
+            reason=ReasonCode.LEASE_EXPIRED,
+        )
     if operation.state in (
         OperationState.VERIFIED,
         OperationState.FAILED,
@@ -485,6 +504,23 @@ def _authorize(
         Operation.objects.filter(pk=operation.pk).update(
             call_fields=operation.call_fields
         )
+    if queue:
+        Operation.objects.filter(pk=operation.pk).update(
+            authorized_at=now,
+            authorized_token=task.lease_token,
+            field_provenance=[
+                {
+                    "name": f.name,
+                    "source": f.source,
+                    "observed_at": f.observed_at.isoformat(),
+                }
+                for f in fields
+            ],
+            # If the worker's message is lost, the settle job starts it after this.
+            next_check_at=now + dt.timedelta(seconds=QUEUED_GRACE_S),
+        )
+        operation.refresh_from_db()
+        return GatewayResult(outcome="queued", operation=operation)
     token, credential = _issue_credential(
         tenant=tenant,
         task=task,
@@ -868,6 +904,7 @@ def operation_execute(
     fields: Sequence[FieldValue],
     actor: Actor,
     trace: Trace = NO_TRACE,
+    queue: bool = False,
     _test_hook: TestHook = _no_hook,
 ) -> GatewayResult:
     """Check, call at most once per key, and record; or hand the task to a person.
@@ -876,6 +913,9 @@ def operation_execute(
     verdicts committed; no transaction is open during the call; the call carries the
     operation's own idempotency key, on retries too. Calling this again for the same
     operation reports where it stands instead of calling again.
+
+    With ``queue``, the checks run now and their verdict commits (outcome
+    ``queued``); ``operation_run_queued`` on a worker makes the call later.
 
     Raises:
         OperationNotFound: no such operation in the tenant.
@@ -890,12 +930,89 @@ def operation_execute(
         fields=fields,
         actor=actor,
         trace=trace,
+        queue=queue,
     )
+    return _run(
+        tenant=tenant,
+        plan=plan,
+        lease_token=lease_token,
+        actor=actor,
+        trace=trace,
+        hook=_test_hook,
+    )
+
+
+def operation_run_queued(
+    *,
+    tenant: Tenant,
+    operation_id: uuid.UUID,
+    trace: Trace = NO_TRACE,
+    _test_hook: TestHook = _no_hook,
+) -> GatewayResult:
+    """Make the call of an execution that was queued, on a worker; safe to repeat.
+
+    Everything time can change is checked again first: the contract, the fields'
+    age (from the recorded provenance), the target, the agent's grant, the object
+    version, and that nobody took the task over since it was queued. A second run of
+    the same message finds the operation no longer ``reserved`` and does nothing;
+    a run killed after the call is settled by the receipt lookup, never by a call.
+    """
+    portal_db.forbid_transaction("the gateway calls the remote system")
+    operation = Operation.objects.get(tenant=tenant, pk=operation_id)
+    if operation.state != OperationState.RESERVED or operation.authorized_at is None:
+        return GatewayResult(
+            outcome=_outcome_of(operation),
+            operation=operation,
+            reason=operation.reason_code,
+        )
+    values = operation.call_fields or {}
+    fields = [
+        FieldValue(
+            name=item["name"],
+            value=values.get(item["name"]),
+            source=item["source"],
+            observed_at=dt.datetime.fromisoformat(item["observed_at"]),
+        )
+        for item in operation.field_provenance or []
+    ]
+    actor = (
+        Actor(type=ActorType.AGENT, id=str(operation.agent_id))
+        if operation.agent_id
+        else SYSTEM
+    )
+    plan = _authorize(
+        tenant=tenant,
+        operation_id=operation_id,
+        lease_token=None,
+        fields=fields,
+        actor=actor,
+        trace=trace,
+    )
+    return _run(
+        tenant=tenant,
+        plan=plan,
+        lease_token=None,
+        actor=actor,
+        trace=trace,
+        hook=_test_hook,
+    )
+
+
+def _run(
+    *,
+    tenant: Tenant,
+    plan: _Authorized | _Refused | GatewayResult,
+    lease_token: int | None,
+    actor: Actor,
+    trace: Trace,
+    hook: TestHook,
+) -> GatewayResult:
+    """After the checks: the last-moment checks, the call, the verdict, one look."""
     if isinstance(plan, GatewayResult):
         return plan
     if isinstance(plan, _Refused):
         return plan.result
-    _test_hook("before_call")
+    hook("before_call")
     started = _begin_call(
         tenant=tenant,
         authorized=plan,
@@ -911,13 +1028,13 @@ def operation_execute(
         operation=started,
         actor=actor,
         trace=trace,
-        hook=_test_hook,
+        hook=hook,
     )
     if (
         operation.state == OperationState.UNKNOWN
         and operation.next_check_at is not None
     ):
-        # One look right away; the receipt-check job keeps looking after that.
+        # One look right away; the settle job keeps looking after that.
         recovered = operation_recover(
             tenant=tenant, operation_id=operation.pk, trace=trace
         )
@@ -1214,18 +1331,24 @@ def _recovery_decide(
     )
 
 
-def unscoped_operations_due(*, limit: int = 100) -> list[tuple[uuid.UUID, uuid.UUID]]:
-    """(tenant id, operation id) of operations whose recovery look is due, oldest first.
+def unscoped_operations_due(
+    *, limit: int = 100
+) -> list[tuple[uuid.UUID, uuid.UUID, str]]:
+    """(tenant id, operation id, state) of operations due to be settled, oldest first:
+    in doubt, or queued and never started.
 
-    Cross-tenant on purpose: the receipt-check job serves every tenant.
+    Cross-tenant on purpose: the settle job serves every tenant.
     """
     with connection.cursor() as cursor:
         cursor.execute(
             """
-            SELECT tenant_id, id FROM tasks_operation
-            WHERE state IN ('executing', 'unknown') AND next_check_at <= app_now()
+            SELECT tenant_id, id, state FROM tasks_operation
+            WHERE next_check_at <= app_now() AND (
+                state IN ('executing', 'unknown')
+                OR (state = 'reserved' AND authorized_at IS NOT NULL)
+            )
             ORDER BY next_check_at, id LIMIT %s
             """,
             [limit],
         )
-        return [(row[0], row[1]) for row in cursor.fetchall()]
+        return [(row[0], row[1], row[2]) for row in cursor.fetchall()]

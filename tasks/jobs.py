@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import uuid
 
 from celery import shared_task
 
@@ -14,17 +15,31 @@ logger = logging.getLogger(__name__)
 
 
 @shared_task(acks_late=True, ignore_result=True)
-def check_receipts_job(*, limit: int = 100) -> int:
-    """Run the recovery protocol on operations whose look is due; safe on many workers.
+def run_operation_job(*, tenant_id: str, operation_id: str) -> None:
+    """Make the call of a queued execution; redelivery-safe (operation_run_queued)."""
+    tenant = portal_selectors.tenant_get(tenant_id=tenant_id)
+    gateway.operation_run_queued(tenant=tenant, operation_id=uuid.UUID(operation_id))
 
-    Each operation is claimed with SKIP LOCKED inside ``operation_recover``, so two
-    workers never look at the same one at once. Returns how many were looked at.
+
+@shared_task(acks_late=True, ignore_result=True)
+def check_receipts_job(*, limit: int = 100) -> int:
+    """Settle operations whose look is due; safe on many workers at once.
+
+    In doubt (executing past its deadline, or unknown): the recovery protocol.
+    Queued but never started (its message was lost): run it now. Each operation is
+    claimed with SKIP LOCKED inside the gateway, so two workers never act on the same
+    one at once. Returns how many were looked at.
     """
     looked = 0
-    for tenant_id, operation_id in gateway.unscoped_operations_due(limit=limit):
+    for tenant_id, operation_id, state in gateway.unscoped_operations_due(limit=limit):
         tenant = portal_selectors.tenant_get(tenant_id=tenant_id)
+        settle = (
+            gateway.operation_run_queued
+            if state == "reserved"
+            else gateway.operation_recover
+        )
         try:
-            gateway.operation_recover(tenant=tenant, operation_id=operation_id)
+            settle(tenant=tenant, operation_id=operation_id)
         except Exception:  # one bad operation must not stop the others
             logger.exception("recovery of operation %s failed", operation_id)
             continue

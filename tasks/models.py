@@ -246,6 +246,13 @@ class Operation(models.Model):
     # The contract fields the gateway passed on, fixed at the first authorised call
     # so every retry under the same key sends the identical request.
     call_fields = models.JSONField(null=True, blank=True)
+    # Queued execution: the checks passed at authorized_at under this fencing token;
+    # the worker that runs it re-checks what time can change, from this provenance
+    # (name, source, observed_at of every field the agent gave), and runs only while
+    # nobody took the task over (the task's token is still authorized_token).
+    authorized_at = models.DateTimeField(null=True, blank=True)
+    authorized_token = models.BigIntegerField(null=True, blank=True)
+    field_provenance = models.JSONField(null=True, blank=True)
     state = models.CharField(
         max_length=20, choices=OperationState, default=OperationState.RESERVED
     )
@@ -291,9 +298,10 @@ class Operation(models.Model):
         ]
         indexes = [
             models.Index(fields=["tenant", "task"], name="tasks_operation_task_idx"),
+            # The settle job's queue: in doubt, or queued for a worker.
             models.Index(
                 fields=["next_check_at"],
-                condition=Q(state__in=["executing", "unknown"]),
+                condition=Q(next_check_at__isnull=False),
                 name="tasks_operation_in_doubt_idx",
             ),
         ]

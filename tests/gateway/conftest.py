@@ -57,8 +57,18 @@ class World:
     contract: Contract
     connector: Connector
 
-    def tickets(self) -> int:
-        return int(self.desk.effects()["tickets_created"])
+    def tickets(self, key: str | None = None) -> int:
+        """Tickets the desk made for this test's tenant (optionally for one key).
+
+        Counted per tenant: a slow request of an earlier test may still complete
+        after the desk was reset, and it belongs to that test's tenant.
+        """
+        return sum(
+            1
+            for ticket in self.desk.tickets()
+            if ticket["tenant"] == str(self.tenant.pk)
+            and (key is None or ticket["idempotency_key"] == key)
+        )
 
     def fields(self, **overrides: Any) -> list[dict[str, Any]]:
         """Fresh, correctly sourced field values; override one to break it."""

@@ -353,7 +353,7 @@ def test_5_throttled_calls_retry_later_with_the_same_key(world: World):
     check_receipts_job()  # lookup: none -> bounded retry with the same key
     operation = Operation.objects.get(pk=started["operation"]["id"])
     assert (operation.state, operation.attempts) == ("verified", 2)
-    assert world.desk.effects()["by_idempotency_key"] == {"ticket-for-issue-1042": 1}
+    assert world.tickets(key="ticket-for-issue-1042") == world.tickets() == 1
 
 
 # --- 6. Duplicate and out-of-order events with the same action identity --------------
