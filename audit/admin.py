@@ -13,7 +13,7 @@ from .models import Event, Outbox
 class EventAdmin(ReadOnlyAdmin):
     list_display = [
         "created_at",
-        "code",
+        "event_code",
         "tenant",
         "actor_type",
         "actor_id",
@@ -25,6 +25,11 @@ class EventAdmin(ReadOnlyAdmin):
     search_fields = ["=task_id", "=operation_id", "=trace_id", "actor_id"]
     list_select_related = ["tenant"]
     date_hierarchy = "created_at"
+
+    @admin.display(description="code", ordering="code")
+    def event_code(self, event: Event) -> str:
+        """The stable code itself (what exports and filters use), not its label."""
+        return event.code
 
 
 @admin.register(Outbox)

@@ -1,0 +1,64 @@
+"""The admin as a person uses it: log in, read the audit trail, fail to change it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import transaction
+
+from audit import services as audit_services
+from portal.actors import Actor
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+REPORTS = Path(__file__).resolve().parents[2] / "reports"
+
+
+def log_in(page, live_server) -> None:
+    User.objects.create_superuser("ana", "ana@example.com", "pw-browser-tests-1")
+    page.goto(f"{live_server.url}/admin/login/")
+    page.fill("#id_username", "ana")
+    page.fill("#id_password", "pw-browser-tests-1")
+    page.click("input[type=submit]")
+    page.wait_for_url(f"{live_server.url}/admin/")
+
+
+def test_a_reviewer_reads_an_event_and_cannot_change_or_delete_it(
+    page, live_server, tenant
+):
+    with transaction.atomic():
+        event_id = audit_services.event_append(
+            tenant_id=tenant.pk,
+            code="task.registered",
+            actor=Actor.system("browser"),
+            data={"client_task_id": "issue-1042", "api_key": "agp_0123456789ab.x"},
+        )
+    log_in(page, live_server)
+    page.click("text=Events")
+    page.wait_for_selector("#result_list")
+    assert "task.registered" in page.inner_text("#result_list")
+    page.click(f"a[href$='/audit/event/{event_id}/change/']")
+    body = page.inner_text("#content")
+    assert "issue-1042" in body
+    assert "agp_0123456789ab" not in page.content()  # redacted before it was stored
+    assert page.locator("input[name=_save]").count() == 0
+    assert page.locator("a.deletelink").count() == 0
+    REPORTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(REPORTS / "admin-event.png"), full_page=True)
+    response = page.goto(f"{live_server.url}/admin/audit/event/{event_id}/delete/")
+    assert response is not None and response.status == 403
+
+
+def test_an_admin_issues_an_agent_key_and_sees_it_once(page, live_server, agent):
+    log_in(page, live_server)
+    page.goto(f"{live_server.url}/admin/portal/agent/")
+    page.check(f"input[name=_selected_action][value='{agent.pk}']")
+    page.select_option("select[name=action]", "issue_key")
+    page.click("button[name=index]")
+    message = page.inner_text("ul.messagelist")
+    assert "New key for" in message and "agp_" in message
+    secret = message.split("New key for", 1)[1].split(": ", 1)[1].split(" ", 1)[0]
+    page.reload()
+    assert secret not in page.content()  # shown once, stored only as a hash
