@@ -94,6 +94,11 @@ _database: dict[str, Any] = dict(
 _database["OPTIONS"] = {
     # Fail fast rather than queue behind a stuck lock; services retry where it is safe.
     "options": "-c lock_timeout=10000 -c statement_timeout=60000",
+    # Bind parameters on the server: psycopg then prepares a statement the fifth
+    # time it runs, so the hot paths' single statements are parsed and planned once
+    # per connection (docs/performance.md). Turn off behind PgBouncer's transaction
+    # pooling older than 1.21, which cannot keep prepared statements.
+    "server_side_binding": _env_bool("PORTAL_DB_SERVER_SIDE_BINDING", default=True),
 }
 _database["TEST"] = {"NAME": os.environ.get("PORTAL_TEST_DATABASE", "test_portal")}
 DATABASES = {"default": _database}
