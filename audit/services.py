@@ -7,6 +7,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any, Final
 
+from django.conf import settings
 from django.db import connection
 
 from portal import db as portal_db
@@ -14,6 +15,7 @@ from portal.actors import Actor
 from portal.ids import new_id
 from portal.tracing import NO_TRACE, Trace
 
+from . import relay
 from .redaction import redact_payload
 
 ENVELOPE_SCHEMA_VERSION: Final = 1
@@ -100,4 +102,6 @@ def event_append(
             _INSERT_EVENT_AND_OUTBOX,
             [*event_params, new_id(), code, str(event_id), json_text(envelope)],
         )
+    if settings.PORTAL_RELAY_NUDGE:
+        relay.nudge_relay()  # after commit; beat is the safety net
     return event_id

@@ -208,6 +208,8 @@ CELERY_BEAT_SCHEDULE: dict[str, Any] = {
 # how rows are leased, retried and given up on.
 PORTAL_EVENTS_BROKER_URL = os.environ.get("PORTAL_EVENTS_BROKER_URL", CELERY_BROKER_URL)
 PORTAL_EVENTS_EXCHANGE = os.environ.get("PORTAL_EVENTS_EXCHANGE", "portal.events")
+# A commit that wrote an outbox row nudges a relay run at once (coalesced).
+PORTAL_RELAY_NUDGE = _env_bool("PORTAL_RELAY_NUDGE", default=True)
 PORTAL_OUTBOX_BATCH_SIZE = 50
 PORTAL_OUTBOX_CLAIM_LEASE_S = 30.0
 PORTAL_OUTBOX_BACKOFF_BASE_S = 1.0

@@ -1,0 +1,25 @@
+"""Celery jobs of the audit app (STYLE.md R10: thin, one service call, idempotent)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import shared_task
+
+from . import relay
+
+
+@shared_task(acks_late=True, ignore_result=True, soft_time_limit=60, time_limit=75)
+def relay_outbox_job() -> dict[str, Any]:
+    """Publish due outbox rows until a batch comes back short or the budget is spent.
+
+    Run by beat every few seconds and nudged after commits (``relay.nudge_relay``).
+    Guarantee: safe to run on many workers at once and to repeat: rows are claimed
+    with ``SKIP LOCKED`` and leased, and a row is marked sent only after the broker's
+    confirm. A worker killed mid-batch leaves its rows leased; they are published
+    again once the lease lapses (at least once). The time limits sit above the
+    budget (``PORTAL_OUTBOX_RELAY_BUDGET_S``) plus one batch.
+    """
+    with relay.broker_publisher() as publisher:
+        report = relay.outbox_relay_drain(publisher=publisher)
+    return report.as_json()

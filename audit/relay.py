@@ -1,0 +1,625 @@
+"""The outbox relay: claim due rows, publish them with confirms, record each outcome.
+
+STYLE.md R9, and docs/outbox.md for the operator's view. One relay pass:
+
+1. **Claim** (one short durable transaction): lock due ``pending`` rows with
+   ``FOR UPDATE SKIP LOCKED``, lease them by pushing ``available_at`` out by
+   ``PORTAL_OUTBOX_CLAIM_LEASE_S`` and count the attempt, commit. Other relays skip
+   locked rows and ignore leased ones, so in the normal path no two relays ever hold
+   the same row.
+2. **Publish** with no transaction open, one message at a time, each waiting for the
+   broker's publisher confirm.
+3. **Record** each outcome in its own statement (so its own transaction): ``sent``
+   after the confirm; otherwise a capped doubling backoff, or ``dead`` after
+   ``PORTAL_OUTBOX_MAX_ATTEMPTS``.
+
+Per-task order. A row is claimable only when no *older* unsent (pending or dead) row
+of the same task exists; the task id is read from the envelope
+(``payload->>'task_id'``, indexed by migration 0004). The claim takes the oldest due
+row of each task (its "head", locked with ``SKIP LOCKED``) plus the contiguous due
+rows behind it, and the relay publishes them in id order, each after the previous
+one's confirm. A task is therefore in the hands of one relay at a time, and its
+next row is claimable only once this one is ``sent``: messages of one task reach the
+broker in id order. Ids are generated inside the writing transaction, so a write that
+commits before another begins has the lower id: publish order follows commit order
+wherever there is one (overlapping writes have none; docs/outbox.md has the limits).
+Rows without a task have no order among themselves. A dead row
+holds its task's later rows back until an operator retries it (strict order beats
+availability for one task; other tasks are unaffected).
+
+At least once. A crash between the confirm and the ``sent`` mark leaves the row
+leased; when the lease lapses another relay publishes it again. The event id goes out
+as the AMQP ``message_id``: consumers dedupe on it (audit/inbox.py).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import secrets
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final, Protocol
+
+from amqp.exceptions import MessageNacked
+from django.conf import settings
+from django.db import connection, transaction
+from kombu import Connection, Exchange, Producer
+
+from portal import db as portal_db
+from portal.exceptions import PortalError
+from portal.models import Tenant
+
+logger = logging.getLogger(__name__)
+
+RELAY_JOB_NAME: Final = "audit.jobs.relay_outbox_job"
+# A nudge older than this is dropped by the worker: beat has run the relay by then.
+NUDGE_EXPIRES_S: Final = 30.0
+# After a failed nudge, this process sends none for a while (beat covers the gap).
+NUDGE_PAUSE_AFTER_FAILURE_S: Final = 5.0
+# Named points where tests crash the relay (STYLE.md R18); no-ops otherwise.
+FAULT_POINTS: Final = ("after_claim", "after_publish", "after_record")
+
+TestHook = Callable[[str], None]
+
+
+class PublishFailed(PortalError):
+    """The broker did not confirm the message; the row will be retried."""
+
+    code = "PUBLISH_FAILED"
+    status = 503
+    retryable = True
+
+    def __init__(self, detail: str, *, connection_lost: bool) -> None:
+        super().__init__(detail)
+        # True: the broker link is down or in doubt, so the rest of the batch waits.
+        self.connection_lost = connection_lost
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClaimedMessage:
+    """One leased outbox row, as the relay publishes it."""
+
+    id: uuid.UUID
+    tenant_id: uuid.UUID
+    topic: str
+    key: str  # the event id: the AMQP message_id consumers dedupe on
+    body: str  # the JSON envelope, exactly as stored
+    task_id: str | None  # from the envelope: the ordering key, with the tenant
+    trace_id: str  # from the envelope; "" when the event had no trace
+    attempts: int  # including this one
+    created_at: dt.datetime
+
+    def traceparent(self) -> str | None:
+        """A W3C ``traceparent`` for the publish span, in the event's trace, if any."""
+        trace_id = self.trace_id.lower()
+        if len(trace_id) != 32 or set(trace_id) - set("0123456789abcdef"):
+            return None
+        if set(trace_id) == {"0"}:
+            return None
+        return f"00-{trace_id}-{secrets.token_hex(8)}-01"
+
+
+@dataclass(kw_only=True)
+class RelayReport:
+    """What one relay pass (or several, added up) did."""
+
+    claimed: int = 0
+    sent: int = 0
+    failed: int = 0  # includes the rows that went dead
+    dead: int = 0
+    released: int = 0  # claimed but not attempted; back in line, attempt not counted
+    broker_down: bool = False
+
+    def __add__(self, other: RelayReport) -> RelayReport:
+        counts = {
+            f.name: getattr(self, f.name) + getattr(other, f.name)
+            for f in fields(self)
+            if f.name != "broker_down"
+        }
+        return RelayReport(**counts, broker_down=self.broker_down or other.broker_down)
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Publisher(Protocol):
+    def publish(self, message: ClaimedMessage) -> None:
+        """Return once the broker has confirmed the message.
+
+        Raises:
+            PublishFailed: not confirmed (refused, timed out or the link failed).
+        """
+
+
+# --- Claim and record ----------------------------------------------------------------
+
+# Heads: the oldest unsent row of each task, when due, locked with SKIP LOCKED.
+# Followers: the task's next pending rows, as long as each is due (the running
+# bool_and stops at the first leased, backing-off or dead row). The window and the
+# lock sit in different CTEs because PostgreSQL refuses FOR UPDATE beside a window.
+_CLAIM = """
+WITH heads AS (
+    SELECT o.id, o.tenant_id, o.payload->>'task_id' AS task_key
+    FROM audit_outbox AS o
+    WHERE o.state = 'pending' AND o.available_at <= app_now()
+      AND NOT EXISTS (
+          SELECT 1 FROM audit_outbox AS older
+          WHERE older.tenant_id = o.tenant_id
+            AND older.payload->>'task_id' = o.payload->>'task_id'
+            AND older.state <> 'sent' AND older.id < o.id
+      )
+    ORDER BY o.available_at, o.id
+    LIMIT %(limit)s
+    FOR UPDATE OF o SKIP LOCKED
+),
+followers AS (
+    SELECT f.id, bool_and(f.state = 'pending' AND f.available_at <= app_now()) OVER (
+        PARTITION BY f.tenant_id, f.payload->>'task_id' ORDER BY f.id
+    ) AS due_so_far
+    FROM audit_outbox AS f
+    JOIN heads AS h
+      ON f.tenant_id = h.tenant_id AND f.payload->>'task_id' = h.task_key
+     AND f.id > h.id
+    WHERE f.state <> 'sent'
+),
+claimable AS (
+    SELECT id FROM heads
+    UNION ALL
+    (SELECT id FROM followers WHERE due_so_far ORDER BY id
+     LIMIT %(limit)s - (SELECT count(*) FROM heads))
+)
+UPDATE audit_outbox AS o
+SET attempts = o.attempts + 1,
+    available_at = app_now() + make_interval(secs => %(lease_s)s)
+FROM claimable AS c
+WHERE o.id = c.id AND o.state = 'pending'
+RETURNING o.id, o.tenant_id, o.topic, o.key, o.payload::text, o.payload->>'task_id',
+    COALESCE(o.payload->>'trace_id', ''), o.attempts, o.created_at
+"""
+
+_MARK_SENT = """
+UPDATE audit_outbox SET state = 'sent', sent_at = app_now(), last_error = ''
+WHERE id = %s AND state = 'pending'
+"""
+
+# attempts was counted at the claim: the first failure waits base, then 2x, 4x, ...
+_MARK_FAILED = """
+UPDATE audit_outbox SET
+    state = CASE WHEN attempts >= %(max_attempts)s THEN 'dead' ELSE 'pending' END,
+    available_at = app_now() + make_interval(secs => LEAST(
+        %(cap)s, %(base)s * power(2, LEAST(GREATEST(attempts - 1, 0), 60))
+    )),
+    last_error = left(%(error)s, 500)
+WHERE id = %(id)s AND state = 'pending'
+RETURNING state
+"""
+
+_RELEASE = """
+UPDATE audit_outbox SET attempts = GREATEST(attempts - 1, 0), available_at = app_now()
+WHERE id = ANY(%s) AND state = 'pending'
+"""
+
+_RETRY_DEAD = """
+UPDATE audit_outbox SET state = 'pending', attempts = 0, available_at = app_now()
+WHERE tenant_id = %s AND id = ANY(%s) AND state = 'dead'
+"""
+
+_RETRY_ALL_DEAD = """
+UPDATE audit_outbox SET state = 'pending', attempts = 0, available_at = app_now()
+WHERE tenant_id = %s AND state = 'dead'
+"""
+
+_BACKLOG = """
+SELECT
+    count(*) FILTER (WHERE state = 'pending'),
+    count(*) FILTER (WHERE state = 'pending' AND available_at <= app_now()),
+    count(*) FILTER (WHERE state = 'dead'),
+    EXTRACT(EPOCH FROM app_now() - min(created_at) FILTER (WHERE state = 'pending'))
+FROM audit_outbox
+WHERE state <> 'sent'
+"""
+
+
+@transaction.atomic(durable=True)
+def outbox_claim_batch(*, limit: int | None = None) -> list[ClaimedMessage]:
+    """Lease up to ``limit`` due outbox rows to this relay, oldest first.
+
+    Guarantee: one short transaction. The rows are locked with ``SKIP LOCKED`` while
+    it runs and leased for ``PORTAL_OUTBOX_CLAIM_LEASE_S`` after it commits, so no
+    other relay claims them until the lease lapses; each row's ``attempts`` counts
+    this claim. Per task, only the oldest unsent row and the due rows right behind it
+    are claimed (see the module docstring). Returned in id order.
+
+    Raises:
+        RuntimeError: called inside another atomic block (``durable=True``).
+    """
+    limit = limit or settings.PORTAL_OUTBOX_BATCH_SIZE
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _CLAIM,
+            {"limit": limit, "lease_s": float(settings.PORTAL_OUTBOX_CLAIM_LEASE_S)},
+        )
+        rows = cursor.fetchall()
+    messages = [
+        ClaimedMessage(
+            id=row[0],
+            tenant_id=row[1],
+            topic=row[2],
+            key=row[3],
+            body=row[4],
+            task_id=row[5],
+            trace_id=row[6],
+            attempts=row[7],
+            created_at=row[8],
+        )
+        for row in rows
+    ]
+    return sorted(messages, key=lambda message: message.id)
+
+
+def _record_sent(message: ClaimedMessage) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(_MARK_SENT, [message.id])
+
+
+def _record_failure(message: ClaimedMessage, *, error: str) -> bool:
+    """Back the row off (or bury it); True when it is now dead."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _MARK_FAILED,
+            {
+                "id": message.id,
+                "error": error,
+                "max_attempts": settings.PORTAL_OUTBOX_MAX_ATTEMPTS,
+                "base": float(settings.PORTAL_OUTBOX_BACKOFF_BASE_S),
+                "cap": float(settings.PORTAL_OUTBOX_BACKOFF_CAP_S),
+            },
+        )
+        row = cursor.fetchone()
+    return row is not None and row[0] == "dead"
+
+
+def _release(ids: Sequence[uuid.UUID]) -> None:
+    if ids:
+        with connection.cursor() as cursor:
+            cursor.execute(_RELEASE, [list(ids)])
+
+
+def _no_hook(point: str) -> None:
+    pass
+
+
+def outbox_relay_once(
+    *,
+    publisher: Publisher,
+    limit: int | None = None,
+    _test_hook: TestHook | None = None,
+) -> RelayReport:
+    """Claim one batch, publish it with confirms, and record each outcome.
+
+    Guarantee: no transaction is open while publishing; a row is marked ``sent`` only
+    after the broker confirmed it. A failure backs the row off
+    (``min(cap, base * 2**(attempts-1))`` seconds) or makes it ``dead`` at
+    ``PORTAL_OUTBOX_MAX_ATTEMPTS``; the task's later rows in the batch are released
+    (their attempt not counted) so they stay behind it. When the broker link fails,
+    the rest of the batch is recorded as failed without another connection attempt:
+    one connection attempt per batch. Rows whose lease might lapse before they are
+    published (half the lease spent) are released, not published. Safe to run on
+    many workers at once.
+
+    Raises:
+        TransactionForbidden: called inside a transaction.
+    """
+    portal_db.forbid_transaction("the relay publishes over the network")
+    hook = _test_hook or _no_hook
+    started = time.monotonic()
+    messages = outbox_claim_batch(limit=limit)
+    report = RelayReport(claimed=len(messages))
+    hook("after_claim")
+    publish_until = started + settings.PORTAL_OUTBOX_CLAIM_LEASE_S / 2
+    stopped_tasks: set[tuple[uuid.UUID, str]] = set()
+    released: list[uuid.UUID] = []
+    broken: PublishFailed | None = None
+    for message in messages:
+        task = (message.tenant_id, message.task_id) if message.task_id else None
+        if task is not None and task in stopped_tasks:
+            released.append(message.id)  # its task's earlier row did not go out
+            continue
+        if broken is None and time.monotonic() > publish_until:
+            released.append(message.id)
+            if task is not None:
+                stopped_tasks.add(task)
+            continue
+        if broken is not None:
+            error = f"not published, the broker link failed: {broken}"
+        else:
+            try:
+                publisher.publish(message)
+            except PublishFailed as failure:
+                error = str(failure)
+                if failure.connection_lost:
+                    broken = failure
+                    report.broker_down = True
+            else:
+                hook("after_publish")
+                _record_sent(message)
+                report.sent += 1
+                hook("after_record")
+                continue
+        report.failed += 1
+        if _record_failure(message, error=error):
+            report.dead += 1
+            logger.error("outbox row %s is dead after %s attempts: %s",
+                         message.id, message.attempts, error)  # fmt: skip
+        if task is not None:
+            stopped_tasks.add(task)
+    _release(released)
+    report.released = len(released)
+    return report
+
+
+def outbox_relay_drain(
+    *,
+    publisher: Publisher,
+    limit: int | None = None,
+    budget_s: float | None = None,
+    _test_hook: TestHook | None = None,
+) -> RelayReport:
+    """Run relay passes until a batch comes back short, the broker is down, or the
+    time budget (``PORTAL_OUTBOX_RELAY_BUDGET_S``) is spent.
+
+    Guarantee: as ``outbox_relay_once``, batch after batch; the report adds them up.
+
+    Raises:
+        TransactionForbidden: called inside a transaction.
+    """
+    limit = limit or settings.PORTAL_OUTBOX_BATCH_SIZE
+    budget = settings.PORTAL_OUTBOX_RELAY_BUDGET_S if budget_s is None else budget_s
+    deadline = time.monotonic() + budget
+    total = RelayReport()
+    while True:
+        report = outbox_relay_once(
+            publisher=publisher, limit=limit, _test_hook=_test_hook
+        )
+        total += report
+        if report.claimed < limit or report.broker_down:
+            return total
+        if time.monotonic() >= deadline:
+            return total
+
+
+@portal_db.translate_integrity_errors
+@transaction.atomic(durable=True)
+def outbox_retry_dead(*, tenant: Tenant, ids: Sequence[uuid.UUID] | None = None) -> int:
+    """Put the tenant's dead outbox rows (``ids``, or all) back in line.
+
+    Guarantee: only rows of ``tenant`` that are ``dead`` change: to ``pending``, due
+    now, with a fresh attempt budget (``attempts`` 0; ``last_error`` is kept for the
+    record). The relay is nudged after commit. Idempotent: a row that is not dead is
+    left alone. Returns how many rows moved.
+    """
+    with connection.cursor() as cursor:
+        if ids is None:
+            cursor.execute(_RETRY_ALL_DEAD, [tenant.pk])
+        else:
+            cursor.execute(_RETRY_DEAD, [tenant.pk, list(ids)])
+        moved = cursor.rowcount
+    if moved:
+        nudge_relay()
+    return moved
+
+
+@dataclass(frozen=True, kw_only=True)
+class OutboxBacklog:
+    pending: int
+    due: int
+    dead: int
+    oldest_pending_age_s: float | None
+
+
+def unscoped_outbox_backlog() -> OutboxBacklog:
+    """Counts across all tenants, for monitoring: pending, due now, dead."""
+    with connection.cursor() as cursor:
+        cursor.execute(_BACKLOG)
+        pending, due, dead, age = cursor.fetchone()
+    return OutboxBacklog(
+        pending=pending,
+        due=due,
+        dead=dead,
+        oldest_pending_age_s=None if age is None else float(age),
+    )
+
+
+# --- The nudge -----------------------------------------------------------------------
+
+
+def nudge_relay() -> None:
+    """Ask a worker to run the relay as soon as the current transaction commits.
+
+    Guarantee: never raises; a rollback sends nothing. The outbox row is the record
+    of pending work: a lost nudge (broker down, process killed after the commit) only
+    costs latency, because beat runs the relay every few seconds anyway. A down broker
+    costs one connection attempt (refused at once, or the broker connection timeout
+    for a black hole), then this process skips nudges for
+    ``NUDGE_PAUSE_AFTER_FAILURE_S``.
+    """
+    transaction.on_commit(_send_nudge)
+
+
+_nudge_paused_until = 0.0
+_last_nudge_at = float("-inf")
+# At most one nudge per process in this interval: commits on the hot paths must not
+# each pay for a broker message (docs/outbox.md, "Latency").
+NUDGE_MIN_INTERVAL_S = 0.2
+
+
+def _send_nudge() -> None:
+    global _nudge_paused_until
+    from portal.celery import app  # the configured app, not celery's default one
+
+    global _last_nudge_at
+    now = time.monotonic()
+    if now < _nudge_paused_until:
+        return  # the broker failed a moment ago; do not make every commit wait
+    if now - _last_nudge_at < NUDGE_MIN_INTERVAL_S:
+        return  # a relay run is already on its way and drains whole batches
+    _last_nudge_at = now
+    try:
+        with app.producer_or_acquire() as producer:
+            # One connection attempt, not kombu's default retry loop.
+            producer.connection.ensure_connection(max_retries=0)
+            app.send_task(
+                RELAY_JOB_NAME, expires=NUDGE_EXPIRES_S, retry=False, producer=producer
+            )
+    except Exception:
+        _nudge_paused_until = time.monotonic() + NUDGE_PAUSE_AFTER_FAILURE_S
+        logger.warning(
+            "could not nudge the outbox relay; beat will pick the rows up",
+            exc_info=True,
+        )
+
+
+# --- The broker ----------------------------------------------------------------------
+
+
+class BrokerPublisher:
+    """Publishes outbox messages to a durable topic exchange through kombu.
+
+    On AMQP (RabbitMQ) the connection runs in publisher-confirm mode, so ``publish``
+    returns only after the broker's ``basic.ack`` (a ``basic.nack`` raises). The
+    connection is opened on the first publish, once, and dropped after any failure;
+    the next publish opens a new one (``connect_attempts`` counts them). kombu's
+    filesystem transport (the laptop mode) has no confirms: its publish is a
+    synchronous file write.
+    """
+
+    def __init__(
+        self,
+        *,
+        url: str,
+        exchange: str,
+        timeout_s: float,
+        transport_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.url = url
+        self.exchange = Exchange(exchange, type="topic", durable=True)
+        self.timeout_s = timeout_s
+        self.transport_options = dict(transport_options or {})
+        if not url.startswith("filesystem"):
+            self.transport_options["confirm_publish"] = True
+        self.connect_attempts = 0
+        self._connection: Connection | None = None
+        self._producer: Producer | None = None
+
+    def _open(self) -> Producer:
+        if self._producer is not None:
+            return self._producer
+        self.connect_attempts += 1
+        broker = Connection(
+            self.url,
+            transport_options=self.transport_options,
+            connect_timeout=self.timeout_s,
+        )
+        try:
+            # max_retries=0: one attempt; the relay's backoff is the retry policy.
+            broker.ensure_connection(max_retries=0)
+            producer = Producer(broker.channel(), exchange=self.exchange)
+        except BaseException:
+            broker.release()
+            raise
+        self._connection, self._producer = broker, producer
+        return producer
+
+    def publish(self, message: ClaimedMessage) -> None:
+        """Publish one message and wait for the broker's confirm.
+
+        Raises:
+            PublishFailed: refused (``connection_lost`` False) or the link failed or
+                timed out (``connection_lost`` True).
+        """
+        headers: dict[str, Any] = {"tenant_id": str(message.tenant_id)}
+        traceparent = message.traceparent()
+        if traceparent:
+            headers["traceparent"] = traceparent
+        try:
+            producer = self._open()
+            producer.publish(
+                message.body,
+                routing_key=message.topic,
+                content_type="application/json",
+                content_encoding="utf-8",
+                headers=headers,
+                delivery_mode=2,  # persistent
+                message_id=message.key,
+                type=message.topic,
+                app_id="portal",
+                retry=False,
+                timeout=self.timeout_s,
+                confirm_timeout=self.timeout_s,
+            )
+        except MessageNacked as error:
+            self.close()
+            raise PublishFailed(
+                "the broker refused the message (nack)", connection_lost=False
+            ) from error
+        except Exception as error:
+            connection_lost = self._is_connection_error(error)
+            self.close()
+            raise PublishFailed(
+                f"{type(error).__name__}: {error}", connection_lost=connection_lost
+            ) from error
+
+    def _is_connection_error(self, error: Exception) -> bool:
+        channel_errors: tuple[type[BaseException], ...] = ()
+        if self._connection is not None:
+            channel_errors = tuple(self._connection.channel_errors)
+        # A channel error (e.g. a refused message) leaves the broker reachable.
+        return not (channel_errors and isinstance(error, channel_errors))
+
+    def close(self) -> None:
+        broker, self._connection, self._producer = self._connection, None, None
+        if broker is not None:
+            try:
+                broker.release()
+            except Exception:  # the link is already gone; nothing to give back
+                logger.debug("closing a failed broker connection", exc_info=True)
+
+    def __enter__(self) -> BrokerPublisher:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+@contextmanager
+def broker_publisher(
+    *, url: str | None = None, exchange: str | None = None
+) -> Iterator[BrokerPublisher]:
+    """A publisher configured from settings, closed on exit."""
+    url = url or settings.PORTAL_EVENTS_BROKER_URL
+    options: dict[str, Any] = {}
+    if url.startswith("filesystem"):
+        options = dict(getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", {}))
+        # kombu's filesystem transport does not create its folders.
+        for key, value in options.items():
+            if key.endswith("_folder") or key.startswith("data_folder_"):
+                Path(value).mkdir(parents=True, exist_ok=True)
+    publisher = BrokerPublisher(
+        url=url,
+        exchange=exchange or settings.PORTAL_EVENTS_EXCHANGE,
+        timeout_s=settings.PORTAL_OUTBOX_CONFIRM_TIMEOUT_S,
+        transport_options=options,
+    )
+    with publisher:
+        yield publisher

@@ -1,0 +1,221 @@
+"""Fixtures of the worker tier: real RabbitMQ, real processes, real PostgreSQL.
+
+Each test gets its own topic exchange on the machine's broker (shared with anything
+else running here) and its settings point the relay at it. Subprocesses (relays, the
+example consumer, Celery workers) get the test database through ``DATABASE_URL``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from django.db import connection, transaction
+
+from audit import services as audit_services
+from audit.models import EventCode
+from portal.actors import Actor
+from portal.models import Tenant
+from portal.tracing import Trace
+
+from .broker import SHARED_URL, EventQueue, delete_exchange, ensure_shared_broker
+
+REPO = Path(__file__).resolve().parents[2]
+REPORTS = REPO / "reports"
+
+
+@pytest.fixture(scope="session")
+def amqp_url() -> str:
+    """The machine's RabbitMQ, started when it is down."""
+    reason = ensure_shared_broker(SHARED_URL)
+    if reason is not None:
+        pytest.skip(reason)
+    return SHARED_URL
+
+
+@pytest.fixture
+def events_exchange(amqp_url: str, settings: Any) -> Iterator[str]:
+    """This test's own topic exchange; the relay publishes there."""
+    name = f"portal.events.test-{uuid.uuid4().hex[:10]}"
+    settings.PORTAL_EVENTS_BROKER_URL = amqp_url
+    settings.PORTAL_EVENTS_EXCHANGE = name
+    yield name
+    delete_exchange(amqp_url, name)
+
+
+@pytest.fixture
+def event_queue(amqp_url: str, events_exchange: str) -> Iterator[EventQueue]:
+    """A durable queue bound to the test's exchange with ``#``, declared first."""
+    queue = EventQueue(url=amqp_url, exchange=events_exchange).declare()
+    yield queue
+    queue.delete()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Appended:
+    event_id: uuid.UUID
+    task_id: uuid.UUID | None
+    trace_id: str
+
+
+def append_events(
+    *, tenant: Tenant, task_ids: Sequence[uuid.UUID | None], nudge: bool = False
+) -> list[Appended]:
+    """One event (and outbox row) per entry, in one transaction, in this order."""
+    from audit import relay
+
+    appended = []
+    with transaction.atomic():
+        for index, task_id in enumerate(task_ids):
+            trace = Trace.new()
+            event_id = audit_services.event_append(
+                tenant_id=tenant.pk,
+                code=EventCode.TASK_TRANSITIONED,
+                actor=Actor.system("worker-tests"),
+                task_id=task_id,
+                data={"n": index},
+                trace=trace,
+            )
+            appended.append(
+                Appended(event_id=event_id, task_id=task_id, trace_id=trace.trace_id)
+            )
+        if nudge:
+            relay.nudge_relay()
+    return appended
+
+
+@pytest.fixture
+def outbox_states() -> Callable[[], dict[str, int]]:
+    def states() -> dict[str, int]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT state, count(*) FROM audit_outbox GROUP BY state")
+            return dict(cursor.fetchall())
+
+    return states
+
+
+def lag_ms() -> list[float]:
+    """Commit-to-publish lag of every sent row: ``sent_at - created_at``, in ms.
+
+    ``created_at`` is the writing transaction's start, a hair before its commit.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT EXTRACT(EPOCH FROM sent_at - created_at) * 1000 FROM audit_outbox"
+            " WHERE state = 'sent' ORDER BY 1"
+        )
+        return [float(row[0]) for row in cursor.fetchall()]
+
+
+def percentile(ordered: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile of an ascending sequence (``q`` in 0..100)."""
+    if not ordered:
+        return 0.0
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return float(ordered[rank - 1])
+
+
+def write_report(name: str, figures: dict[str, Any]) -> None:
+    """Print the figures and keep them in reports/<name>.json (git-ignored)."""
+    REPORTS.mkdir(exist_ok=True)
+    (REPORTS / f"{name}.json").write_text(json.dumps(figures, indent=2, default=str))
+    print(f"\n{name}: " + json.dumps(figures, default=str))
+
+
+@contextmanager
+def db_clock_offset(seconds: float) -> Iterator[None]:
+    """Move ``app_now()`` for this thread's connection (RELIABILITY.md D.2)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT set_config('portal.clock_offset', %s, false)",
+            [f"{seconds} seconds"],
+        )
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET portal.clock_offset")
+
+
+def database_url() -> str:
+    """The test database, for subprocesses."""
+    params = connection.settings_dict
+    user = quote(params.get("USER") or "")
+    password = params.get("PASSWORD") or ""
+    auth = f"{user}:{quote(password)}@" if password else f"{user}@"
+    host = params.get("HOST") or "127.0.0.1"
+    port = params.get("PORT") or 5432
+    return f"postgres://{auth}{host}:{port}/{params['NAME']}"
+
+
+def subprocess_env(*, amqp_url: str, exchange: str, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        DATABASE_URL=database_url(),
+        PORTAL_EVENTS_BROKER_URL=amqp_url,
+        PORTAL_EVENTS_EXCHANGE=exchange,
+        PYTHONUNBUFFERED="1",
+        DJANGO_SETTINGS_MODULE="portal.settings",
+    )
+    env.update(extra)
+    return env
+
+
+PYTHON = sys.executable
+
+
+@pytest.fixture
+def inbox_consumer() -> Iterator[str]:
+    """A consumer name of this test only; its inbox and example rows are removed."""
+    name = f"test-consumer-{uuid.uuid4().hex[:10]}"
+    yield name
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM audit_inbox WHERE consumer = %s", [name])
+        cursor.execute("SELECT to_regclass('example_topic_count') IS NOT NULL")
+        if cursor.fetchone()[0]:
+            cursor.execute(
+                "DELETE FROM example_topic_count WHERE consumer = %s", [name]
+            )
+
+
+@pytest.fixture(autouse=True)
+def celery_test_queue(amqp_url: str) -> Iterator[str]:
+    """Point the Celery app at the test broker and a queue of this test only.
+
+    Nudges (``relay.nudge_relay``) land there, where no other worker listens; the
+    queue is deleted afterwards.
+    """
+    from audit import relay
+    from portal.celery import app
+
+    name = f"celery-test-{uuid.uuid4().hex[:10]}"
+    saved = (app.conf.broker_url, app.conf.task_default_queue)
+    redirect_celery(broker_url=amqp_url, queue=name)
+    relay._nudge_paused_until = 0.0
+    yield name
+    from .broker import delete_queue
+
+    delete_queue(amqp_url, name)
+    redirect_celery(broker_url=saved[0], queue=saved[1])
+    relay._nudge_paused_until = 0.0
+
+
+def redirect_celery(*, broker_url: str, queue: str) -> None:
+    """Re-point the Celery app; its cached producers and queues are rebuilt lazily."""
+    from portal.celery import app
+
+    conf: Any = app.conf
+    conf.broker_url = broker_url
+    conf.task_default_queue = queue
+    app.__dict__["_pool"] = None  # celery's private connection pool cache
+    app.__dict__.pop("amqp", None)
