@@ -309,3 +309,19 @@ def test_the_rate_limit_answers_429_with_retry_after(api, monkeypatch):
     response = api.get("/api/v1/tasks")
     assert response.json()["code"] == "RATE_LIMITED"
     assert int(response["Retry-After"]) >= 1
+
+
+def test_a_key_records_when_it_was_last_used(api):
+    from portal.models import AgentKey
+    from portal.services import _marked_at
+
+    _marked_at.clear()
+    key = AgentKey.objects.get(agent=api.agent)
+    assert key.last_used_at is None
+    api.get("/api/v1/tasks")
+    key.refresh_from_db()
+    first = key.last_used_at
+    assert first is not None
+    api.get("/api/v1/tasks")  # within the minute: no second write
+    key.refresh_from_db()
+    assert key.last_used_at == first
