@@ -1,0 +1,407 @@
+"""Outbox relay: throughput to RabbitMQ with confirms, and commit→publish lag.
+
+    .venv/bin/python bench/relay.py [--rows 3000] [--relays 1,4] [--rate 100]
+        [--duration 10] [--broker amqp://guest:guest@127.0.0.1:5672//]
+        [--database-url postgres://postgres@127.0.0.1:5432/portal_bench_relay]
+
+Drops, creates and migrates its own database (the name must contain "bench"). In one
+run it measures:
+
+- **raw SQL**: the relay's own claim and mark statements (``audit.relay._CLAIM`` and
+  ``_MARK_SENT``) through plain psycopg, with no publishing: the database's ceiling;
+- **relay**: ``outbox_relay_once`` publishing to a durable topic exchange with
+  publisher confirms (a durable queue is bound, so each confirm waits for the
+  message to be persisted), draining the same backlog with 1 and 4 relays;
+- **steady load**: one writer commits events at ``--rate`` per second, each commit
+  nudging one relay loop (a commit hook, as ``nudge_relay`` does through Celery);
+  commit→publish lag is ``sent_at - created_at`` of every row.
+
+Figures go to docs/performance.md (between this benchmark's markers) and
+reports/bench-relay.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import shlex
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+# Run as a script: make the repository, not bench/, the first import root.
+sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+import psycopg  # noqa: E402
+
+from bench.report import percentile, replace_section  # noqa: E402
+from bench.service_layer import recreate_database  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+DOCS = REPO / "docs" / "performance.md"
+JSON_REPORT = REPO / "reports" / "bench-relay.json"
+SECTION = "relay"
+DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/portal_bench_relay"
+DEFAULT_BROKER_URL = "amqp://guest:guest@127.0.0.1:5672//"
+BATCH = 50
+TASKS = 50  # the backlog's rows are spread over this many tasks, 1 in 4 has none
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=3000, help="backlog size")
+    parser.add_argument("--relays", default="1,4", help="relay counts to drain with")
+    parser.add_argument("--rate", type=float, default=100, help="steady events/s")
+    parser.add_argument("--duration", type=float, default=10, help="steady seconds")
+    parser.add_argument(
+        "--broker", default=os.environ.get("BENCH_BROKER_URL", DEFAULT_BROKER_URL)
+    )
+    parser.add_argument(
+        "--database-url",
+        default=os.environ.get("BENCH_RELAY_DATABASE_URL", DEFAULT_DATABASE_URL),
+        help="database to DROP, create and migrate (its name must contain 'bench')",
+    )
+    return parser.parse_args(argv)
+
+
+def say(message: str) -> None:
+    print(f"bench/relay: {message}", flush=True)
+
+
+def setup_django(database_url: str, broker_url: str, exchange: str) -> None:
+    os.environ["DATABASE_URL"] = database_url
+    os.environ["PORTAL_EVENTS_BROKER_URL"] = broker_url
+    os.environ["PORTAL_EVENTS_EXCHANGE"] = exchange
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+    import django
+
+    django.setup()
+
+
+def make_backlog(*, tenant_id: uuid.UUID, rows: int) -> None:
+    """``rows`` pending outbox rows (one event each), 500 per transaction."""
+    from django.db import transaction
+
+    from audit import services as audit_services
+    from audit.models import EventCode
+    from portal.actors import Actor
+    from portal.tracing import Trace
+
+    tasks = [uuid.uuid4() for _ in range(TASKS)]
+    for start in range(0, rows, 500):
+        with transaction.atomic(durable=True):
+            for n in range(start, min(rows, start + 500)):
+                audit_services.event_append(
+                    tenant_id=tenant_id,
+                    code=EventCode.TASK_TRANSITIONED,
+                    actor=Actor.system("bench"),
+                    task_id=None if n % 4 == 3 else tasks[n % TASKS],
+                    data={"n": n},
+                    trace=Trace.new(),
+                )
+
+
+def run_parallel(count: int, work: Callable[[], int]) -> tuple[int, float]:
+    """Run ``work`` on ``count`` threads released together; (rows, seconds)."""
+    from django.db import connection
+
+    barrier = threading.Barrier(count + 1)
+    results: list[int] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            barrier.wait()
+            results.append(work())
+        except BaseException as error:  # reported below, after the join
+            errors.append(error)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    barrier.wait()
+    started = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - started
+    if errors:
+        raise errors[0]
+    return sum(results), elapsed
+
+
+def pending(raw: psycopg.Connection[Any]) -> int:
+    row = raw.execute("SELECT count(*) FROM audit_outbox WHERE state = 'pending'")
+    return int(row.fetchone()[0])  # type: ignore[index]
+
+
+def raw_claim_and_mark(database_url: str) -> int:
+    """The relay's statements with psycopg and no broker: claim, then mark each."""
+    from django.conf import settings
+
+    from audit import relay
+
+    params = {"limit": BATCH, "lease_s": float(settings.PORTAL_OUTBOX_CLAIM_LEASE_S)}
+    done = 0
+    with psycopg.connect(database_url, autocommit=True) as raw:
+        while True:
+            with raw.transaction():
+                rows = raw.execute(relay._CLAIM, params).fetchall()
+            for row in sorted(rows):
+                raw.execute(relay._MARK_SENT, [row[0]])
+            done += len(rows)
+            if not rows:
+                if not pending(raw):
+                    return done
+                time.sleep(0.005)  # another worker holds the rest
+
+
+def relay_drain() -> int:
+    """A relay worker: passes until nothing is pending."""
+    from audit import relay
+    from audit.models import Outbox
+
+    done = 0
+    with relay.broker_publisher() as publisher:
+        while True:
+            report = relay.outbox_relay_once(publisher=publisher, limit=BATCH)
+            if report.failed:
+                raise RuntimeError(f"publishing failed: {report}")
+            done += report.sent
+            if not report.claimed:
+                if not Outbox.objects.filter(state="pending").exists():
+                    return done
+                time.sleep(0.005)
+
+
+def lags_ms(raw: psycopg.Connection[Any], since: dt.datetime) -> list[int]:
+    """Commit→publish lag of rows created since ``since``, in µs, ascending."""
+    rows = raw.execute(
+        "SELECT (EXTRACT(EPOCH FROM sent_at - created_at) * 1e6)::bigint"
+        " FROM audit_outbox WHERE created_at >= %s AND state = 'sent' ORDER BY 1",
+        [since],
+    ).fetchall()
+    return [int(row[0]) for row in rows]
+
+
+def steady_load(
+    *, tenant_id: uuid.UUID, rate: float, duration: float
+) -> dict[str, Any]:
+    """One writer at ``rate`` commits/s, each nudging one relay loop (or beat, 1 s)."""
+    from django.db import connection, transaction
+
+    from audit import relay
+    from audit import services as audit_services
+    from audit.models import EventCode, Outbox
+    from portal.actors import Actor
+    from portal.tracing import Trace
+
+    nudged = threading.Event()
+    writing_done = threading.Event()
+    written = [0]
+
+    def writer() -> None:
+        interval = 1 / rate
+        next_at = time.monotonic()
+        deadline = next_at + duration
+        try:
+            while time.monotonic() < deadline:
+                with transaction.atomic(durable=True):
+                    audit_services.event_append(
+                        tenant_id=tenant_id,
+                        code=EventCode.TASK_TRANSITIONED,
+                        actor=Actor.system("bench"),
+                        task_id=uuid.uuid4(),
+                        trace=Trace.new(),
+                    )
+                    transaction.on_commit(nudged.set)
+                written[0] += 1
+                next_at += interval
+                time.sleep(max(0.0, next_at - time.monotonic()))
+        finally:
+            writing_done.set()
+            connection.close()
+
+    def relay_loop() -> None:
+        try:
+            with relay.broker_publisher() as publisher:
+                while True:
+                    nudged.wait(1.0)  # a nudge, or the "beat" tick
+                    nudged.clear()
+                    relay.outbox_relay_drain(publisher=publisher, limit=BATCH)
+                    if writing_done.is_set() and not (
+                        Outbox.objects.filter(state="pending").exists()
+                    ):
+                        return
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=writer), threading.Thread(target=relay_loop)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return {"written": written[0]}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    relay_counts = [int(n) for n in args.relays.split(",")]
+    exchange = f"portal.events.bench-{uuid.uuid4().hex[:8]}"
+    started_at = dt.datetime.now(dt.UTC)
+    load_at_start = os.getloadavg()[0]
+    clock = time.monotonic()
+    say(f"recreating {args.database_url}")
+    recreate_database(args.database_url)
+    setup_django(args.database_url, args.broker, exchange)
+
+    import django
+    from kombu import Connection, Exchange, Queue
+
+    from portal.models import Tenant
+
+    queue = Queue(
+        f"bench-relay-{uuid.uuid4().hex[:8]}",
+        Exchange(exchange, type="topic", durable=True),
+        routing_key="#",
+        durable=True,
+    )
+    with Connection(args.broker) as broker:
+        queue(broker.default_channel).declare()
+    results: dict[str, Any] = {"raw_sql": {}, "relay": {}}
+    try:
+        with psycopg.connect(args.database_url, autocommit=True) as raw:
+            pg_version = str(raw.execute("SHOW server_version").fetchone()[0])  # type: ignore[index]
+            for count in relay_counts:
+                tenant = Tenant.objects.create(slug=f"raw-{count}", name="Raw")
+                make_backlog(tenant_id=tenant.pk, rows=args.rows)
+                raw.execute("VACUUM (ANALYZE) audit_outbox")
+                say(f"raw SQL claim+mark, {count} connection(s), {args.rows} rows")
+                rows, seconds = run_parallel(
+                    count, lambda: raw_claim_and_mark(args.database_url)
+                )
+                results["raw_sql"][count] = {"rows": rows, "rows_per_s": rows / seconds}
+
+                tenant = Tenant.objects.create(slug=f"relay-{count}", name="Relay")
+                make_backlog(tenant_id=tenant.pk, rows=args.rows)
+                raw.execute("VACUUM (ANALYZE) audit_outbox")
+                say(f"relay with confirms, {count} relay(s), {args.rows} rows")
+                rows, seconds = run_parallel(count, relay_drain)
+                results["relay"][count] = {"rows": rows, "rows_per_s": rows / seconds}
+
+            tenant = Tenant.objects.create(slug="steady", name="Steady")
+            say(f"steady load: {args.rate}/s for {args.duration} s, one relay")
+            since = raw.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+            steady = steady_load(
+                tenant_id=tenant.pk, rate=args.rate, duration=args.duration
+            )
+            lags = lags_ms(raw, since)
+            results["steady"] = {
+                "rate": args.rate,
+                "duration_s": args.duration,
+                "written": steady["written"],
+                "published": len(lags),
+                "lag_p50_ms": percentile(lags, 50) / 1000,
+                "lag_p99_ms": percentile(lags, 99) / 1000,
+                "lag_max_ms": (lags[-1] / 1000) if lags else 0.0,
+            }
+    finally:
+        with Connection(args.broker) as broker:
+            queue(broker.default_channel).delete()
+            Exchange(exchange, type="topic")(broker.default_channel).delete()
+
+    meta = {
+        "generated_at": started_at.strftime("%Y-%m-%d %H:%M UTC"),
+        "seconds": round(time.monotonic() - clock),
+        "command": "  ".join(
+            [".venv/bin/python bench/relay.py", *map(shlex.quote, argv or sys.argv[1:])]
+        ).strip(),
+        "cpus": os.cpu_count(),
+        "load_average_1m": f"{load_at_start:.1f} → {os.getloadavg()[0]:.1f}",
+        "postgres": pg_version,
+        "python": platform.python_version(),
+        "django": django.get_version(),
+        "rows": args.rows,
+        "batch": BATCH,
+    }
+    JSON_REPORT.parent.mkdir(exist_ok=True)
+    JSON_REPORT.write_text(json.dumps({"meta": meta, **results}, indent=2))
+    replace_section(DOCS, markdown(meta, results), section=SECTION)
+    say(json.dumps(results))
+    return 0
+
+
+def markdown(meta: dict[str, Any], results: dict[str, Any]) -> str:
+    rows = []
+    for count in sorted(results["relay"]):
+        raw = results["raw_sql"][count]["rows_per_s"]
+        published = results["relay"][count]["rows_per_s"]
+        rows.append(
+            f"| {count} | {raw:,.0f} | {published:,.0f} | {published / raw:.0%} |"
+        )
+    steady = results["steady"]
+    table = "\n".join(rows)
+    counts = sorted(results["relay"])
+    n = counts[-1]
+    relay_1, relay_n = (results["relay"][c]["rows_per_s"] for c in (counts[0], n))
+    raw_1, raw_n = (results["raw_sql"][c]["rows_per_s"] for c in (counts[0], n))
+    return f"""## Outbox relay to RabbitMQ
+
+Generated by `bench/relay.py` on {meta["generated_at"]} in {meta["seconds"]} s; do not
+edit between the markers, run the command again.
+
+```
+{meta["command"]}
+```
+
+- Machine: {meta["cpus"]} CPUs, 1-minute load average {meta["load_average_1m"]}
+  (start → end; other work shares the machine, the PostgreSQL cluster and the
+  broker).
+  PostgreSQL {meta["postgres"]} and RabbitMQ 3.10 on the same host over TCP; Python
+  {meta["python"]}, Django {meta["django"]}.
+- Backlog: {meta["rows"]:,} pending rows over {TASKS} tasks (1 in 4 without a task),
+  drained in batches of {meta["batch"]} by N workers (threads, each with its own
+  database connection and broker connection).
+- *Raw SQL* runs the relay's own claim statement (`SKIP LOCKED`, per-task heads
+  and their followers, lease) and one `sent` mark per row through plain psycopg,
+  publishing nothing: the database's ceiling for this claim pattern.
+- *Relay* is `outbox_relay_once` publishing each message as persistent to a
+  durable topic exchange with a durable queue bound, **waiting for each publisher
+  confirm** before marking the row `sent`.
+
+| workers | raw SQL claim+mark rows/s | relay with confirms rows/s | relay / raw |
+|---:|---:|---:|---:|
+{table}
+
+Steady load: one writer committed {steady["written"]:,} events at
+{steady["rate"]:g}/s for {steady["duration_s"]:g} s, each commit nudging one relay
+loop through a commit hook (beat's role is a 1 s tick). Commit→publish lag
+(`sent_at - created_at`, confirm included): **p50 {steady["lag_p50_ms"]:.1f} ms,
+p99 {steady["lag_p99_ms"]:.1f} ms**, max {steady["lag_max_ms"]:.1f} ms
+({steady["published"]:,} rows). In production the nudge goes through Celery (a
+broker round trip and a worker pick-up on top).
+
+Reading: with confirms the relay publishes {relay_1:,.0f} rows/s alone and
+{relay_n:,.0f} rows/s with {n} workers. Each message waits for one confirm round trip
+(the broker persists it before it acks), and several relays overlap those waits. The
+same claim and mark statements without publishing run at {raw_1:,.0f} and
+{raw_n:,.0f} rows/s: the gap between the columns is the broker's share. Per-task order
+has a cost
+there: each claim probes the due backlog for older rows of the same task, and workers
+skip each other's locked heads. On this shared 2-core machine, figures vary
+several-fold between runs with the other work on it (see the load averages). If the
+confirm wait ever becomes the limit, the next step is pipelined confirms (publish a
+batch, then wait for all its acks) rather than more relays.
+"""
+
+
+if __name__ == "__main__":
+    sys.exit(main())
