@@ -8,6 +8,7 @@ from django.db import connection, transaction
 
 from portal import services as portal_services
 from portal.actors import Actor
+from portal.codes import ReasonCode
 from portal.models import Role
 from tasks import gateway, takeover
 from tasks.jobs import check_receipts_job, run_operation_job
@@ -100,7 +101,7 @@ def test_a_takeover_while_queued_means_the_run_does_nothing(world: World):
             tenant=world.tenant,
             task=task,
             operation=None,
-            reason="VERSION_CONFLICT",
+            reason=ReasonCode.VERSION_CONFLICT,
             evidence={},
             actor=Actor.system("test"),
         )
