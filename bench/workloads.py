@@ -118,9 +118,16 @@ _CLOCK_TICKS: Final = os.sysconf("SC_CLK_TCK")
 
 
 def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a local process (a PostgreSQL backend), else 0."""
+    """User + system CPU seconds of a local PostgreSQL backend, else 0.
+
+    A remote server's backend id may name an unrelated local process: only a process
+    called ``postgres`` counts.
+    """
+    proc = Path(f"/proc/{pid}")
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        if proc.joinpath("comm").read_text().strip() != "postgres":
+            return 0.0
+        fields = proc.joinpath("stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return 0.0
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
