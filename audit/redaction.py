@@ -26,6 +26,9 @@ _SENSITIVE_KEY = re.compile(
     r"session|private|prompt|completion|ssn|card[_-]?number)",
     re.IGNORECASE,
 )
+# Keys the pattern above would catch that name public facts, not secrets: the
+# fencing token is a counter, and the audit trail must show which lease wrote.
+_PUBLIC_KEYS: Final = frozenset({"lease_token"})
 # Values that look like credentials, whatever their key.
 _SENSITIVE_VALUE = re.compile(
     r"(agp_[0-9a-f]{12}\.|bearer\s+\S+|-----BEGIN [A-Z ]*PRIVATE KEY-----|"
@@ -48,7 +51,9 @@ def _redact(value: Any, depth: int) -> Any:
         for key, item in items[:MAX_ITEMS]:
             name = str(key)[:MAX_STRING_CHARS]
             out[name] = (
-                REDACTED if _SENSITIVE_KEY.search(name) else _redact(item, depth + 1)
+                REDACTED
+                if _SENSITIVE_KEY.search(name) and name not in _PUBLIC_KEYS
+                else _redact(item, depth + 1)
             )
         if len(items) > MAX_ITEMS:
             out["_omitted_keys"] = len(items) - MAX_ITEMS

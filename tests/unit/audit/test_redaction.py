@@ -36,3 +36,9 @@ def test_an_oversized_payload_keeps_only_its_shape():
     redacted = redact_payload(payload)
     assert redacted["_truncated"] is True and len(redacted["_keys"]) == 45
     assert len(json.dumps(redacted)) <= settings.PORTAL_EVENT_PAYLOAD_MAX_BYTES
+
+
+def test_the_fencing_token_is_a_public_fact_not_a_secret():
+    """Found by the benchmark work: every event had its lease_token redacted."""
+    redacted = redact_payload({"lease_token": 7, "token": "s3cret", "api_token": "x"})
+    assert redacted == {"lease_token": 7, "token": REDACTED, "api_token": REDACTED}

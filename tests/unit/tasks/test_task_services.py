@@ -369,3 +369,16 @@ def test_the_sql_clock_honours_the_test_offset(tenant):
         cursor.execute("SELECT set_config('portal.clock_offset', '1 hour', true)")
         cursor.execute("SELECT app_now() - statement_timestamp()")
         assert cursor.fetchone()[0] == dt.timedelta(hours=1)
+
+
+def test_a_transition_event_records_the_fencing_token(make_task, actor):
+    task = make_task(state=TaskState.RUNNING, leased=True, lease_token=5)
+    services.task_transition(
+        tenant=task.tenant,
+        task_id=task.pk,
+        to=TaskState.SUCCEEDED,
+        expected_version=1,
+        lease_token=5,
+        actor=actor,
+    )
+    assert Event.objects.get(task_id=task.pk).payload["lease_token"] == 5
