@@ -1,9 +1,13 @@
 """Service layer against raw psycopg: one command, figures in docs/performance.md.
 
-    .venv/bin/python bench/run.py [--duration 5] [--clients 1,4,8]
-                                  [--database-url postgres://.../portal_bench]
+    .venv/bin/python bench/run.py [--duration 5] [--clients 1,4,8] [--rounds 5]
+        [--workloads transition,reservation,claim] [--database-url postgres://...]
+        [--what-if] [--no-docs] [--json reports/bench-service-layer.json]
 
-Drops, creates and migrates its own database (the name must contain "bench").
+Drops, creates and migrates its own database (default portal_bench on
+127.0.0.1:5432; the name must contain "bench"). ``--what-if`` adds the service on a
+Django connection with server-side binding and prepared statements. Where a client's
+time goes: ``bench/profile_client.py``.
 """
 
 from __future__ import annotations

@@ -57,7 +57,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         prog="bench/run.py",
         description="Service layer against raw psycopg, at several client counts.",
     )
-    parser.add_argument("--duration", type=float, default=5.0, help="seconds per run")
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=5.0,
+        help="seconds per flavour and client count",
+    )
     parser.add_argument(
         "--clients", default="1,4,8", help="comma-separated client counts"
     )
