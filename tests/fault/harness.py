@@ -727,15 +727,6 @@ def settle(
     return dict(figures)
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float, step: float = 0.2) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return predicate()
-
-
 @contextlib.contextmanager
 def running(nemesis: Nemesis) -> Iterator[Nemesis]:
     nemesis.start()

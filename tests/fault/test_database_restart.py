@@ -16,14 +16,17 @@ from __future__ import annotations
 import functools
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from tests.support.chaos import restart_database
 
+from .conftest import World
 from .harness import (
     Nemesis,
+    WorkerPool,
     env_float,
     env_int,
     first_verified_after,
@@ -46,7 +49,11 @@ pytestmark = [
 
 
 def test_workers_survive_a_database_restart_with_nothing_lost_or_duplicated(
-    world: Any, make_workers: Any, chaos_queue: str, amqp_url: str, request: Any
+    world: World,
+    make_workers: Callable[[int], WorkerPool],
+    chaos_queue: str,
+    amqp_url: str,
+    request: pytest.FixtureRequest,
 ):
     run = Run(
         world=world,

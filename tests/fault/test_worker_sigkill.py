@@ -19,11 +19,19 @@ the first submission).
 from __future__ import annotations
 
 import random
-from typing import Any
+from collections.abc import Callable
 
 import pytest
 
-from .harness import Nemesis, env_float, env_int, running, write_report
+from .conftest import World
+from .harness import (
+    Nemesis,
+    WorkerPool,
+    env_float,
+    env_int,
+    running,
+    write_report,
+)
 from .scenario import Run, nemesis_figures
 
 OPS = env_int("PORTAL_CHAOS_OPS", 1000)
@@ -40,7 +48,11 @@ pytestmark = [
 
 
 def test_sigkilled_workers_duplicate_nothing_and_lose_nothing(
-    world: Any, make_workers: Any, chaos_queue: str, amqp_url: str, request: Any
+    world: World,
+    make_workers: Callable[[int], WorkerPool],
+    chaos_queue: str,
+    amqp_url: str,
+    request: pytest.FixtureRequest,
 ):
     run = Run(
         world=world,
