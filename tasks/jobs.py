@@ -6,6 +6,7 @@ import logging
 import uuid
 
 from celery import shared_task
+from django.db import InterfaceError, OperationalError
 
 from portal import selectors as portal_selectors
 
@@ -14,7 +15,18 @@ from . import gateway, services
 logger = logging.getLogger(__name__)
 
 
-@shared_task(acks_late=True, ignore_result=True)
+# While the database is down every run fails at once; acking those would drain the
+# queue into serial settle-job work (found by tests/fault). Retrying is safe: a
+# repeated run finds the operation no longer reserved and does nothing.
+@shared_task(
+    acks_late=True,
+    ignore_result=True,
+    autoretry_for=(OperationalError, InterfaceError),
+    retry_backoff=1,
+    retry_backoff_max=30,
+    retry_jitter=True,
+    max_retries=10,
+)
 def run_operation_job(*, tenant_id: str, operation_id: str) -> None:
     """Make the call of a queued execution; redelivery-safe (operation_run_queued)."""
     tenant = portal_selectors.tenant_get(tenant_id=tenant_id)
