@@ -219,3 +219,13 @@ def redirect_celery(*, broker_url: str, queue: str) -> None:
     conf.task_default_queue = queue
     app.__dict__["_pool"] = None  # celery's private connection pool cache
     app.__dict__.pop("amqp", None)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_nudge_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts with no recent nudge and no pause: the coalescing window
+    (relay.NUDGE_MIN_INTERVAL_S) must not carry one test's nudge into the next."""
+    from audit import relay
+
+    monkeypatch.setattr(relay, "_last_nudge_at", float("-inf"))
+    monkeypatch.setattr(relay, "_nudge_paused_until", 0.0)
