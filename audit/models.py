@@ -48,6 +48,26 @@ class EventCode(models.TextChoices):
     TASK_RESOLVED = "task.resolved"
     TASK_LEASE_EXPIRED = "task.lease_expired"
     TASK_WOKEN = "task.woken"
+    # Changes people make to a tenant's set-up (the person is the actor).
+    TENANT_CHANGED = "tenant.changed"
+    AGENT_CREATED = "agent.created"
+    AGENT_CHANGED = "agent.changed"
+    AGENT_KEY_ISSUED = "agent_key.issued"
+    AGENT_KEY_REVOKED = "agent_key.revoked"
+    AGENT_GRANT_ADDED = "agent_grant.added"
+    AGENT_GRANT_REVOKED = "agent_grant.revoked"
+    MEMBERSHIP_GRANTED = "membership.granted"
+    MEMBERSHIP_REVOKED = "membership.revoked"
+    CONTRACT_CREATED = "contract.created"
+    CONTRACT_PUBLISHED = "contract.published"
+    CONTRACT_RETIRED = "contract.retired"
+    CONNECTOR_CREATED = "connector.created"
+    CONNECTOR_CHANGED = "connector.changed"
+    # Reading and operating the trail.
+    AUDIT_EXPORTED = "audit.exported"
+    OUTBOX_RETRIED = "outbox.retried"
+    OUTBOX_DISMISSED = "outbox.dismissed"
+    OPERATION_FIELDS_EDITED = "operation.fields_edited"
 
 
 class Event(models.Model):

@@ -22,6 +22,20 @@ class EventsOnDelete(models.TextChoices):
     PURGE = "purge", "Purge events with the tenant"
 
 
+class TenantPerm(models.TextChoices):
+    """Object permissions on a tenant (codenames of ``Tenant.Meta.permissions``)."""
+
+    VIEW_TRAIL = "view_trail", "Read tasks, operations, escalations and events"
+    EXPORT_TRAIL = "export_trail", "Export the audit trail"
+    WORK_TAKEOVER = "work_takeover", "Claim, release and resolve takeover tasks"
+    RELEASE_ANY_CLAIM = "release_any_claim", "Release another person's stale claim"
+    MANAGE_TENANT = (
+        "manage_tenant",
+        "Manage contracts, agents, keys, grants, connectors, members and settings",
+    )
+    MANAGE_OUTBOX = "manage_outbox", "Retry or dismiss dead outbox rows"
+
+
 class Tenant(models.Model):
     id = models.UUIDField(primary_key=True, default=new_id, editable=False)
     slug = models.SlugField(max_length=63, unique=True)
@@ -40,6 +54,9 @@ class Tenant(models.Model):
                 name="portal_tenant_events_on_delete_check",
             ),
         ]
+        # Object permissions (django-guardian) that membership roles carry;
+        # portal/roles.py maps roles to them.
+        permissions = [(perm.value, perm.label) for perm in TenantPerm]
 
     def __str__(self) -> str:
         return self.slug

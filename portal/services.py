@@ -12,7 +12,8 @@ from django.db import transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from . import selectors
+from . import db as portal_db
+from . import roles, selectors
 from .models import (
     Agent,
     AgentGrant,
@@ -53,6 +54,16 @@ def agent_create(*, tenant: Tenant, name: str) -> Agent:
 @transaction.atomic(durable=True)
 def agent_key_issue(*, agent: Agent) -> IssuedKey:
     """Issue a new API key for the agent; the secret is returned once, never stored."""
+    return agent_key_write(agent=agent)
+
+
+def agent_key_write(*, agent: Agent) -> IssuedKey:
+    """Mint and store a key, in the caller's transaction (the one way keys are made).
+
+    Raises:
+        TransactionRequired: called outside a transaction.
+    """
+    portal_db.require_transaction()
     prefix = KEY_PREFIX_MARK + secrets.token_hex(6)
     secret = f"{prefix}.{secrets.token_urlsafe(32)}"
     key = AgentKey.objects.create(
@@ -69,16 +80,44 @@ def membership_grant(
     *, tenant: Tenant, user: AbstractBaseUser, role: Role
 ) -> Membership:
     """Give the user a role in the tenant (replacing any role held before)."""
+    return membership_write(tenant=tenant, user_id=user.pk, role=role)
+
+
+def membership_write(*, tenant: Tenant, user_id: int, role: str) -> Membership:
+    """Set the user's role and the object permissions it carries, in the caller's txn.
+
+    Raises:
+        TransactionRequired: called outside a transaction.
+    """
+    portal_db.require_transaction()
     membership, _ = Membership.objects.update_or_create(
-        tenant=tenant, user_id=user.pk, defaults={"role": role}
+        tenant=tenant, user_id=user_id, defaults={"role": role}
     )
+    roles.role_permissions_set(user_id=user_id, tenant=tenant, role=role)
     return membership
+
+
+def membership_delete(*, membership: Membership) -> None:
+    """Remove a membership and its permissions, in the caller's transaction."""
+    portal_db.require_transaction()
+    Membership.objects.filter(tenant_id=membership.tenant_id, pk=membership.pk).delete()
+    roles.role_permissions_set(
+        user_id=membership.user_id, tenant=membership.tenant, role=None
+    )
 
 
 @transaction.atomic(durable=True)
 def agent_key_revoke(*, key: AgentKey) -> AgentKey:
     """Revoke a key: it authenticates nobody from the next request on."""
-    AgentKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=Now())
+    return agent_key_revoke_write(key=key)
+
+
+def agent_key_revoke_write(*, key: AgentKey) -> AgentKey:
+    """Revoke a key in the caller's transaction (a revoked key stays revoked)."""
+    portal_db.require_transaction()
+    AgentKey.objects.filter(
+        tenant_id=key.tenant_id, pk=key.pk, revoked_at__isnull=True
+    ).update(revoked_at=Now())
     key.refresh_from_db()
     return key
 
@@ -112,6 +151,12 @@ def _seconds(value: int) -> dt.timedelta:
 @transaction.atomic(durable=True)
 def agent_grant(*, agent: Agent, action: str, target: str) -> AgentGrant:
     """Allow the agent to reserve ``action`` on ``target`` (``*``: any target)."""
+    return agent_grant_write(agent=agent, action=action, target=target)
+
+
+def agent_grant_write(*, agent: Agent, action: str, target: str) -> AgentGrant:
+    """Add a grant in the caller's transaction; an existing one is returned."""
+    portal_db.require_transaction()
     grant, _ = AgentGrant.objects.get_or_create(
         tenant_id=agent.tenant_id, agent=agent, action=action, target=target
     )
@@ -121,6 +166,12 @@ def agent_grant(*, agent: Agent, action: str, target: str) -> AgentGrant:
 @transaction.atomic(durable=True)
 def agent_grant_revoke(*, agent: Agent, action: str, target: str) -> int:
     """Withdraw a grant; queued work is stopped by the gateway's re-check."""
+    return agent_grant_delete(agent=agent, action=action, target=target)
+
+
+def agent_grant_delete(*, agent: Agent, action: str, target: str) -> int:
+    """Withdraw a grant in the caller's transaction; returns how many went."""
+    portal_db.require_transaction()
     deleted, _ = AgentGrant.objects.filter(
         tenant_id=agent.tenant_id, agent=agent, action=action, target=target
     ).delete()

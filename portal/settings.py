@@ -51,6 +51,7 @@ INSTALLED_APPS = [
     "portal",
     "tasks",
     "audit",
+    "console",
 ]
 
 MIDDLEWARE = [

@@ -38,7 +38,8 @@ from portal.exceptions import (
     ValidationFailed,
 )
 from portal.ids import new_id
-from portal.models import Tenant
+from portal.models import Tenant, TenantPerm
+from portal.roles import Person, require_tenant_perm
 from portal.tracing import NO_TRACE, Trace
 
 from . import selectors
@@ -57,6 +58,7 @@ from .hashing import input_hash
 from .models import (
     OPERATION_TRANSITIONS,
     TASK_TRANSITIONS,
+    Connector,
     Contract,
     ContractStatus,
     ObjectVersion,
@@ -954,13 +956,24 @@ def operation_record_outcome(
 @portal_db.translate_integrity_errors
 @transaction.atomic(durable=True)
 def contract_create(
-    *, tenant: Tenant, key: str, spec: Mapping[str, Any], publish: bool = False
+    *,
+    tenant: Tenant,
+    key: str,
+    spec: Mapping[str, Any],
+    publish: bool = False,
+    by: Person | None = None,
 ) -> Contract:
     """Create the next version of a contract, as a draft or published at once.
 
+    ``by`` is the person making the change (checked for ``manage_tenant`` and
+    recorded as the actor); ``None`` is the portal itself (commands, the seed).
+    Guarantee: the version and its ``contract.created`` event commit together.
+
     Raises:
         ContractInvalid: the spec fails the contract schema.
+        PermissionDenied, TenantNotVisible: ``by`` may not manage the tenant.
     """
+    _require_manager(tenant=tenant, by=by)
     contract_spec_validate(spec)
     latest = Contract.objects.filter(tenant=tenant, key=key).aggregate(v=Max("version"))
     contract = Contract.objects.create(
@@ -972,43 +985,148 @@ def contract_create(
         published_at=Now() if publish else None,
     )
     contract.refresh_from_db()  # published_at was a database expression
+    _contract_event(contract, EventCode.CONTRACT_CREATED, by=by)
     return contract
+
+
+def _require_manager(*, tenant: Tenant, by: Person | None) -> None:
+    if by is not None:
+        require_tenant_perm(user=by, perm=TenantPerm.MANAGE_TENANT, tenant=tenant)
+
+
+def _person_or_portal(by: Person | None) -> Actor:
+    return Actor.of_user(by) if by is not None else Actor.system("portal")
+
+
+def _contract_event(contract: Contract, code: str, *, by: Person | None) -> None:
+    audit_services.event_append(
+        tenant_id=contract.tenant_id,
+        code=code,
+        actor=_person_or_portal(by),
+        contract=(contract.key, contract.version),
+        data={"key": contract.key, "version": contract.version, "to": contract.status},
+    )
 
 
 @portal_db.translate_integrity_errors
 @transaction.atomic(durable=True)
-def contract_publish(*, tenant: Tenant, key: str, version: int) -> Contract:
+def contract_publish(
+    *, tenant: Tenant, key: str, version: int, by: Person | None = None
+) -> Contract:
     """Publish a draft version; from now on it never changes.
 
     Raises:
         ContractNotFound: no such version.
         IllegalTransition: the version is not a draft.
+        PermissionDenied, TenantNotVisible: ``by`` may not manage the tenant.
     """
+    _require_manager(tenant=tenant, by=by)
     moved = Contract.objects.filter(
         tenant=tenant, key=key, version=version, status=ContractStatus.DRAFT
     ).update(status=ContractStatus.PUBLISHED, published_at=Now())
     contract = selectors.contract_get(tenant=tenant, key=key, version=version)
     if not moved:
         raise IllegalTransition(current=contract.status, requested="published")
+    _contract_event(contract, EventCode.CONTRACT_PUBLISHED, by=by)
     return contract
 
 
 @portal_db.translate_integrity_errors
 @transaction.atomic(durable=True)
-def contract_retire(*, tenant: Tenant, key: str, version: int) -> Contract:
+def contract_retire(
+    *, tenant: Tenant, key: str, version: int, by: Person | None = None
+) -> Contract:
     """Retire a published version: no new tasks may pin it.
 
     Raises:
         ContractNotFound: no such version.
         IllegalTransition: the version is not published.
+        PermissionDenied, TenantNotVisible: ``by`` may not manage the tenant.
     """
+    _require_manager(tenant=tenant, by=by)
     moved = Contract.objects.filter(
         tenant=tenant, key=key, version=version, status=ContractStatus.PUBLISHED
     ).update(status=ContractStatus.RETIRED, retired_at=Now())
     contract = selectors.contract_get(tenant=tenant, key=key, version=version)
     if not moved:
         raise IllegalTransition(current=contract.status, requested="retired")
+    _contract_event(contract, EventCode.CONTRACT_RETIRED, by=by)
     return contract
+
+
+# What a person may set on a connector besides its signing key.
+CONNECTOR_SETTINGS: Final = (
+    "base_url",
+    "execute_path",
+    "lookup_path",
+    "reference_field",
+    "supports_idempotency_keys",
+    "supports_lookup",
+    "connect_timeout_s",
+    "read_timeout_s",
+    "max_attempts",
+)
+
+
+@portal_db.translate_integrity_errors
+@transaction.atomic(durable=True)
+def connector_save(
+    *,
+    tenant: Tenant,
+    target: str,
+    values: Mapping[str, Any],
+    signing_key: str | None = None,
+    by: Person | None = None,
+) -> Connector:
+    """Create the tenant's connector for ``target``, or change it.
+
+    ``values`` are ``CONNECTOR_SETTINGS``; ``signing_key`` None keeps the stored
+    key (required when creating). The event names the settings that changed with
+    their old and new values and says whether the key was replaced; the key itself
+    never goes into the trail.
+
+    Raises:
+        ValidationFailed: unknown setting, or no key for a new connector.
+        PermissionDenied, TenantNotVisible: ``by`` may not manage the tenant.
+    """
+    _require_manager(tenant=tenant, by=by)
+    unknown = sorted(set(values) - set(CONNECTOR_SETTINGS))
+    if unknown:
+        raise ValidationFailed(field=unknown[0])
+    connector = (
+        Connector.objects.select_for_update(of=("self",))
+        .filter(tenant=tenant, target=target)
+        .first()
+    )
+    created = connector is None
+    if connector is None:
+        if not signing_key:
+            raise ValidationFailed(
+                "A new connector needs a signing key.", field="signing_key"
+            )
+        connector = Connector(tenant=tenant, target=target)
+    changed = {
+        name: [None if created else getattr(connector, name), value]
+        for name, value in values.items()
+        if created or getattr(connector, name) != value
+    }
+    for name, value in values.items():
+        setattr(connector, name, value)
+    key_replaced = bool(signing_key) and signing_key != connector.signing_key
+    if signing_key:
+        connector.signing_key = signing_key
+    connector.save()
+    audit_services.event_append(
+        tenant_id=tenant.pk,
+        code=EventCode.CONNECTOR_CREATED if created else EventCode.CONNECTOR_CHANGED,
+        actor=_person_or_portal(by),
+        data={
+            "target": target,
+            "changed": changed,
+            "signing_key_replaced": key_replaced,
+        },
+    )
+    return connector
 
 
 @transaction.atomic(durable=True)

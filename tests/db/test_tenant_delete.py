@@ -37,6 +37,7 @@ from portal.models import (
     Role,
     Tenant,
 )
+from portal.roles import ROLE_PERMISSIONS
 from portal.selectors import TenantNotFound
 from tasks import services as tasks_services
 from tasks.models import (
@@ -310,7 +311,10 @@ def test_object_permissions_on_the_tenant_and_its_objects_go(keep_tenant, popula
     assert object_permission_count(seeded["task"]) == 0
     assert object_permission_count(seeded["contract"]) == 0
     assert object_permission_count(keep_tenant) == 0
-    assert report.deleted["guardian_userobjectpermission"] == 2
+    # the two granted by hand, and those the support membership carries on the tenant
+    assert report.deleted["guardian_userobjectpermission"] == 2 + len(
+        ROLE_PERMISSIONS[Role.SUPPORT]
+    )
     assert report.deleted["guardian_groupobjectpermission"] == 1
 
 

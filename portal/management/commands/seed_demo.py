@@ -32,12 +32,12 @@ TENANT_SLUG: Final = "demo"
 TENANT_NAME: Final = "Demo Co"
 AGENT_NAME: Final = "demo-agent"
 # Development-only credentials, printed on purpose; production refuses to seed.
-# (username, password, role in the demo tenant, superuser?)
+# (username, password, role in the demo tenant). None is a superuser (the platform
+# operator): what each person sees and may do comes from their membership.
 USERS: Final = (
-    # A membership too: the admin site's querysets keep to the user's tenants.
-    ("admin", "admin-demo-password", Role.ADMIN, True),
-    ("reviewer", "reviewer-demo-password", Role.REVIEWER, False),
-    ("support", "support-demo-password", Role.SUPPORT, False),
+    ("admin", "admin-demo-password", Role.ADMIN),
+    ("reviewer", "reviewer-demo-password", Role.REVIEWER),
+    ("support", "support-demo-password", Role.SUPPORT),
 )
 
 # The ticket desk `up` runs beside the portal; the signing key is development-only
@@ -107,12 +107,11 @@ def seed(
     else:
         report(f"tenant {tenant.slug!r} exists")
 
-    for username, password, role, superuser in USERS:
-        user, created = _user_set(username, password, superuser=superuser)
+    for username, password, role in USERS:
+        user, created = _user_set(username, password)
         services.membership_grant(tenant=tenant, user=user, role=role)
-        kind = "superuser" if superuser else "staff user"
         report(
-            f"{'created' if created else 'reset'} {kind} {username!r} "
+            f"{'created' if created else 'reset'} staff user {username!r} "
             f"(password {password!r}), {role.label.lower()} in {tenant.slug!r}"
         )
 
@@ -161,27 +160,34 @@ def _connector_set(
 ) -> None:
     """Point the ``ticket-desk`` connector at the desk ``up`` started.
 
-    Written with the ORM: connectors have no service yet (operators edit them in
-    the admin), and the desk's port may differ from run to run.
+    The desk's port may differ from run to run; an unchanged connector is left as
+    it is (the service writes an event only for a change).
     """
-    _, created = Connector.objects.update_or_create(
+    existing = Connector.objects.filter(tenant=tenant, target=TICKETDESK_TARGET).first()
+    if (
+        existing is not None
+        and existing.base_url == url
+        and existing.signing_key == key
+    ):
+        report(f"connector {TICKETDESK_TARGET!r} -> {url} unchanged")
+        return
+    task_services.connector_save(
         tenant=tenant,
         target=TICKETDESK_TARGET,
-        defaults={"base_url": url, "signing_key": key},
+        values={"base_url": url},
+        signing_key=key,
     )
     report(
-        f"{'created' if created else 'updated'} connector {TICKETDESK_TARGET!r} "
+        f"{'updated' if existing else 'created'} connector {TICKETDESK_TARGET!r} "
         f"-> {url}"
     )
 
 
-def _user_set(
-    username: str, password: str, *, superuser: bool
-) -> tuple[AbstractBaseUser, bool]:
+def _user_set(username: str, password: str) -> tuple[AbstractBaseUser, bool]:
     """The staff user ``username`` with ``password``; True if it was created."""
     user, created = get_user_model().objects.get_or_create(username=username)
     user.is_staff = True
-    user.is_superuser = superuser
+    user.is_superuser = False
     user.is_active = True
     user.set_password(password)
     user.save()

@@ -369,7 +369,7 @@ class Command(BaseCommand):
             f"  API:        {base}/api/v1/",
         ]
         if secret is not None:
-            for username, password, role, _ in USERS:
+            for username, password, role in USERS:
                 lines.append(f"  Log in as:  {username} / {password}  ({role.label})")
             lines.append(f"  Agent key:  Authorization: Bearer {secret}")
         if desk_url is not None:

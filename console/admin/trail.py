@@ -1,16 +1,17 @@
-"""Read-only admin for the audit trail: events can never be changed or deleted."""
+"""The audit trail: events (append-only) and the outbox that carries them out."""
 
 from __future__ import annotations
 
 from django.contrib import admin
 
-from portal.admin import ReadOnlyAdmin
+from audit.models import Event, Outbox
+from portal.models import TenantPerm
 
-from .models import Event, Outbox
+from .base import TenantScopedAdmin
 
 
 @admin.register(Event)
-class EventAdmin(ReadOnlyAdmin):
+class EventAdmin(TenantScopedAdmin):
     list_display = [
         "created_at",
         "event_code",
@@ -24,7 +25,6 @@ class EventAdmin(ReadOnlyAdmin):
     list_filter = ["code", "actor_type", "reason_code", "tenant"]
     search_fields = ["=task_id", "=operation_id", "=trace_id", "actor_id"]
     list_select_related = ["tenant"]
-    date_hierarchy = "created_at"
 
     @admin.display(description="code", ordering="code")
     def event_code(self, event: Event) -> str:
@@ -33,7 +33,8 @@ class EventAdmin(ReadOnlyAdmin):
 
 
 @admin.register(Outbox)
-class OutboxAdmin(ReadOnlyAdmin):
+class OutboxAdmin(TenantScopedAdmin):
+    view_perm = TenantPerm.MANAGE_OUTBOX
     list_display = [
         "created_at",
         "topic",
@@ -43,5 +44,6 @@ class OutboxAdmin(ReadOnlyAdmin):
         "attempts",
         "sent_at",
     ]
-    list_filter = ["state", "topic"]
+    list_filter = ["state", "tenant"]
     search_fields = ["=key"]
+    list_select_related = ["tenant"]

@@ -1,22 +1,19 @@
-"""Read-only admin for the task domain; the reviewer and support portal comes later."""
+"""Tasks, operations, contracts, connectors and the rest of the governed domain."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from django import forms
-from django.contrib import admin, messages
-from django.db import models
+from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from portal.admin import ReadOnlyAdmin
-from portal.exceptions import PortalError
-
-from . import services
-from .contracts import contract_spec_validate
-from .exceptions import ContractInvalid
-from .models import (
+from portal.models import TenantPerm
+from tasks import services as task_services
+from tasks.contracts import contract_spec_validate
+from tasks.exceptions import ContractInvalid
+from tasks.models import (
     Approval,
     Connector,
     Contract,
@@ -27,9 +24,11 @@ from .models import (
     Task,
 )
 
+from .base import TenantScopedAdmin
+
 
 @admin.register(Task)
-class TaskAdmin(ReadOnlyAdmin):
+class TaskAdmin(TenantScopedAdmin):
     list_display = [
         "client_task_id",
         "tenant",
@@ -47,7 +46,7 @@ class TaskAdmin(ReadOnlyAdmin):
 
 
 @admin.register(Operation)
-class OperationAdmin(ReadOnlyAdmin):
+class OperationAdmin(TenantScopedAdmin):
     list_display = [
         "idempotency_key",
         "tenant",
@@ -84,90 +83,80 @@ class ContractVersionForm(forms.ModelForm):
 
 
 @admin.register(Contract)
-class ContractAdmin(admin.ModelAdmin):
+class ContractAdmin(TenantScopedAdmin):
     """Versions are added through the validating service and never edited after."""
 
+    manage_perm = TenantPerm.MANAGE_TENANT
+    allow_add = True
     list_display = ["key", "version", "tenant", "status", "published_at", "retired_at"]
     list_filter = ["status", "tenant"]
     search_fields = ["key"]
+    list_select_related = ["tenant"]
     actions = ["publish_versions", "retire_versions"]
     form = ContractVersionForm
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         if obj is None:  # adding: the form's fields, "publish" included
             return ["tenant", "key", "spec", "publish"]
-        return [
-            "tenant",
-            "key",
-            "version",
-            "status",
-            "spec",
-            "published_at",
-            "retired_at",
-        ]
+        return ["tenant", "key", "version", "status", "spec", "published_at"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        if obj is None:
+            return []
+        return ["tenant", "key", "version", "status", "spec", "published_at"]
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # a version's content is fixed once it exists; add a new one
 
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def changeform_view(
-        self,
-        request: HttpRequest,
-        object_id: str | None = None,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
-    ) -> Any:
-        # The service opens its own durable transaction (STYLE.md R5); the admin
-        # would wrap the save in another, so take its view without that wrapper.
-        return self._changeform_view(  # type: ignore[attr-defined]
-            request, object_id, form_url, extra_context
-        )
-
     def save_model(
         self, request: HttpRequest, obj: Any, form: Any, change: bool
     ) -> None:
-        created = services.contract_create(  # numbers the version, validates again
+        created = task_services.contract_create(  # numbers the version, validates
             tenant=form.cleaned_data["tenant"],
             key=form.cleaned_data["key"],
             spec=form.cleaned_data["spec"],
             publish=form.cleaned_data["publish"],
+            by=request.user,
         )
         obj.pk, obj.version = created.pk, created.version
 
-    @admin.action(description="Publish selected draft versions")
+    @admin.action(description="Publish selected draft versions", permissions=["manage"])
     def publish_versions(
         self, request: HttpRequest, queryset: QuerySet[Contract]
     ) -> None:
-        self._change(request, queryset, services.contract_publish, "published")
+        self.run_service(
+            request,
+            queryset.select_related("tenant"),
+            lambda contract: task_services.contract_publish(
+                tenant=contract.tenant,
+                key=contract.key,
+                version=contract.version,
+                by=request.user,
+            ),
+            "published",
+        )
 
-    @admin.action(description="Retire selected published versions")
+    @admin.action(
+        description="Retire selected published versions", permissions=["manage"]
+    )
     def retire_versions(
         self, request: HttpRequest, queryset: QuerySet[Contract]
     ) -> None:
-        self._change(request, queryset, services.contract_retire, "retired")
-
-    def _change(
-        self, request: HttpRequest, queryset: QuerySet[Contract], change: Any, word: str
-    ) -> None:
-        for contract in queryset.select_related("tenant").order_by("pk"):
-            try:
-                change(
-                    tenant=contract.tenant, key=contract.key, version=contract.version
-                )
-            except PortalError as error:
-                self.message_user(
-                    request, f"{contract}: {error.detail}", messages.ERROR
-                )
-            else:
-                self.message_user(
-                    request, f"{contract.key} v{contract.version} {word}."
-                )
+        self.run_service(
+            request,
+            queryset.select_related("tenant"),
+            lambda contract: task_services.contract_retire(
+                tenant=contract.tenant,
+                key=contract.key,
+                version=contract.version,
+                by=request.user,
+            ),
+            "retired",
+        )
 
 
 @admin.register(Credential)
-class CredentialAdmin(ReadOnlyAdmin):
+class CredentialAdmin(TenantScopedAdmin):
     list_display = [
         "action",
         "target",
@@ -176,19 +165,43 @@ class CredentialAdmin(ReadOnlyAdmin):
         "expires_at",
         "revoked_at",
     ]
+    list_select_related = ["tenant"]
     exclude = ["secret_hash"]
 
 
 @admin.register(ObjectVersion)
-class ObjectVersionAdmin(ReadOnlyAdmin):
+class ObjectVersionAdmin(TenantScopedAdmin):
     list_display = ["object_type", "object_id", "version", "tenant", "updated_at"]
     search_fields = ["object_id"]
+    list_select_related = ["tenant"]
+
+
+class ConnectorForm(forms.ModelForm):
+    """The key is write-only: blank keeps the stored one."""
+
+    signing_key = forms.CharField(
+        required=False,
+        widget=forms.PasswordInput(render_value=False),
+        help_text="Signs the gateway's short-lived credentials. Leave blank to keep "
+        "the current key; it is never shown again.",
+    )
+
+    # A base URL typed without a scheme means https (Django 6's default).
+    base_url = forms.URLField(max_length=500, assume_scheme="https")
+
+    class Meta:
+        model = Connector
+        fields = ["tenant", "target", *task_services.CONNECTOR_SETTINGS]
 
 
 @admin.register(Connector)
-class ConnectorAdmin(admin.ModelAdmin):
+class ConnectorAdmin(TenantScopedAdmin):
     """Targets the gateway may call. The signing key can be set, never read back."""
 
+    view_perm = TenantPerm.MANAGE_TENANT
+    manage_perm = TenantPerm.MANAGE_TENANT
+    allow_add = True
+    form = ConnectorForm
     list_display = [
         "target",
         "tenant",
@@ -198,33 +211,29 @@ class ConnectorAdmin(admin.ModelAdmin):
         "max_attempts",
     ]
     list_filter = ["tenant"]
-    readonly_fields = ["id", "created_at"]
-    # A base URL typed without a scheme means https (Django 6's default already).
-    formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
+    list_select_related = ["tenant"]
 
-    def get_form(
-        self,
-        request: HttpRequest,
-        obj: Any = None,
-        change: bool = False,
-        **kwargs: Any,
-    ) -> Any:
-        form = super().get_form(request, obj, change, **kwargs)
-        # Render the key as a password input that never shows the stored value.
-        form.base_fields["signing_key"].widget = forms.PasswordInput(render_value=False)
-        form.base_fields["signing_key"].required = obj is None
-        return form
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return [] if obj is None else ["tenant", "target"]
 
     def save_model(
-        self, request: HttpRequest, obj: Any, form: Any, change: bool
+        self, request: HttpRequest, obj: Connector, form: Any, change: bool
     ) -> None:
-        if change and not form.cleaned_data.get("signing_key"):
-            obj.signing_key = type(obj).objects.get(pk=obj.pk).signing_key  # keep it
-        super().save_model(request, obj, form, change)
+        saved = task_services.connector_save(
+            tenant=obj.tenant if change else form.cleaned_data["tenant"],
+            target=obj.target if change else form.cleaned_data["target"],
+            values={
+                name: form.cleaned_data[name]
+                for name in task_services.CONNECTOR_SETTINGS
+            },
+            signing_key=form.cleaned_data.get("signing_key") or None,
+            by=request.user,
+        )
+        obj.pk = saved.pk
 
 
 @admin.register(Escalation)
-class EscalationAdmin(ReadOnlyAdmin):
+class EscalationAdmin(TenantScopedAdmin):
     list_display = [
         "created_at",
         "reason_code",
@@ -239,6 +248,6 @@ class EscalationAdmin(ReadOnlyAdmin):
 
 
 @admin.register(Approval)
-class ApprovalAdmin(ReadOnlyAdmin):
+class ApprovalAdmin(TenantScopedAdmin):
     list_display = ["operation", "tenant", "approved_by", "approved_at", "used_at"]
     list_select_related = ["tenant", "operation", "approved_by"]

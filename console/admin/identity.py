@@ -1,0 +1,275 @@
+"""Tenants, agents, keys, grants and memberships: a tenant admin's set-up pages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from console import services
+from portal import services as portal_services
+from portal.models import (
+    Agent,
+    AgentGrant,
+    AgentKey,
+    Membership,
+    Role,
+    Tenant,
+    TenantPerm,
+)
+
+from .base import TenantScopedAdmin, tenant_ids
+
+
+@admin.register(Tenant)
+class TenantAdmin(TenantScopedAdmin):
+    """Your tenants. Admins change the name and the deletion policy for events."""
+
+    tenant_field = ""
+    view_perm = TenantPerm.VIEW_TRAIL
+    manage_perm = TenantPerm.MANAGE_TENANT
+    list_display = ["slug", "name", "events_on_delete", "created_at"]
+    search_fields = ["slug", "name"]
+    fields = ["slug", "name", "events_on_delete", "created_at", "deleted_at"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        if obj is None:
+            return ["created_at", "deleted_at"]
+        return ["slug", "created_at", "deleted_at"]
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return bool(request.user.is_superuser)  # the platform operator makes tenants
+
+    def save_model(
+        self, request: HttpRequest, obj: Tenant, form: Any, change: bool
+    ) -> None:
+        if not change:
+            created = portal_services.tenant_create(
+                slug=obj.slug, name=obj.name, events_on_delete=obj.events_on_delete
+            )
+            obj.pk = created.pk
+            return
+        services.tenant_update(
+            tenant=Tenant.objects.get(pk=obj.pk),
+            by=request.user,
+            name=form.cleaned_data["name"],
+            events_on_delete=form.cleaned_data["events_on_delete"],
+        )
+
+
+class AgentKeyInline(admin.TabularInline):
+    model = AgentKey
+    fields = ("prefix", "created_at", "last_used_at", "revoked_at")
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    show_change_link = True
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return bool(tenant_ids(request, TenantPerm.MANAGE_TENANT))
+
+
+@admin.register(Agent)
+class AgentAdmin(TenantScopedAdmin):
+    """Agents (API identities). Keys are issued here and shown exactly once."""
+
+    manage_perm = TenantPerm.MANAGE_TENANT
+    allow_add = True
+    list_display = ["name", "tenant", "is_active", "created_at"]
+    list_filter = ["is_active", "tenant"]
+    search_fields = ["name"]
+    list_select_related = ["tenant"]
+    inlines = [AgentKeyInline]
+    actions = ["issue_key"]
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return ["tenant", "name"] if obj is None else ["tenant", "name", "is_active"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return [] if obj is None else ["tenant", "name"]
+
+    def save_model(
+        self, request: HttpRequest, obj: Agent, form: Any, change: bool
+    ) -> None:
+        if change:
+            services.agent_set_active(
+                agent=Agent.objects.get(tenant_id=obj.tenant_id, pk=obj.pk),
+                by=request.user,
+                is_active=form.cleaned_data["is_active"],
+            )
+            return
+        created = services.agent_create(
+            tenant=form.cleaned_data["tenant"], by=request.user, name=obj.name
+        )
+        obj.pk = created.pk
+
+    @admin.action(
+        description="Issue a new API key (shown once)", permissions=["manage"]
+    )
+    def issue_key(self, request: HttpRequest, queryset: QuerySet[Agent]) -> None:
+        for agent in self.manageable(request, queryset).select_related("tenant"):
+            issued = services.agent_key_issue(agent=agent, by=request.user)
+            self.message_user(
+                request,
+                f"New key for {agent.name}: {issued.secret} — copy it now; only its "
+                "hash is stored.",
+                messages.WARNING,
+            )
+
+
+@admin.register(AgentKey)
+class AgentKeyAdmin(TenantScopedAdmin):
+    """API keys by prefix; the secret is never stored. Revoke here."""
+
+    view_perm = TenantPerm.MANAGE_TENANT
+    manage_perm = TenantPerm.MANAGE_TENANT
+    list_display = [
+        "prefix",
+        "agent",
+        "tenant",
+        "created_at",
+        "last_used_at",
+        "revoked_at",
+    ]
+    list_filter = ["tenant"]
+    search_fields = ["prefix", "agent__name"]
+    list_select_related = ["tenant", "agent"]
+    fields = ("prefix", "agent", "tenant", "created_at", "last_used_at", "revoked_at")
+    readonly_fields = fields
+    actions = ["revoke_keys"]
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.action(description="Revoke selected keys", permissions=["manage"])
+    def revoke_keys(self, request: HttpRequest, queryset: QuerySet[AgentKey]) -> None:
+        self.run_service(
+            request,
+            queryset.select_related("tenant"),
+            lambda key: services.agent_key_revoke(key=key, by=request.user),
+            "revoked",
+        )
+
+
+class AgentGrantForm(forms.ModelForm):
+    class Meta:
+        model = AgentGrant
+        fields = ["agent", "action", "target"]
+        help_texts = {"target": "A connector target, or * for any target."}
+
+
+@admin.register(AgentGrant)
+class AgentGrantAdmin(TenantScopedAdmin):
+    """What each agent may do: an action on a target. Revoking stops queued work."""
+
+    manage_perm = TenantPerm.MANAGE_TENANT
+    allow_add = True
+    form = AgentGrantForm
+    list_display = ["agent", "action", "target", "tenant", "created_at"]
+    list_filter = ["tenant", "action"]
+    search_fields = ["agent__name", "action", "target"]
+    list_select_related = ["tenant", "agent"]
+    autocomplete_fields = ["agent"]
+    actions = ["revoke_grants"]
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def save_model(
+        self, request: HttpRequest, obj: AgentGrant, form: Any, change: bool
+    ) -> None:
+        grant = services.agent_grant_add(
+            agent=form.cleaned_data["agent"],
+            by=request.user,
+            action=form.cleaned_data["action"],
+            target=form.cleaned_data["target"],
+        )
+        obj.pk = grant.pk
+
+    @admin.action(description="Revoke selected grants", permissions=["manage"])
+    def revoke_grants(
+        self, request: HttpRequest, queryset: QuerySet[AgentGrant]
+    ) -> None:
+        self.run_service(
+            request,
+            queryset.select_related("tenant", "agent"),
+            lambda grant: services.agent_grant_revoke(grant=grant, by=request.user),
+            "revoked",
+        )
+
+
+class MembershipForm(forms.ModelForm):
+    """A person by username (accounts come from the platform operator) and a role."""
+
+    username = forms.CharField(max_length=150)
+
+    class Meta:
+        model = Membership
+        fields = ["tenant", "role"]
+
+
+@admin.register(Membership)
+class MembershipAdmin(TenantScopedAdmin):
+    """Who may do what in your tenant: reviewer, support or tenant administrator."""
+
+    view_perm = TenantPerm.MANAGE_TENANT
+    manage_perm = TenantPerm.MANAGE_TENANT
+    allow_add = True
+    form = MembershipForm
+    list_display = ["user", "tenant", "role", "created_at"]
+    list_filter = ["role", "tenant"]
+    search_fields = ["user__username"]
+    list_select_related = ["tenant", "user"]
+    actions = ["remove_members"]
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return (
+            ["tenant", "username", "role"]
+            if obj is None
+            else ["tenant", "user", "role"]
+        )
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return [] if obj is None else ["tenant", "user"]
+
+    def get_form(
+        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
+    ) -> Any:
+        if obj is not None:  # changing: the role only, without the username field
+            kwargs["form"] = forms.ModelForm
+        return super().get_form(request, obj, change, **kwargs)
+
+    def save_model(
+        self, request: HttpRequest, obj: Membership, form: Any, change: bool
+    ) -> None:
+        tenant = obj.tenant if change else form.cleaned_data["tenant"]
+        username = obj.user.get_username() if change else form.cleaned_data["username"]
+        membership = services.membership_set(
+            tenant=tenant,
+            by=request.user,
+            username=username,
+            role=Role(form.cleaned_data["role"]),
+        )
+        obj.pk = membership.pk
+
+    @admin.action(description="Remove selected members", permissions=["manage"])
+    def remove_members(
+        self, request: HttpRequest, queryset: QuerySet[Membership]
+    ) -> None:
+        self.run_service(
+            request,
+            queryset.select_related("tenant", "user"),
+            lambda member: services.membership_revoke(
+                membership=member, by=request.user
+            ),
+            "removed",
+        )

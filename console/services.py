@@ -1,0 +1,297 @@
+"""Changes a tenant administrator makes: each checks the role and writes one event.
+
+Every service here takes the person (``by``), refuses unless their membership
+carries ``manage_tenant`` on the tenant (portal/roles.py), and commits the change
+with one event naming them as the actor. Secrets (a key's secret, a connector's
+signing key) never go into the event. Contract and connector changes live with
+their models in ``tasks.services`` and follow the same rule.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.db import transaction
+
+from audit import services as audit_services
+from audit.models import EventCode
+from portal import db as portal_db
+from portal import services as portal_services
+from portal.actors import Actor
+from portal.exceptions import PortalError, ValidationFailed
+from portal.models import (
+    Agent,
+    AgentGrant,
+    AgentKey,
+    EventsOnDelete,
+    Membership,
+    Role,
+    Tenant,
+    TenantPerm,
+)
+from portal.roles import Person, require_tenant_perm
+
+
+class LastAdministrator(PortalError):
+    """A tenant keeps at least one administrator; add another before this change."""
+
+    code = "LAST_ADMINISTRATOR"
+    status = 409
+
+
+def _manage(*, tenant: Tenant, by: Person) -> Actor:
+    require_tenant_perm(user=by, perm=TenantPerm.MANAGE_TENANT, tenant=tenant)
+    return Actor.of_user(by)
+
+
+def _event(*, tenant: Tenant, code: str, actor: Actor, data: dict[str, Any]) -> None:
+    audit_services.event_append(tenant_id=tenant.pk, code=code, actor=actor, data=data)
+
+
+@transaction.atomic(durable=True)
+def tenant_update(
+    *, tenant: Tenant, by: Person, name: str, events_on_delete: str
+) -> Tenant:
+    """Change the tenant's name or its event policy on deletion.
+
+    Raises:
+        PermissionDenied, TenantNotVisible: ``by`` may not manage the tenant.
+        ValidationFailed: unknown ``events_on_delete``.
+    """
+    actor = _manage(tenant=tenant, by=by)
+    if events_on_delete not in EventsOnDelete.values:
+        raise ValidationFailed(field="events_on_delete", value=events_on_delete)
+    current = Tenant.objects.select_for_update().get(pk=tenant.pk)
+    changed = {
+        field: [getattr(current, field), value]
+        for field, value in (("name", name), ("events_on_delete", events_on_delete))
+        if getattr(current, field) != value
+    }
+    if changed:
+        Tenant.objects.filter(pk=tenant.pk).update(
+            name=name, events_on_delete=events_on_delete
+        )
+        _event(
+            tenant=tenant,
+            code=EventCode.TENANT_CHANGED,
+            actor=actor,
+            data={"changed": changed},
+        )
+    current.refresh_from_db()
+    return current
+
+
+@portal_db.translate_integrity_errors
+@transaction.atomic(durable=True)
+def agent_create(*, tenant: Tenant, by: Person, name: str) -> Agent:
+    """Add an agent (an API identity) to the tenant; it has no key or grant yet.
+
+    Raises:
+        PermissionDenied, TenantNotVisible: ``by`` may not manage the tenant.
+    """
+    actor = _manage(tenant=tenant, by=by)
+    agent = Agent.objects.create(tenant=tenant, name=name)
+    _event(
+        tenant=tenant,
+        code=EventCode.AGENT_CREATED,
+        actor=actor,
+        data={"agent_id": str(agent.pk), "name": name},
+    )
+    return agent
+
+
+@transaction.atomic(durable=True)
+def agent_set_active(*, agent: Agent, by: Person, is_active: bool) -> Agent:
+    """Switch an agent on or off; an inactive agent's keys authenticate nobody.
+
+    Raises:
+        PermissionDenied, TenantNotVisible: ``by`` may not manage the tenant.
+    """
+    actor = _manage(tenant=agent.tenant, by=by)
+    moved = Agent.objects.filter(
+        tenant_id=agent.tenant_id, pk=agent.pk, is_active=not is_active
+    ).update(is_active=is_active)
+    if moved:
+        _event(
+            tenant=agent.tenant,
+            code=EventCode.AGENT_CHANGED,
+            actor=actor,
+            data={"agent_id": str(agent.pk), "name": agent.name, "active": is_active},
+        )
+    agent.refresh_from_db()
+    return agent
+
+
+@transaction.atomic(durable=True)
+def agent_key_issue(*, agent: Agent, by: Person) -> portal_services.IssuedKey:
+    """Issue a key for the agent; its secret is returned once and stored nowhere.
+
+    Raises:
+        PermissionDenied, TenantNotVisible: ``by`` may not manage the tenant.
+    """
+    actor = _manage(tenant=agent.tenant, by=by)
+    issued = portal_services.agent_key_write(agent=agent)
+    _event(
+        tenant=agent.tenant,
+        code=EventCode.AGENT_KEY_ISSUED,
+        actor=actor,
+        data={
+            "agent_id": str(agent.pk),
+            "agent": agent.name,
+            "key_prefix": issued.key.prefix,
+        },
+    )
+    return issued
+
+
+@transaction.atomic(durable=True)
+def agent_key_revoke(*, key: AgentKey, by: Person) -> AgentKey:
+    """Revoke a key; revoking a revoked key changes nothing and writes no event.
+
+    Raises:
+        PermissionDenied, TenantNotVisible: ``by`` may not manage the tenant.
+    """
+    actor = _manage(tenant=key.tenant, by=by)
+    was_live = key.revoked_at is None
+    key = portal_services.agent_key_revoke_write(key=key)
+    if was_live:
+        _event(
+            tenant=key.tenant,
+            code=EventCode.AGENT_KEY_REVOKED,
+            actor=actor,
+            data={"agent_id": str(key.agent_id), "key_prefix": key.prefix},
+        )
+    return key
+
+
+@transaction.atomic(durable=True)
+def agent_grant_add(
+    *, agent: Agent, by: Person, action: str, target: str
+) -> AgentGrant:
+    """Allow the agent ``action`` on ``target`` (``*``: any target).
+
+    Raises:
+        PermissionDenied, TenantNotVisible: ``by`` may not manage the tenant.
+        ValidationFailed: an empty action or target.
+    """
+    actor = _manage(tenant=agent.tenant, by=by)
+    if not action.strip() or not target.strip():
+        raise ValidationFailed("A grant names an action and a target.")
+    grant = portal_services.agent_grant_write(agent=agent, action=action, target=target)
+    _event(
+        tenant=agent.tenant,
+        code=EventCode.AGENT_GRANT_ADDED,
+        actor=actor,
+        data={"agent_id": str(agent.pk), "action": action, "target": target},
+    )
+    return grant
+
+
+@transaction.atomic(durable=True)
+def agent_grant_revoke(*, grant: AgentGrant, by: Person) -> None:
+    """Withdraw a grant; queued work is stopped by the gateway's re-check.
+
+    Raises:
+        PermissionDenied, TenantNotVisible: ``by`` may not manage the tenant.
+    """
+    actor = _manage(tenant=grant.tenant, by=by)
+    removed = portal_services.agent_grant_delete(
+        agent=grant.agent, action=grant.action, target=grant.target
+    )
+    if removed:
+        _event(
+            tenant=grant.tenant,
+            code=EventCode.AGENT_GRANT_REVOKED,
+            actor=actor,
+            data={
+                "agent_id": str(grant.agent_id),
+                "action": grant.action,
+                "target": grant.target,
+            },
+        )
+
+
+def _other_admins(*, tenant: Tenant, user_id: int) -> bool:
+    return (
+        Membership.objects.filter(tenant=tenant, role=Role.ADMIN)
+        .exclude(user_id=user_id)
+        .exists()
+    )
+
+
+@transaction.atomic(durable=True)
+def membership_set(
+    *, tenant: Tenant, by: Person, username: str, role: str
+) -> Membership:
+    """Give an existing account a role in the tenant, or change the role it has.
+
+    Accounts are made by the platform operator; a tenant admin assigns roles.
+
+    Raises:
+        PermissionDenied, TenantNotVisible: ``by`` may not manage the tenant.
+        ValidationFailed: unknown role or no such account.
+        LastAdministrator: the change would leave the tenant without an admin.
+    """
+    actor = _manage(tenant=tenant, by=by)
+    if role not in Role.values:
+        raise ValidationFailed(field="role", value=role)
+    user = get_user_model().objects.filter(username=username, is_active=True).first()
+    if user is None:
+        raise ValidationFailed(
+            "No active account has that username; the platform operator creates "
+            "accounts.",
+            field="username",
+        )
+    Tenant.objects.select_for_update().get(pk=tenant.pk)  # one role change at a time
+    before = Membership.objects.filter(tenant=tenant, user_id=user.pk).first()
+    if (
+        before is not None
+        and before.role == Role.ADMIN
+        and role != Role.ADMIN
+        and not _other_admins(tenant=tenant, user_id=user.pk)
+    ):
+        raise LastAdministrator(username=username)
+    membership = portal_services.membership_write(
+        tenant=tenant, user_id=user.pk, role=role
+    )
+    _event(
+        tenant=tenant,
+        code=EventCode.MEMBERSHIP_GRANTED,
+        actor=actor,
+        data={
+            "user_id": user.pk,
+            "username": username,
+            "role": role,
+            "previous_role": before.role if before else None,
+        },
+    )
+    return membership
+
+
+@transaction.atomic(durable=True)
+def membership_revoke(*, membership: Membership, by: Person) -> None:
+    """Remove a person from the tenant, with every permission the role carried.
+
+    Raises:
+        PermissionDenied, TenantNotVisible: ``by`` may not manage the tenant.
+        LastAdministrator: it is the tenant's only administrator.
+    """
+    tenant = membership.tenant
+    actor = _manage(tenant=tenant, by=by)
+    Tenant.objects.select_for_update().get(pk=tenant.pk)
+    if membership.role == Role.ADMIN and not _other_admins(
+        tenant=tenant, user_id=membership.user_id
+    ):
+        raise LastAdministrator(username=membership.user.get_username())
+    portal_services.membership_delete(membership=membership)
+    _event(
+        tenant=tenant,
+        code=EventCode.MEMBERSHIP_REVOKED,
+        actor=actor,
+        data={
+            "user_id": membership.user_id,
+            "username": membership.user.get_username(),
+            "role": membership.role,
+        },
+    )
