@@ -10,7 +10,6 @@ from drf_spectacular.views import (
     SpectacularSwaggerView,
 )
 
-from audit import api as audit_api
 from tasks import api as task_api
 
 handler404 = "portal.api.not_found_view"
@@ -25,7 +24,7 @@ api_v1 = [
     path("tasks/<uuid:task_id>/lease/release", task_api.TaskLeaseReleaseApi.as_view()),
     path("tasks/<uuid:task_id>/transitions", task_api.TaskTransitionApi.as_view()),
     path("tasks/<uuid:task_id>/operations", task_api.OperationReserveApi.as_view()),
-    path("tasks/<uuid:task_id>/events", audit_api.TaskEventsApi.as_view()),
+    path("tasks/<uuid:task_id>/events", task_api.TaskEventsApi.as_view()),
     path("operations/<uuid:operation_id>", task_api.OperationDetailApi.as_view()),
     path("operations/<uuid:operation_id>/start", task_api.OperationStartApi.as_view()),
     path(

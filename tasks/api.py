@@ -1,4 +1,4 @@
-"""Agent endpoints for tasks, leases, transitions, operations and object versions.
+"""Agent endpoints: tasks, leases, transitions, events, operations, object versions.
 
 One view per operation; each validates, calls one service and serialises (STYLE.md
 R11). The tenant always comes from the agent's key.
@@ -24,6 +24,8 @@ from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from audit import selectors as audit_selectors
+from audit.models import Event, EventCode
 from portal import selectors as portal_selectors
 from portal.api import LEASE_TOKEN_HEADER, AgentApi, StaffApi, problem_responses
 from portal.codes import ReasonCode
@@ -397,6 +399,63 @@ class TaskTransitionApi(AgentApi):
             data=data.get("payload"),
         )
         return Response(TaskOutputSerializer(task).data)
+
+
+class EventOutputSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    code = serializers.ChoiceField(choices=EventCode.choices)
+    task_id = serializers.UUIDField(allow_null=True)
+    operation_id = serializers.UUIDField(allow_null=True)
+    actor_type = serializers.CharField()
+    actor_id = serializers.CharField()
+    reason_code = serializers.ChoiceField(choices=ReasonCode.choices, allow_null=True)
+    contract_key = serializers.CharField(allow_null=True)
+    contract_version = serializers.IntegerField(allow_null=True)
+    payload = serializers.JSONField(help_text="Redacted facts and references only.")
+    trace_id = serializers.CharField()
+    span_id = serializers.CharField()
+    created_at = serializers.DateTimeField()
+
+
+class EventPagination(CursorPagination):
+    """Oldest first by default; ``?order=newest`` reverses (ids are time-ordered)."""
+
+    ordering = "id"
+    page_size = 100
+    max_page_size = 500
+    page_size_query_param = "page_size"
+
+    def get_ordering(self, request: Request, queryset: Any, view: Any) -> tuple[str]:
+        return ("-id",) if request.query_params.get("order") == "newest" else ("id",)
+
+
+class TaskEventsApi(AgentApi):
+    pagination_class = EventPagination  # also tells the schema the page shape
+
+    @extend_schema_serializer(component_name="EventListFilter")
+    class FilterSerializer(serializers.Serializer):
+        order = serializers.ChoiceField(choices=["oldest", "newest"], default="oldest")
+
+    @extend_schema(
+        operation_id="tasks_events",
+        parameters=[FilterSerializer],
+        responses={
+            200: EventOutputSerializer(many=True),
+            **problem_responses(404),
+        },
+        description="The task's events, oldest (default) or newest first.",
+    )
+    def get(self, request: Request, task_id: Any) -> Response:
+        self.validated(self.FilterSerializer, request.query_params)
+        task = selectors.task_get(tenant=self.tenant, task_id=task_id)
+        events = audit_selectors.event_list(tenant=self.tenant, task_id=task.pk)
+        paginator = self.pagination_class()
+        page: list[Event] = (
+            paginator.paginate_queryset(events, request, view=self) or []
+        )
+        return paginator.get_paginated_response(
+            EventOutputSerializer(page, many=True).data
+        )
 
 
 # --- Operations -----------------------------------------------------------------------
