@@ -129,7 +129,7 @@ class TenantContractCreateApi(StaffApi):
         tenant = portal_selectors.tenant_for_person(
             user=request.user, slug=tenant_slug, roles=(Role.ADMIN,)
         )
-        contract = services.contract_create(tenant=tenant, **data)
+        contract = services.contract_create(tenant=tenant, by=request.user, **data)
         return Response(ContractOutputSerializer(contract).data, status=201)
 
 
@@ -153,7 +153,7 @@ class TenantContractStatusApi(StaffApi):
             if self.action_name == "publish"
             else services.contract_retire
         )
-        contract = change(tenant=tenant, key=key, version=version)
+        contract = change(tenant=tenant, key=key, version=version, by=request.user)
         return Response(ContractOutputSerializer(contract).data)
 
 

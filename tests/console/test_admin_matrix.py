@@ -10,6 +10,8 @@ tests/console/test_registry.py pins to the policy table.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from django.contrib import admin
 from django.test import Client
@@ -39,12 +41,12 @@ def _client(cast: Cast, persona: str) -> Client:
     return client
 
 
-def _url(model: type, view: str, *args: object) -> str:
+def _url(model: Any, view: str, *args: object) -> str:
     meta = model._meta
     return reverse(f"admin:{meta.app_label}_{meta.model_name}_{view}", args=args)
 
 
-def _row(rows: dict, model: type):  # type: ignore[type-arg]
+def _row(rows: dict, model: Any):
     return rows.get(model) or rows[model._meta.concrete_model]
 
 
@@ -63,7 +65,7 @@ def test_reading_pages(world, persona):
         _check_page(cast, rows_a, rows_b, person, client, model, model_admin)
 
 
-def _check_page(cast, rows_a, rows_b, person, client, model, model_admin):  # type: ignore[no-untyped-def]
+def _check_page(cast, rows_a, rows_b, person, client, model, model_admin):
     row_a, row_b = _row(rows_a, model), _row(rows_b, model)
     reads_a = person.may(model_admin.view_perm, cast.a)
     reads_some = person.may_anywhere(model_admin.view_perm)
@@ -111,7 +113,7 @@ def _check_page(cast, rows_a, rows_b, person, client, model, model_admin):  # ty
     assert client.get(_url(model, "add")).status_code == (200 if adds else 403)
 
 
-def _request_of(client: Client, person):  # type: ignore[no-untyped-def]
+def _request_of(client: Client, person):
     from django.test import RequestFactory
 
     request = RequestFactory().get("/admin/")

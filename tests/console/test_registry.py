@@ -40,7 +40,7 @@ POLICY = {
 }
 
 
-def scoped_admins() -> list[tuple[type, admin.ModelAdmin]]:  # type: ignore[type-arg]
+def scoped_admins() -> list[tuple[type, admin.ModelAdmin]]:
     return [
         (model, model_admin)
         for model, model_admin in admin.site._registry.items()

@@ -29,17 +29,17 @@ def _client(cast: Cast, persona: str) -> Client:
     return client
 
 
-def _new_events(cast: Cast, since: set) -> list[Event]:  # type: ignore[type-arg]
+def _new_events(cast: Cast, since: set) -> list[Event]:
     return list(
         Event.objects.filter(tenant=cast.a).exclude(pk__in=since).order_by("id")
     )
 
 
-def _event_ids(cast: Cast) -> set:  # type: ignore[type-arg]
+def _event_ids(cast: Cast) -> set:
     return set(Event.objects.filter(tenant=cast.a).values_list("pk", flat=True))
 
 
-def _one_event_by(cast: Cast, since: set, code: str) -> Event:  # type: ignore[type-arg]
+def _one_event_by(cast: Cast, since: set, code: str) -> Event:
     events = _new_events(cast, since)
     assert [e.code for e in events] == [code]
     admin = cast.people["admin_a"].user
