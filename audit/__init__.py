@@ -1,3 +1,3 @@
-"""Events, outbox and relay, redaction, retention and tenant purge."""
+"""Events, outbox and relay, redaction and the inbox: the record; it knows no task."""
 
 from __future__ import annotations

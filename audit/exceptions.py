@@ -26,21 +26,3 @@ portal_db.register_constraint_errors(
         "audit_event_payload_size_check": EventPayloadTooLarge,
     }
 )
-
-
-class TenantAlreadyDeleted(PortalError):
-    """This tenant was already deleted; only its tombstone and kept events remain."""
-
-    code = "TENANT_ALREADY_DELETED"
-    status = 409
-
-
-class TenantDeletionPolicyIncomplete(PortalError):
-    """A tenant-owned table is missing from the tenant deletion policy.
-
-    If you're hitting this, a model with a foreign key to ``Tenant`` was added without
-    a place in ``DELETION_ORDER`` in ``audit/retention.py``. Add it there (children
-    before parents) and to docs/tenant-deletion.md. Nothing was deleted.
-    """
-
-    code = "TENANT_DELETION_POLICY_INCOMPLETE"

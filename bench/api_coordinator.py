@@ -171,7 +171,7 @@ class Server:
         )
 
     def start(self) -> None:
-        from portal.embedded_db import die_with_parent
+        from launcher.embedded_db import die_with_parent
 
         self._log = self.log_path.open("wb")
         self.process = subprocess.Popen(

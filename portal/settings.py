@@ -83,7 +83,7 @@ TEMPLATES = [
     },
 ]
 
-# The embedded server started by ``manage.py up`` (see portal/embedded_db.py) listens
+# The embedded server started by ``manage.py up`` (see launcher/embedded_db.py) listens
 # here when DATABASE_URL is unset.
 EMBEDDED_DATABASE_URL = "postgres://postgres@127.0.0.1:{port}/portal".format(
     port=os.environ.get("PORTAL_EMBEDDED_PG_PORT", "54329")

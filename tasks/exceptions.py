@@ -77,6 +77,26 @@ class TaskNotLeasable(PortalError):
     status = 409
 
 
+class GatewayRefused(PortalError):
+    """The gateway refused the action; the task now waits for a person."""
+
+    status = 422
+
+
+# One problem class per reason, so the reason code is the problem's ``code``.
+_REFUSALS: dict[str, type[GatewayRefused]] = {
+    reason: type(
+        f"Refused{reason.title().replace('_', '')}", (GatewayRefused,), {"code": reason}
+    )
+    for reason in ReasonCode.values
+}
+
+
+def gateway_refusal(reason: str) -> type[GatewayRefused]:
+    """The ``GatewayRefused`` subclass whose ``code`` is ``reason`` (a reason code)."""
+    return _REFUSALS[reason]
+
+
 portal_db.register_constraint_errors(
     {
         "tasks_task_transition_trg": IllegalTransition,

@@ -1,7 +1,8 @@
 """Events are append-only and bounded (DESIGN.md 5 and 7); outbox rows stay in tenant.
 
-The one exception to append-only is the purge path in ``audit/retention.py``, which
-sets ``portal.purge`` for its own transaction (as django-pgtrigger's "ignore" does).
+The one exception to append-only is the purge path in
+``tenant_deletion/services.py``, which sets ``portal.purge`` for its own transaction
+(as django-pgtrigger's "ignore" does).
 """
 
 from __future__ import annotations

@@ -70,6 +70,8 @@ class TenantScopedAdmin(admin.ModelAdmin):
     # Whether people with ``manage_perm`` may add rows (through ``save_model``).
     allow_add: ClassVar[bool] = False
     show_full_result_count = False
+    # Ids are UUIDv7, so this is newest first; autocomplete needs an order too.
+    ordering = ("-pk",)
 
     # --- whose rows -------------------------------------------------------------
 
@@ -168,6 +170,13 @@ class TenantScopedAdmin(admin.ModelAdmin):
         except PortalError as error:
             self.message_user(request, error.detail, messages.ERROR)
             return HttpResponseRedirect(request.get_full_path())
+
+    @staticmethod
+    def adopt(obj: Model, saved: Model) -> None:
+        """Make the admin's unsaved ``obj`` the row a service saved (for its log
+        entry and redirect)."""
+        for field in saved._meta.concrete_fields:
+            setattr(obj, field.attname, getattr(saved, field.attname))
 
     def run_service(
         self,

@@ -118,7 +118,7 @@ class ContractAdmin(TenantScopedAdmin):
             publish=form.cleaned_data["publish"],
             by=request.user,
         )
-        obj.pk, obj.version = created.pk, created.version
+        self.adopt(obj, created)
 
     @admin.action(description="Publish selected draft versions", permissions=["manage"])
     def publish_versions(
@@ -229,7 +229,7 @@ class ConnectorAdmin(TenantScopedAdmin):
             signing_key=form.cleaned_data.get("signing_key") or None,
             by=request.user,
         )
-        obj.pk = saved.pk
+        self.adopt(obj, saved)
 
 
 @admin.register(Escalation)

@@ -50,7 +50,7 @@ class TenantAdmin(TenantScopedAdmin):
             created = portal_services.tenant_create(
                 slug=obj.slug, name=obj.name, events_on_delete=obj.events_on_delete
             )
-            obj.pk = created.pk
+            self.adopt(obj, created)
             return
         services.tenant_update(
             tenant=Tenant.objects.get(pk=obj.pk),
@@ -110,7 +110,7 @@ class AgentAdmin(TenantScopedAdmin):
         created = services.agent_create(
             tenant=form.cleaned_data["tenant"], by=request.user, name=obj.name
         )
-        obj.pk = created.pk
+        self.adopt(obj, created)
 
     @admin.action(
         description="Issue a new API key (shown once)", permissions=["manage"]
@@ -193,7 +193,7 @@ class AgentGrantAdmin(TenantScopedAdmin):
             action=form.cleaned_data["action"],
             target=form.cleaned_data["target"],
         )
-        obj.pk = grant.pk
+        self.adopt(obj, grant)
 
     @admin.action(description="Revoke selected grants", permissions=["manage"])
     def revoke_grants(
@@ -259,7 +259,7 @@ class MembershipAdmin(TenantScopedAdmin):
             username=username,
             role=Role(form.cleaned_data["role"]),
         )
-        obj.pk = membership.pk
+        self.adopt(obj, membership)
 
     @admin.action(description="Remove selected members", permissions=["manage"])
     def remove_members(

@@ -6,6 +6,7 @@ import pytest
 from django.contrib.auth.models import User
 from rest_framework.test import APIClient
 
+from audit.models import Event
 from portal import services as portal_services
 from portal.models import Role
 from tasks.models import Contract
@@ -40,6 +41,15 @@ def test_an_admin_creates_publishes_and_retires_versions(tenant):
     again = admin.post(f"{base}/ci/versions/1/retire")
     assert again.status_code == 409
     assert again.json()["code"] == "ILLEGAL_TRANSITION"
+    # each change is one event naming the person; the refused retire wrote none
+    user = User.objects.get(username=f"p-{Role.ADMIN}-{tenant.slug}")
+    trail = Event.objects.filter(tenant=tenant, code__startswith="contract.")
+    assert list(trail.order_by("id").values_list("code", "actor_id")) == [
+        ("contract.created", str(user.pk)),
+        ("contract.published", str(user.pk)),
+        ("contract.created", str(user.pk)),
+        ("contract.retired", str(user.pk)),
+    ]
 
 
 def test_an_invalid_spec_lists_every_problem_and_saves_nothing(tenant):

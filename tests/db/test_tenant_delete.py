@@ -1,4 +1,4 @@
-"""Tenant deletion by the declared policy (audit/retention.py, docs/tenant-deletion.md).
+"""Tenant deletion by the declared policy (tenant_deletion/, docs/tenant-deletion.md).
 
 Every check runs over the model registry, not a hand-kept list: a model added later
 with a ``tenant`` field is checked here without anyone editing this file, and the seed
@@ -23,8 +23,6 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Model
 from guardian.shortcuts import assign_perm
 
-from audit import retention
-from audit.exceptions import TenantAlreadyDeleted, TenantDeletionPolicyIncomplete
 from audit.models import Event, EventCode, Outbox
 from portal import selectors as portal_selectors
 from portal import services as portal_services
@@ -50,6 +48,11 @@ from tasks.models import (
     OperationState,
     Task,
     TaskState,
+)
+from tenant_deletion import services as deletion
+from tenant_deletion.exceptions import (
+    TenantAlreadyDeleted,
+    TenantDeletionPolicyIncomplete,
 )
 from tests.conftest import db_now
 from tests.support.tenancy import tenant_fingerprint, tenant_owned_models
@@ -237,7 +240,7 @@ def test_keep_policy_empties_every_table_but_events_and_leaves_a_tombstone(
     events_before = Event.objects.filter(tenant=keep_tenant).count()
 
     # when it is deleted
-    report = retention.tenant_delete(tenant=keep_tenant, actor=SYSTEM)
+    report = deletion.tenant_delete(tenant=keep_tenant, actor=SYSTEM)
 
     # then every tenant-owned table is empty for it, except the kept events
     left = {table: n for table, n in rows_of(keep_tenant.pk).items() if n}
@@ -269,7 +272,7 @@ def test_purge_policy_empties_every_table_and_removes_the_tenant(
     events_before = Event.objects.filter(tenant=purge_tenant).count()
 
     # when it is deleted
-    report = retention.tenant_delete(tenant=purge_tenant, actor=SYSTEM)
+    report = deletion.tenant_delete(tenant=purge_tenant, actor=SYSTEM)
 
     # then nothing of it is left
     assert set(rows_of(purge_tenant.pk).values()) == {0}
@@ -293,7 +296,7 @@ def test_another_tenants_rows_are_untouched(make_tenant, populate, policy):
     permissions = object_permission_count(kept["task"])
 
     # when one is deleted
-    retention.tenant_delete(tenant=doomed, actor=SYSTEM)
+    deletion.tenant_delete(tenant=doomed, actor=SYSTEM)
 
     # then the other's rows, contents and object permissions are as they were
     assert tenant_fingerprint(bystander.pk) == before
@@ -306,7 +309,7 @@ def test_object_permissions_on_the_tenant_and_its_objects_go(keep_tenant, popula
     seeded = populate(keep_tenant)
     assert object_permission_count(seeded["task"]) == 1
 
-    report = retention.tenant_delete(tenant=keep_tenant, actor=SYSTEM)
+    report = deletion.tenant_delete(tenant=keep_tenant, actor=SYSTEM)
 
     assert object_permission_count(seeded["task"]) == 0
     assert object_permission_count(seeded["contract"]) == 0
@@ -322,7 +325,7 @@ def test_revocation_comes_first_and_counts_only_live_grants(keep_tenant, populat
     """The report lists revocations first; an already revoked credential is not one."""
     populate(keep_tenant)
 
-    report = retention.tenant_delete(tenant=keep_tenant, actor=SYSTEM)
+    report = deletion.tenant_delete(tenant=keep_tenant, actor=SYSTEM)
 
     assert report.revoked == {
         "tasks_credential": 1,
@@ -334,7 +337,7 @@ def test_revocation_comes_first_and_counts_only_live_grants(keep_tenant, populat
         "guardian_groupobjectpermission",
     ]
     assert list(report.deleted)[2:] == [
-        m._meta.db_table for m in retention.DELETION_ORDER
+        m._meta.db_table for m in deletion.DELETION_ORDER
     ]
 
 
@@ -343,7 +346,7 @@ def test_the_report_names_every_tenant_owned_table(make_tenant, populate):
     for policy in EventsOnDelete.values:
         tenant = make_tenant(events_on_delete=policy)
         populate(tenant)
-        report = retention.tenant_delete(tenant=tenant, actor=SYSTEM, dry_run=True)
+        report = deletion.tenant_delete(tenant=tenant, actor=SYSTEM, dry_run=True)
         named = set(report.deleted) | set(report.kept)
         assert {m._meta.db_table for m in tenant_owned_models()} <= named
 
@@ -353,7 +356,7 @@ def test_the_purge_privilege_is_closed_afterwards(purge_tenant, other_tenant, po
     populate(purge_tenant)
     populate(other_tenant)
 
-    retention.tenant_delete(tenant=purge_tenant, actor=SYSTEM)
+    deletion.tenant_delete(tenant=purge_tenant, actor=SYSTEM)
 
     with connection.cursor() as cursor:
         cursor.execute("SELECT current_setting('portal.purge', true)")
@@ -373,11 +376,11 @@ def test_a_forgotten_model_stops_the_deletion(keep_tenant, populate, monkeypatch
     """A tenant-owned table missing from the policy refuses the whole deletion."""
     populate(keep_tenant)
     before = tenant_fingerprint(keep_tenant.pk)
-    forgetful = tuple(m for m in retention.DELETION_ORDER if m is not ObjectVersion)
-    monkeypatch.setattr(retention, "DELETION_ORDER", forgetful)
+    forgetful = tuple(m for m in deletion.DELETION_ORDER if m is not ObjectVersion)
+    monkeypatch.setattr(deletion, "DELETION_ORDER", forgetful)
 
     with pytest.raises(TenantDeletionPolicyIncomplete) as caught:
-        retention.tenant_delete(tenant=keep_tenant, actor=SYSTEM)
+        deletion.tenant_delete(tenant=keep_tenant, actor=SYSTEM)
 
     assert caught.value.context == {"tables": ["tasks_objectversion"]}
     assert tenant_fingerprint(keep_tenant.pk) == before
@@ -432,8 +435,8 @@ def test_the_dry_run_predicts_the_real_deletion(make_tenant, populate, policy):
     tenant = make_tenant(events_on_delete=policy)
     populate(tenant)
 
-    preview = retention.tenant_delete(tenant=tenant, actor=SYSTEM, dry_run=True)
-    report = retention.tenant_delete(tenant=tenant, actor=SYSTEM)
+    preview = deletion.tenant_delete(tenant=tenant, actor=SYSTEM, dry_run=True)
+    report = deletion.tenant_delete(tenant=tenant, actor=SYSTEM)
 
     assert preview.dry_run
     assert not report.dry_run
@@ -525,13 +528,13 @@ def test_an_unknown_slug_is_a_clear_error(db):
 def test_deleting_an_already_deleted_tenant_errors(keep_tenant, populate):
     """A tombstone cannot be deleted again, by the service or the command."""
     populate(keep_tenant)
-    retention.tenant_delete(tenant=keep_tenant, actor=SYSTEM)
+    deletion.tenant_delete(tenant=keep_tenant, actor=SYSTEM)
     events = Event.objects.filter(tenant=keep_tenant).count()
 
     with pytest.raises(TenantAlreadyDeleted):
-        retention.tenant_delete(tenant=keep_tenant, actor=SYSTEM)
+        deletion.tenant_delete(tenant=keep_tenant, actor=SYSTEM)
     with pytest.raises(TenantAlreadyDeleted):
-        retention.tenant_delete(tenant=keep_tenant, actor=SYSTEM, dry_run=True)
+        deletion.tenant_delete(tenant=keep_tenant, actor=SYSTEM, dry_run=True)
     with pytest.raises(CommandError, match="already deleted"):
         call_command("delete_tenant", keep_tenant.slug, "--yes", stdout=io.StringIO())
 
@@ -539,7 +542,7 @@ def test_deleting_an_already_deleted_tenant_errors(keep_tenant, populate):
 
 
 def test_a_purged_tenant_is_not_found_again(purge_tenant):
-    retention.tenant_delete(tenant=purge_tenant, actor=SYSTEM)
+    deletion.tenant_delete(tenant=purge_tenant, actor=SYSTEM)
 
     with pytest.raises(TenantNotFound):
-        retention.tenant_delete(tenant=purge_tenant, actor=SYSTEM)
+        deletion.tenant_delete(tenant=purge_tenant, actor=SYSTEM)

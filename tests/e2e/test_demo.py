@@ -29,7 +29,7 @@ import pytest
 from django.conf import settings
 from psycopg import sql
 
-from portal import embedded_db
+from launcher import embedded_db
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "examples" / "customer_issue_agent.py"

@@ -18,7 +18,7 @@ import psutil
 import psycopg
 import pytest
 
-from portal.embedded_db import embedded_postgres
+from launcher.embedded_db import embedded_postgres
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(60)
@@ -80,7 +80,7 @@ def test_server_dies_with_a_sigkilled_launcher(data_dir: Path) -> None:
         f"""
         import time
         from pathlib import Path
-        from portal.embedded_db import embedded_postgres
+        from launcher.embedded_db import embedded_postgres
 
         with embedded_postgres({port}, data_dir=Path({str(data_dir)!r})) as url:
             print(url, flush=True)

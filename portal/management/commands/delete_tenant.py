@@ -1,8 +1,8 @@
 """``manage.py delete_tenant <slug> [--dry-run] [--yes]``: the declared deletion policy.
 
 The policy and its reasons are in docs/tenant-deletion.md; the code is
-``audit.retention.tenant_delete``. This command only finds the tenant, asks for
-confirmation and prints what went.
+``tenant_deletion.services.tenant_delete``. This command only finds the tenant, asks
+for confirmation and prints what went.
 """
 
 from __future__ import annotations
@@ -14,17 +14,17 @@ from typing import Any, TextIO
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from audit import retention
 from portal.actors import Actor
 from portal.exceptions import PortalError
 from portal.models import EventsOnDelete, Tenant
+from tenant_deletion import services as deletion
 
 ACTOR_ID = "delete_tenant"
 
 
 def _policy_lines(events_on_delete: str) -> list[str]:
     tables = ["object permissions"] + [
-        model._meta.db_table for model in retention.DELETION_ORDER
+        model._meta.db_table for model in deletion.DELETION_ORDER
     ]
     if events_on_delete == EventsOnDelete.PURGE:
         events = "the audit events are deleted, then the tenant row itself"
@@ -58,7 +58,7 @@ def _count_lines(title: str, counts: Mapping[str, int], width: int) -> list[str]
     ]
 
 
-def render(report: retention.TenantDeletionReport) -> list[str]:
+def render(report: deletion.TenantDeletionReport) -> list[str]:
     """The report as lines: per-table counts of what was (or would be) changed."""
     if report.dry_run:
         titles = ("Would revoke", "Would delete", "Would keep")
@@ -139,9 +139,9 @@ class Command(BaseCommand):
 
     def _delete(
         self, *, tenant: Tenant, actor: Actor, dry_run: bool
-    ) -> retention.TenantDeletionReport:
+    ) -> deletion.TenantDeletionReport:
         try:
-            return retention.tenant_delete(tenant=tenant, actor=actor, dry_run=dry_run)
+            return deletion.tenant_delete(tenant=tenant, actor=actor, dry_run=dry_run)
         except PortalError as error:
             raise CommandError(str(error)) from error
 

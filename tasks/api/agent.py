@@ -1,22 +1,18 @@
-"""Agent endpoints for tasks, leases, transitions, operations and object versions.
+"""Agent endpoints: tasks, leases, transitions, events, operations, object versions.
 
-One view per operation; each validates, calls one service and serialises (STYLE.md
-R11). The tenant always comes from the agent's key.
+Authenticated by the agent's Bearer key; the tenant always comes from the key. One
+view per operation; each validates, calls one service and serialises (STYLE.md R11).
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
-from django.utils.decorators import method_decorator
-from django.views.decorators.csrf import ensure_csrf_cookie
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiExample,
     OpenApiParameter,
     extend_schema,
-    extend_schema_field,
     extend_schema_serializer,
 )
 from rest_framework import serializers
@@ -24,113 +20,25 @@ from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from portal import selectors as portal_selectors
-from portal.api import LEASE_TOKEN_HEADER, AgentApi, StaffApi, problem_responses
+from audit import selectors as audit_selectors
+from audit.models import Event
+from portal.api import LEASE_TOKEN_HEADER, AgentApi, problem_responses
 from portal.codes import ReasonCode
-from portal.exceptions import PortalError
-from portal.models import Role
 
-from . import gateway, jobs, selectors, services, takeover
-from .models import ObjectVersion, OperationState, Task, TaskState
-
-logger = logging.getLogger(__name__)
-
-# --- Output ---------------------------------------------------------------------------
-
-
-class LeaseOutputSerializer(serializers.Serializer):
-    owner = serializers.CharField(allow_null=True)
-    token = serializers.IntegerField(help_text="Fencing token: send it as Lease-Token.")
-    acquired_at = serializers.DateTimeField(allow_null=True)
-    expires_at = serializers.DateTimeField(allow_null=True)
-
-
-class TaskWorkflowSerializer(serializers.Serializer):
-    key = serializers.CharField()
-    version = serializers.CharField()
-
-
-class TaskContractSerializer(serializers.Serializer):
-    key = serializers.CharField()
-    version = serializers.IntegerField()
-
-
-class TaskObjectSerializer(serializers.Serializer):
-    type = serializers.CharField()
-    id = serializers.CharField()
-    version = serializers.CharField()
-
-
-class TaskOutputSerializer(serializers.Serializer):
-    id = serializers.UUIDField()
-    client_task_id = serializers.CharField()
-    workflow = serializers.SerializerMethodField()
-    contract = serializers.SerializerMethodField()
-    object = serializers.SerializerMethodField()
-    state = serializers.ChoiceField(choices=TaskState.choices)
-    state_version = serializers.IntegerField()
-    current_step = serializers.CharField()
-    wake_at = serializers.DateTimeField(allow_null=True)
-    reason_code = serializers.ChoiceField(choices=ReasonCode.choices, allow_null=True)
-    lease = serializers.SerializerMethodField()
-    trace_id = serializers.CharField()
-    span_id = serializers.CharField()
-    created_at = serializers.DateTimeField()
-    updated_at = serializers.DateTimeField()
-
-    @extend_schema_field(TaskWorkflowSerializer)
-    def get_workflow(self, task: Task) -> dict[str, Any]:
-        return {"key": task.workflow_key, "version": task.workflow_version}
-
-    @extend_schema_field(TaskContractSerializer(allow_null=True))
-    def get_contract(self, task: Task) -> dict[str, Any] | None:
-        if task.contract_key is None:
-            return None
-        return {"key": task.contract_key, "version": task.contract_version}
-
-    @extend_schema_field(TaskObjectSerializer)
-    def get_object(self, task: Task) -> dict[str, Any]:
-        return {
-            "type": task.object_type,
-            "id": task.object_id,
-            "version": task.object_version,
-        }
-
-    @extend_schema_field(LeaseOutputSerializer)
-    def get_lease(self, task: Task) -> dict[str, Any]:
-        return {
-            "owner": task.lease_owner,
-            "token": task.lease_token,
-            "acquired_at": task.lease_acquired_at,
-            "expires_at": task.lease_expires_at,
-        }
-
-
-class OperationOutputSerializer(serializers.Serializer):
-    id = serializers.UUIDField()
-    task_id = serializers.UUIDField()
-    idempotency_key = serializers.CharField()
-    action = serializers.CharField()
-    target = serializers.CharField()
-    input_hash = serializers.CharField(help_text="SHA-256 of RFC 8785 canonical JSON.")
-    state = serializers.ChoiceField(choices=OperationState.choices)
-    state_version = serializers.IntegerField()
-    reason_code = serializers.ChoiceField(choices=ReasonCode.choices, allow_null=True)
-    attempts = serializers.IntegerField()
-    provider_reference = serializers.CharField(allow_null=True)
-    result = serializers.JSONField(allow_null=True, help_text="Redacted.")
-    trace_id = serializers.CharField()
-    span_id = serializers.CharField()
-    created_at = serializers.DateTimeField()
-    updated_at = serializers.DateTimeField()
-
-
-class ObjectVersionOutputSerializer(serializers.Serializer):
-    object_type = serializers.CharField()
-    object_id = serializers.CharField()
-    version = serializers.CharField()
-    updated_at = serializers.DateTimeField()
-
+from .. import dispatch, gateway, selectors, services
+from ..exceptions import gateway_refusal
+from ..models import ObjectVersion, TaskState
+from .serializers import (
+    ContractOutputSerializer,
+    EventOutputSerializer,
+    ExecutionOutputSerializer,
+    FieldValueSerializer,
+    LeaseInputSerializer,
+    ObjectVersionOutputSerializer,
+    OperationOutputSerializer,
+    RenewInputSerializer,
+    TaskOutputSerializer,
+)
 
 IDEMPOTENCY_HEADER = OpenApiParameter(
     "Idempotency-Key",
@@ -160,6 +68,14 @@ LEASE_HEADER = OpenApiParameter(
     description="The fencing token of your lease on the task.",
 )
 POST_HEADERS = [IDEMPOTENCY_HEADER, TRACEPARENT_HEADER]
+PREFER_HEADER = OpenApiParameter(
+    "Prefer",
+    OpenApiTypes.STR,
+    OpenApiParameter.HEADER,
+    required=False,
+    description="respond-async: run the checks now (their verdict commits), answer "
+    "202 with outcome 'queued', and let a worker make the call; poll the operation.",
+)
 
 
 # --- Tasks ----------------------------------------------------------------------------
@@ -290,15 +206,6 @@ class TaskClaimNextApi(AgentApi):
         return Response(TaskOutputSerializer(task).data)
 
 
-class LeaseInputSerializer(serializers.Serializer):
-    owner = serializers.CharField(max_length=200)
-    ttl_s = serializers.IntegerField(min_value=1, max_value=3600, required=False)
-
-
-class RenewInputSerializer(serializers.Serializer):
-    ttl_s = serializers.IntegerField(min_value=1, max_value=3600, required=False)
-
-
 class TaskLeaseAcquireApi(AgentApi):
     @extend_schema(
         operation_id="tasks_lease_acquire",
@@ -397,6 +304,50 @@ class TaskTransitionApi(AgentApi):
             data=data.get("payload"),
         )
         return Response(TaskOutputSerializer(task).data)
+
+
+# --- Events ---------------------------------------------------------------------------
+
+
+class EventPagination(CursorPagination):
+    """Oldest first by default; ``?order=newest`` reverses (ids are time-ordered)."""
+
+    ordering = "id"
+    page_size = 100
+    max_page_size = 500
+    page_size_query_param = "page_size"
+
+    def get_ordering(self, request: Request, queryset: Any, view: Any) -> tuple[str]:
+        return ("-id",) if request.query_params.get("order") == "newest" else ("id",)
+
+
+class TaskEventsApi(AgentApi):
+    pagination_class = EventPagination  # also tells the schema the page shape
+
+    @extend_schema_serializer(component_name="EventListFilter")
+    class FilterSerializer(serializers.Serializer):
+        order = serializers.ChoiceField(choices=["oldest", "newest"], default="oldest")
+
+    @extend_schema(
+        operation_id="tasks_events",
+        parameters=[FilterSerializer],
+        responses={
+            200: EventOutputSerializer(many=True),
+            **problem_responses(404),
+        },
+        description="The task's events, oldest (default) or newest first.",
+    )
+    def get(self, request: Request, task_id: Any) -> Response:
+        self.validated(self.FilterSerializer, request.query_params)
+        task = selectors.task_get(tenant=self.tenant, task_id=task_id)
+        events = audit_selectors.event_list(tenant=self.tenant, task_id=task.pk)
+        paginator = self.pagination_class()
+        page: list[Event] = (
+            paginator.paginate_queryset(events, request, view=self) or []
+        )
+        return paginator.get_paginated_response(
+            EventOutputSerializer(page, many=True).data
+        )
 
 
 # --- Operations -----------------------------------------------------------------------
@@ -559,63 +510,6 @@ class ObjectVersionApi(AgentApi):
 # --- The gateway ----------------------------------------------------------------------
 
 
-class GatewayRefused(PortalError):
-    """The gateway refused the action; the task now waits for a person."""
-
-    status = 422
-
-
-# One problem class per reason, so the reason code is the problem's ``code``.
-_REFUSALS: dict[str, type[GatewayRefused]] = {
-    reason: type(
-        f"Refused{reason.title().replace('_', '')}", (GatewayRefused,), {"code": reason}
-    )
-    for reason in ReasonCode.values
-}
-
-
-class FieldValueSerializer(serializers.Serializer):
-    name = serializers.CharField(max_length=100)
-    value = serializers.JSONField()
-    # A declared field named like Field.source: the metaclass moves it, so it works.
-    source = serializers.CharField(max_length=100)  # type: ignore[assignment]
-    observed_at = serializers.DateTimeField()
-
-
-class ExecutionOutputSerializer(serializers.Serializer):
-    outcome = serializers.ChoiceField(
-        choices=["verified", "failed", "unknown", "conflict", "refused", "queued"]
-    )
-    reason_code = serializers.CharField(allow_null=True)
-    escalation_id = serializers.UUIDField(allow_null=True)
-    operation = OperationOutputSerializer()
-
-
-PREFER_HEADER = OpenApiParameter(
-    "Prefer",
-    OpenApiTypes.STR,
-    OpenApiParameter.HEADER,
-    required=False,
-    description="respond-async: run the checks now (their verdict commits), answer "
-    "202 with outcome 'queued', and let a worker make the call; poll the operation.",
-)
-
-
-def _enqueue_run(*, tenant_id: Any, operation_id: Any) -> None:
-    """Nudge a worker. If the broker is down the authorisation is still committed:
-    the settle job starts the call after a grace period."""
-    try:
-        jobs.run_operation_job.delay(
-            tenant_id=str(tenant_id), operation_id=str(operation_id)
-        )
-    except Exception:  # the database, not the broker, holds the pending work
-        logger.warning(
-            "could not enqueue operation %s; the settle job will run it",
-            operation_id,
-            exc_info=True,
-        )
-
-
 class OperationExecuteApi(AgentApi):
     @extend_schema_serializer(component_name="OperationExecuteInput")
     class InputSerializer(serializers.Serializer):
@@ -643,24 +537,21 @@ class OperationExecuteApi(AgentApi):
     )
     def post(self, request: Request, operation_id: Any) -> Response:
         data = self.validated(self.InputSerializer, request.data)
-        queue = "respond-async" in request.headers.get("Prefer", "").lower()
-        result = gateway.operation_execute(
-            queue=queue,
+        result = dispatch.operation_dispatch(
             tenant=self.tenant,
             operation_id=operation_id,
             lease_token=self.lease_token(request),
             actor=self.actor,
             trace=self.trace,
             fields=[gateway.FieldValue(**field) for field in data["field_values"]],
+            respond_async=dispatch.prefers_respond_async(request.headers.get("Prefer")),
         )
         if result.outcome == "refused":
-            raise _REFUSALS[str(result.reason)](
+            raise gateway_refusal(str(result.reason))(
                 operation_id=str(result.operation.pk),
                 escalation_id=str(result.escalation_id),
                 task_state="human_required",
             )
-        if result.outcome == "queued":
-            _enqueue_run(tenant_id=self.tenant.pk, operation_id=result.operation.pk)
         return Response(
             status=202 if result.outcome == "queued" else 200,
             data=ExecutionOutputSerializer(
@@ -674,118 +565,7 @@ class OperationExecuteApi(AgentApi):
         )
 
 
-# --- Human takeover (people, session-authenticated) ----------------------------------
-
-
-class EscalationOutputSerializer(serializers.Serializer):
-    id = serializers.UUIDField()
-    operation_id = serializers.UUIDField(allow_null=True)
-    reason_code = serializers.CharField()
-    evidence = serializers.JSONField()
-    responsible_owner = serializers.CharField()
-    created_at = serializers.DateTimeField()
-    resolved_at = serializers.DateTimeField(allow_null=True)
-    resolution = serializers.CharField()
-
-
-class TakeoverItemSerializer(TaskOutputSerializer):
-    tenant = serializers.CharField(source="tenant.slug")
-    escalations = serializers.SerializerMethodField()
-
-    @extend_schema_field(EscalationOutputSerializer(many=True))
-    def get_escalations(self, task: Task) -> Any:
-        records = task.escalations.order_by("-created_at")[:5]
-        return EscalationOutputSerializer(records, many=True).data
-
-
-class TakeoverQueueApi(StaffApi):
-    @extend_schema_serializer(component_name="TakeoverQueueFilter")
-    class FilterSerializer(serializers.Serializer):
-        reason_code = serializers.ChoiceField(
-            choices=ReasonCode.choices, required=False
-        )
-
-    @extend_schema(
-        operation_id="takeover_queue",
-        parameters=[FilterSerializer],
-        responses={200: TakeoverItemSerializer(many=True), **problem_responses(403)},
-        description="Tasks waiting for a person in your tenants, oldest first. Also "
-        "sets the CSRF cookie that the POSTs below must echo in X-CSRFToken.",
-    )
-    @method_decorator(ensure_csrf_cookie)
-    def get(self, request: Request) -> Response:
-        filters = self.validated(self.FilterSerializer, request.query_params)
-        tasks = takeover.takeover_queue(
-            user=request.user, reason=filters.get("reason_code")
-        )[:200]
-        return Response(TakeoverItemSerializer(tasks, many=True).data)
-
-
-class TakeoverClaimApi(StaffApi):
-    @extend_schema(
-        operation_id="takeover_claim",
-        request=None,
-        responses={200: TaskOutputSerializer, **problem_responses(403, 404, 409)},
-        description="Claim a task: the automatic lease is revoked and the fencing "
-        "token raised. 409 ALREADY_CLAIMED when someone was first.",
-    )
-    def post(self, request: Request, task_id: Any) -> Response:
-        task = takeover.task_get_for_person(user=request.user, task_id=task_id)
-        claimed = takeover.task_human_claim(
-            task=task, user=request.user, trace=self.trace
-        )
-        return Response(TaskOutputSerializer(claimed).data)
-
-
-class TakeoverReleaseApi(StaffApi):
-    @extend_schema(
-        operation_id="takeover_release",
-        request=None,
-        responses={200: TaskOutputSerializer, **problem_responses(403, 404, 409)},
-    )
-    def post(self, request: Request, task_id: Any) -> Response:
-        task = takeover.task_get_for_person(user=request.user, task_id=task_id)
-        released = takeover.task_human_release(
-            task=task, user=request.user, trace=self.trace
-        )
-        return Response(TaskOutputSerializer(released).data)
-
-
-class TakeoverResolveApi(StaffApi):
-    @extend_schema_serializer(component_name="TakeoverResolveInput")
-    class InputSerializer(serializers.Serializer):
-        resolution = serializers.ChoiceField(choices=takeover.RESOLUTIONS)
-        operation_id = serializers.UUIDField(required=False)
-        provider_reference = serializers.CharField(max_length=200, required=False)
-        note = serializers.CharField(max_length=2000, required=False, default="")
-
-    @extend_schema(
-        operation_id="takeover_resolve",
-        request=InputSerializer,
-        responses={200: TaskOutputSerializer, **problem_responses(403, 404, 409)},
-        description="Settle a claimed task: verify (with the receipt id you found), "
-        "retry (same key, approved once), fail, cancel, hand_back or complete.",
-    )
-    def post(self, request: Request, task_id: Any) -> Response:
-        data = self.validated(self.InputSerializer, request.data)
-        task = takeover.task_get_for_person(user=request.user, task_id=task_id)
-        outcome = takeover.task_human_resolve(
-            task=task, user=request.user, trace=self.trace, **data
-        )
-        return Response(TaskOutputSerializer(outcome.task).data)
-
-
-# --- Contracts -----------------------------------------------------------------------
-
-
-class ContractOutputSerializer(serializers.Serializer):
-    key = serializers.CharField()
-    version = serializers.IntegerField()
-    status = serializers.CharField()
-    spec = serializers.JSONField()
-    created_at = serializers.DateTimeField()
-    published_at = serializers.DateTimeField(allow_null=True)
-    retired_at = serializers.DateTimeField(allow_null=True)
+# --- Contracts (read) -----------------------------------------------------------------
 
 
 class ContractCollectionApi(AgentApi):
@@ -814,58 +594,3 @@ class ContractDetailApi(AgentApi):
     def get(self, request: Request, key: str, version: int) -> Response:
         contract = selectors.contract_get(tenant=self.tenant, key=key, version=version)
         return Response(ContractOutputSerializer(contract).data)
-
-
-class TenantContractCreateApi(StaffApi):
-    @extend_schema_serializer(component_name="ContractCreateInput")
-    class InputSerializer(serializers.Serializer):
-        key = serializers.SlugField(max_length=100)
-        spec = serializers.JSONField(help_text="Validated against the contract schema.")
-        publish = serializers.BooleanField(default=False)
-
-    @extend_schema(
-        operation_id="tenant_contracts_create",
-        request=InputSerializer,
-        responses={201: ContractOutputSerializer, **problem_responses(403, 404)},
-        description="Create the next version of a contract (tenant administrators). "
-        "400 CONTRACT_INVALID lists every problem with its JSON path.",
-    )
-    def post(self, request: Request, tenant_slug: str) -> Response:
-        data = self.validated(self.InputSerializer, request.data)
-        tenant = portal_selectors.tenant_for_person(
-            user=request.user, slug=tenant_slug, roles=(Role.ADMIN,)
-        )
-        contract = services.contract_create(tenant=tenant, **data)
-        return Response(ContractOutputSerializer(contract).data, status=201)
-
-
-class TenantContractStatusApi(StaffApi):
-    """Publish or retire a version; ``action`` comes from the URL."""
-
-    action_name: str = ""
-
-    @extend_schema(
-        request=None,
-        responses={200: ContractOutputSerializer, **problem_responses(403, 404, 409)},
-    )
-    def post(
-        self, request: Request, tenant_slug: str, key: str, version: int
-    ) -> Response:
-        tenant = portal_selectors.tenant_for_person(
-            user=request.user, slug=tenant_slug, roles=(Role.ADMIN,)
-        )
-        change = (
-            services.contract_publish
-            if self.action_name == "publish"
-            else services.contract_retire
-        )
-        contract = change(tenant=tenant, key=key, version=version)
-        return Response(ContractOutputSerializer(contract).data)
-
-
-class TenantContractPublishApi(TenantContractStatusApi):
-    action_name = "publish"
-
-
-class TenantContractRetireApi(TenantContractStatusApi):
-    action_name = "retire"

@@ -27,6 +27,8 @@ from django.db.backends.utils import CursorWrapper
 from django.db.models import Model
 from guardian.utils import get_group_obj_perms_model, get_user_obj_perms_model
 
+from audit import services as audit_services
+from audit.models import Event, EventCode, Outbox
 from portal import db as portal_db
 from portal.actors import Actor
 from portal.models import (
@@ -50,9 +52,7 @@ from tasks.models import (
     Task,
 )
 
-from . import services as audit_services
 from .exceptions import TenantAlreadyDeleted, TenantDeletionPolicyIncomplete
-from .models import Event, EventCode, Outbox
 
 # Step a: grants die first. Inside one transaction the order is not visible from
 # outside, but it takes the row locks on keys and credentials before anything else,

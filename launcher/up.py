@@ -1,0 +1,370 @@
+"""``manage.py up``: the whole portal on one machine, in one terminal.
+
+Starts the embedded PostgreSQL (when DATABASE_URL is unset) and the demo ticket
+desk (``python -m ticketdesk``, the remote system the example agent's tickets land
+in), migrates, collects static files, seeds the demo data, then runs gunicorn, a
+Celery worker and Celery beat as child processes. Ctrl-C (or SIGTERM) stops them all,
+the database last. If any of them exits, the others are stopped and ``up`` exits
+non-zero. Every child also gets a parent-death signal, so even a SIGKILLed ``up``
+leaves nothing behind. The management command only parses its options and calls
+``Up.run``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import IO, Final
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import OutputWrapper
+from django.db import connections
+
+from portal.management.commands.seed_demo import TICKETDESK_DEMO_KEY, USERS, seed
+
+from . import embedded_db
+
+STOP_TIMEOUT: Final = 20.0
+WEB_START_TIMEOUT: Final = 60.0
+TICKETDESK_START_TIMEOUT: Final = 15.0
+_POLL_SECONDS: Final = 0.5
+# The one line the desk prints to stdout once its socket listens (ticketdesk/README).
+_TICKETDESK_LISTENING: Final = re.compile(
+    r"ticketdesk listening on (?P<url>http://\S+)"
+)
+
+
+class _StopRequested(BaseException):
+    """SIGINT or SIGTERM arrived. A BaseException, like KeyboardInterrupt, so that
+    no ``except Exception`` on the way (migrations, seeding) swallows it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+
+
+def _raise_stop(signum: int, frame: FrameType | None) -> None:
+    raise _StopRequested(signum)
+
+
+def _note_signal_while_stopping(signum: int, frame: FrameType | None) -> None:
+    print("up: already stopping, please wait…", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class Child:
+    name: str
+    process: subprocess.Popen[bytes]
+
+
+def _accepts_connections(port: int) -> bool:
+    try:
+        with socket.create_connection((embedded_db.HOST, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def _pump_stdout(stream: IO[bytes], lines: queue.Queue[str | None]) -> None:
+    """Hand the child's stdout lines to ``lines``, and on to our stdout.
+
+    Drains the pipe for the child's whole life, so a full pipe never blocks it.
+    """
+    with stream:
+        for raw in stream:
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            lines.put(line)
+            print(line, flush=True)
+    lines.put(None)
+
+
+def _exit_code(returncode: int) -> int:
+    # Any exit is a failure here: the children are meant to run until stopped.
+    if returncode > 0:
+        return returncode
+    return 128 - returncode if returncode < 0 else 1
+
+
+class Up:
+    """One run of ``manage.py up``: progress to ``stderr``, the banner to ``stdout``."""
+
+    def __init__(self, *, stdout: OutputWrapper, stderr: OutputWrapper) -> None:
+        self.stdout = stdout
+        self.stderr = stderr
+
+    def run(
+        self, *, port: int, ticketdesk_port: int, no_worker: bool, verbosity: int = 1
+    ) -> int:
+        """Start everything, supervise until a stop or an exit; return the exit code.
+
+        Raises:
+            LaunchError: a server could not be started (port taken, database, desk);
+                everything started so far has been stopped.
+        """
+        server: embedded_db.EmbeddedServer | None = None
+        children: list[Child] = []
+        code = 0
+        # The desk is demo equipment: production settings seed nothing that uses it.
+        demo = not settings.PRODUCTION
+        previous = {
+            signum: signal.signal(signum, _raise_stop)
+            for signum in (signal.SIGINT, signal.SIGTERM)
+        }
+        try:
+            embedded_db.check_port_free(
+                port,
+                server="the web server",
+                hint="Pass --port or set PORTAL_PORT to use another one.",
+            )
+            if demo:
+                embedded_db.check_port_free(
+                    ticketdesk_port,
+                    server="the ticket desk",
+                    hint="Pass --ticketdesk-port or set PORTAL_TICKETDESK_PORT to use "
+                    "another one.",
+                )
+            database_url = os.environ.get("DATABASE_URL")
+            if not database_url:
+                server = embedded_db.EmbeddedServer(
+                    data_dir=Path(settings.VAR_DIR) / "pgdata",
+                    port=embedded_db.settings_port(),
+                )
+                self._say(f"starting PostgreSQL on {embedded_db.HOST}:{server.port}…")
+                server.start()
+                database_url = server.url
+            desk_url = None
+            if demo:
+                desk_url = self._start_ticketdesk(children, port=ticketdesk_port)
+            secret = self._prepare(verbosity=verbosity, desk_url=desk_url)
+            self._start_children(
+                children, database_url=database_url, port=port, no_worker=no_worker
+            )
+            code = self._supervise(
+                children=children,
+                server=server,
+                port=port,
+                secret=secret,
+                desk_url=desk_url,
+            )
+        except _StopRequested as stop:
+            self._say(f"{stop}: stopping…")
+        finally:
+            for signum in previous:
+                signal.signal(signum, _note_signal_while_stopping)
+            self._stop_children(children)
+            if server is not None:
+                server.stop()
+                self._say("PostgreSQL stopped")
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        return code
+
+    def _prepare(self, *, verbosity: int, desk_url: str | None) -> str | None:
+        """Migrate, collect static files, seed; return the demo agent's key."""
+        self._say("applying migrations…")
+        call_command("migrate", interactive=False, verbosity=verbosity)
+        self._say("collecting static files…")
+        call_command("collectstatic", interactive=False, verbosity=0)
+        secret = None
+        if settings.PRODUCTION:
+            self._say("production settings: not seeding demo users")
+        else:
+            secret = seed(
+                report=lambda line: self._say(f"seed_demo: {line}"),
+                ticketdesk_url=desk_url,
+                ticketdesk_key=TICKETDESK_DEMO_KEY,
+            )
+        # Idle connections would hold the embedded server open at shutdown.
+        connections.close_all()
+        return secret
+
+    def _start_ticketdesk(self, children: list[Child], *, port: int) -> str:
+        """Start the demo ticket desk as a child; return its URL once it listens.
+
+        Raises:
+            LaunchError: it exited or stayed silent past the start timeout.
+        """
+        command = [
+            sys.executable, "-m", "ticketdesk", "--host", embedded_db.HOST,
+            "--port", str(port),
+        ]  # fmt: skip
+        self._say(f"starting ticket desk: {' '.join(command[1:])}")
+        env = dict(os.environ)
+        # Through the environment, so the key stays off the process list.
+        env["TICKETDESK_SIGNING_KEY"] = TICKETDESK_DEMO_KEY
+        env["PYTHONUNBUFFERED"] = "1"
+        process = subprocess.Popen(  # noqa: S603 (this interpreter, fixed arguments)
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            cwd=settings.BASE_DIR,
+            env=env,
+            preexec_fn=embedded_db.die_with_parent(signal.SIGTERM),
+            process_group=0,  # as the other children: see _start_children
+        )
+        children.append(Child(name="ticket desk", process=process))
+        assert process.stdout is not None
+        lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(
+            target=_pump_stdout,
+            args=(process.stdout, lines),
+            name="ticketdesk-stdout",
+            daemon=True,
+        ).start()
+        deadline = time.monotonic() + TICKETDESK_START_TIMEOUT
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = lines.get(timeout=min(left, _POLL_SECONDS))
+            except queue.Empty:
+                continue
+            if line is None:  # stdout closed: the desk exited
+                break
+            if match := _TICKETDESK_LISTENING.fullmatch(line):
+                return match["url"]
+        raise embedded_db.LaunchError(
+            f"the ticket desk did not start on port {port} within "
+            f"{TICKETDESK_START_TIMEOUT:.0f} s (exit code {process.poll()}); its "
+            "messages are above."
+        )
+
+    def _start_children(
+        self, children: list[Child], *, database_url: str, port: int, no_worker: bool
+    ) -> None:
+        """Start the servers, adding each to ``children`` as soon as it runs."""
+        env = dict(os.environ)
+        env["DATABASE_URL"] = database_url
+        env.setdefault("DJANGO_DEBUG", "1")
+        env["PYTHONUNBUFFERED"] = "1"  # logs appear as they happen
+        var_dir = Path(settings.VAR_DIR)
+        commands = {
+            "web server": [
+                "gunicorn", "portal.wsgi:application", "-b", f"127.0.0.1:{port}",
+                "--workers", "2", "--graceful-timeout", "10", "--access-logfile", "-",
+                # Its default socket is one per user ($HOME/.gunicorn): a second
+                # portal checkout would fight over it.
+                "--no-control-socket",
+            ],
+        }  # fmt: skip
+        if not no_worker:
+            # kombu's filesystem transport does not create its folders.
+            options = getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", {})
+            for key, value in options.items():
+                if key.endswith("_folder") or key.startswith("data_folder_"):
+                    Path(value).mkdir(parents=True, exist_ok=True)
+            commands["Celery worker"] = [
+                "celery", "-A", "portal", "worker",
+                "--loglevel=INFO", "--concurrency=2",
+            ]  # fmt: skip
+            commands["Celery beat"] = [
+                "celery", "-A", "portal", "beat", "--loglevel=INFO",
+                "--schedule", str(var_dir / "celerybeat-schedule"),
+            ]  # fmt: skip
+        for name, command in commands.items():
+            self._say(f"starting {name}: {' '.join(command)}")
+            process = subprocess.Popen(  # noqa: S603 (fixed commands)
+                # The venv's interpreter, whatever PATH says.
+                [sys.executable, "-m", *command],
+                stdin=subprocess.DEVNULL,
+                cwd=settings.BASE_DIR,
+                env=env,
+                preexec_fn=embedded_db.die_with_parent(signal.SIGTERM),
+                # Own process group: Ctrl-C reaches only `up`, which stops the
+                # children in order; killpg then also reaches their workers.
+                process_group=0,
+            )
+            children.append(Child(name=name, process=process))
+
+    def _supervise(
+        self,
+        *,
+        children: list[Child],
+        server: embedded_db.EmbeddedServer | None,
+        port: int,
+        secret: str | None,
+        desk_url: str | None,
+    ) -> int:
+        """Wait until a child or the database exits; return the exit code for up."""
+        web_deadline: float | None = time.monotonic() + WEB_START_TIMEOUT
+        while True:
+            if server is not None and (returncode := server.poll()) is not None:
+                self._say(f"PostgreSQL exited with code {returncode}; stopping")
+                return _exit_code(returncode)
+            for child in children:
+                if (returncode := child.process.poll()) is not None:
+                    self._say(f"{child.name} exited with code {returncode}; stopping")
+                    return _exit_code(returncode)
+            if web_deadline is not None:
+                if _accepts_connections(port):
+                    web_deadline = None
+                    self._banner(
+                        port=port, server=server, secret=secret, desk_url=desk_url
+                    )
+                elif time.monotonic() > web_deadline:
+                    self._say(f"the web server did not listen on port {port}; stopping")
+                    return 1
+            time.sleep(_POLL_SECONDS)
+
+    def _stop_children(self, children: list[Child]) -> None:
+        """SIGTERM all (graceful), wait, then SIGKILL what is left of each group."""
+        for child in reversed(children):
+            if child.process.poll() is None:
+                child.process.terminate()
+        deadline = time.monotonic() + STOP_TIMEOUT
+        for child in reversed(children):
+            try:
+                child.process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self._say(f"{child.name} did not stop in {STOP_TIMEOUT:.0f} s; killing")
+            # The group outlives its leader while a worker process lingers.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(child.process.pid, signal.SIGKILL)
+            child.process.wait()
+            self._say(f"{child.name} stopped")
+
+    def _banner(
+        self,
+        *,
+        port: int,
+        server: embedded_db.EmbeddedServer | None,
+        secret: str | None,
+        desk_url: str | None,
+    ) -> None:
+        base = f"http://127.0.0.1:{port}"
+        lines = [
+            "",
+            "The agent governance portal is up.",
+            f"  Admin:      {base}/admin/",
+            f"  API:        {base}/api/v1/",
+        ]
+        if secret is not None:
+            for username, password, role in USERS:
+                lines.append(f"  Log in as:  {username} / {password}  ({role.label})")
+            lines.append(f"  Agent key:  Authorization: Bearer {secret}")
+        if desk_url is not None:
+            lines.append(f"  Ticket desk: {desk_url}  (demo target 'ticket-desk')")
+        if server is not None:
+            lines.append(f"  Database:   {server.url} (embedded, {server.data_dir})")
+        if secret is not None and desk_url is not None:
+            lines.append(
+                "  Try:        .venv/bin/python examples/customer_issue_agent.py "
+                f"--base-url {base} --api-key {secret}"
+            )
+        lines += ["Press Ctrl-C to stop everything.", ""]
+        self.stdout.write("\n".join(lines))
+        # A pipe (`up | tee log`, a test) buffers stdout; the banner is needed now.
+        self.stdout.flush()
+
+    def _say(self, message: str) -> None:
+        self.stderr.write(f"up: {message}")
+        self.stderr.flush()

@@ -1,0 +1,165 @@
+"""Staff endpoints (people, session-authenticated): human takeover, contract changes.
+
+``StaffApi`` authenticates the Django session and checks CSRF; each service checks the
+person's role in the tenant (STYLE.md R13). One view per operation (R11).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.utils.decorators import method_decorator
+from django.views.decorators.csrf import ensure_csrf_cookie
+from drf_spectacular.utils import extend_schema, extend_schema_serializer
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from portal import selectors as portal_selectors
+from portal.api import StaffApi, problem_responses
+from portal.codes import ReasonCode
+from portal.models import Role
+
+from .. import services, takeover
+from .serializers import (
+    ContractOutputSerializer,
+    TakeoverItemSerializer,
+    TaskOutputSerializer,
+)
+
+# --- Human takeover -------------------------------------------------------------------
+
+
+class TakeoverQueueApi(StaffApi):
+    @extend_schema_serializer(component_name="TakeoverQueueFilter")
+    class FilterSerializer(serializers.Serializer):
+        reason_code = serializers.ChoiceField(
+            choices=ReasonCode.choices, required=False
+        )
+
+    @extend_schema(
+        operation_id="takeover_queue",
+        parameters=[FilterSerializer],
+        responses={200: TakeoverItemSerializer(many=True), **problem_responses(403)},
+        description="Tasks waiting for a person in your tenants, oldest first. Also "
+        "sets the CSRF cookie that the POSTs below must echo in X-CSRFToken.",
+    )
+    @method_decorator(ensure_csrf_cookie)
+    def get(self, request: Request) -> Response:
+        filters = self.validated(self.FilterSerializer, request.query_params)
+        tasks = takeover.takeover_queue(
+            user=request.user, reason=filters.get("reason_code")
+        )[:200]
+        return Response(TakeoverItemSerializer(tasks, many=True).data)
+
+
+class TakeoverClaimApi(StaffApi):
+    @extend_schema(
+        operation_id="takeover_claim",
+        request=None,
+        responses={200: TaskOutputSerializer, **problem_responses(403, 404, 409)},
+        description="Claim a task: the automatic lease is revoked and the fencing "
+        "token raised. 409 ALREADY_CLAIMED when someone was first.",
+    )
+    def post(self, request: Request, task_id: Any) -> Response:
+        task = takeover.task_get_for_person(user=request.user, task_id=task_id)
+        claimed = takeover.task_human_claim(
+            task=task, user=request.user, trace=self.trace
+        )
+        return Response(TaskOutputSerializer(claimed).data)
+
+
+class TakeoverReleaseApi(StaffApi):
+    @extend_schema(
+        operation_id="takeover_release",
+        request=None,
+        responses={200: TaskOutputSerializer, **problem_responses(403, 404, 409)},
+    )
+    def post(self, request: Request, task_id: Any) -> Response:
+        task = takeover.task_get_for_person(user=request.user, task_id=task_id)
+        released = takeover.task_human_release(
+            task=task, user=request.user, trace=self.trace
+        )
+        return Response(TaskOutputSerializer(released).data)
+
+
+class TakeoverResolveApi(StaffApi):
+    @extend_schema_serializer(component_name="TakeoverResolveInput")
+    class InputSerializer(serializers.Serializer):
+        resolution = serializers.ChoiceField(choices=takeover.RESOLUTIONS)
+        operation_id = serializers.UUIDField(required=False)
+        provider_reference = serializers.CharField(max_length=200, required=False)
+        note = serializers.CharField(max_length=2000, required=False, default="")
+
+    @extend_schema(
+        operation_id="takeover_resolve",
+        request=InputSerializer,
+        responses={200: TaskOutputSerializer, **problem_responses(403, 404, 409)},
+        description="Settle a claimed task: verify (with the receipt id you found), "
+        "retry (same key, approved once), fail, cancel, hand_back or complete.",
+    )
+    def post(self, request: Request, task_id: Any) -> Response:
+        data = self.validated(self.InputSerializer, request.data)
+        task = takeover.task_get_for_person(user=request.user, task_id=task_id)
+        outcome = takeover.task_human_resolve(
+            task=task, user=request.user, trace=self.trace, **data
+        )
+        return Response(TaskOutputSerializer(outcome.task).data)
+
+
+# --- Contracts (tenant administrators) ------------------------------------------------
+
+
+class TenantContractCreateApi(StaffApi):
+    @extend_schema_serializer(component_name="ContractCreateInput")
+    class InputSerializer(serializers.Serializer):
+        key = serializers.SlugField(max_length=100)
+        spec = serializers.JSONField(help_text="Validated against the contract schema.")
+        publish = serializers.BooleanField(default=False)
+
+    @extend_schema(
+        operation_id="tenant_contracts_create",
+        request=InputSerializer,
+        responses={201: ContractOutputSerializer, **problem_responses(403, 404)},
+        description="Create the next version of a contract (tenant administrators). "
+        "400 CONTRACT_INVALID lists every problem with its JSON path.",
+    )
+    def post(self, request: Request, tenant_slug: str) -> Response:
+        data = self.validated(self.InputSerializer, request.data)
+        tenant = portal_selectors.tenant_for_person(
+            user=request.user, slug=tenant_slug, roles=(Role.ADMIN,)
+        )
+        contract = services.contract_create(tenant=tenant, by=request.user, **data)
+        return Response(ContractOutputSerializer(contract).data, status=201)
+
+
+class TenantContractStatusApi(StaffApi):
+    """Publish or retire a version; ``action`` comes from the URL."""
+
+    action_name: str = ""
+
+    @extend_schema(
+        request=None,
+        responses={200: ContractOutputSerializer, **problem_responses(403, 404, 409)},
+    )
+    def post(
+        self, request: Request, tenant_slug: str, key: str, version: int
+    ) -> Response:
+        tenant = portal_selectors.tenant_for_person(
+            user=request.user, slug=tenant_slug, roles=(Role.ADMIN,)
+        )
+        change = (
+            services.contract_publish
+            if self.action_name == "publish"
+            else services.contract_retire
+        )
+        contract = change(tenant=tenant, key=key, version=version, by=request.user)
+        return Response(ContractOutputSerializer(contract).data)
+
+
+class TenantContractPublishApi(TenantContractStatusApi):
+    action_name = "publish"
+
+
+class TenantContractRetireApi(TenantContractStatusApi):
+    action_name = "retire"
