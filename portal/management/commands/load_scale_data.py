@@ -1061,8 +1061,9 @@ def load(
         f"loading {new_tasks:,} tasks and {new_events:,} events over {tenants} "
         f"tenants (seed {seed}, chunks of {chunk_tasks:,} tasks)"
     )
-    # Reproducible test data, not secrets: the seed makes the same data set again.
-    rng = random.Random(seed if not append else f"{seed}:{have_tasks}")  # noqa: S311
+    # Reproducible test data, not secrets: the seed makes the same data set again
+    # in an empty database; a top-up or an append draws fresh ids.
+    rng = random.Random(f"{seed}:{have_tasks}")  # noqa: S311
     ids = _Ids(rng)
     now = dt.datetime.now(dt.UTC)
     states = [name for name, _ in STATE_MIX]
