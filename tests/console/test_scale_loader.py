@@ -18,6 +18,8 @@ from django.db import IntegrityError, connection, transaction
 
 from portal.management.commands import load_scale_data
 from portal.models import Tenant, TenantPerm
+from tasks.hashing import input_hash
+from tasks.models import Operation, Task
 
 TASKS = 2000
 EVENTS = 20_000
@@ -131,6 +133,19 @@ def test_small_load_keeps_every_invariant(loaded: tuple[str, str]) -> None:
     # and people, agents and the system all act
     actors = {row[0] for row in _rows("SELECT DISTINCT actor_type FROM audit_event")}
     assert actors == {"agent", "user", "system"}
+    # and the stored hashes are the ones the services compute (re-registering a
+    # loaded task, or re-reserving its operation, is recognised as the same)
+    for task in Task.objects.order_by("?")[:50]:
+        details = {
+            key: getattr(task, key)
+            for key in (
+                "client_task_id", "workflow_key", "workflow_version", "contract_key",
+                "contract_version", "object_type", "object_id", "object_version",
+            )
+        }  # fmt: skip
+        assert task.registration_hash == input_hash(details)
+    for operation in Operation.objects.order_by("?")[:50]:
+        assert operation.input_hash == input_hash(operation.input)
     # and the reviewer of a tenant holds its reviewer permissions
     tenant = Tenant.objects.get(slug="scale-t01")
     reviewer = get_user_model().objects.get(username="reviewer-t01")
