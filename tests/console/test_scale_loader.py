@@ -222,4 +222,4 @@ def test_event_counts_add_up_exactly_within_bounds(tasks: int, events: int) -> N
 def test_impossible_ratio_is_refused(db: None) -> None:
     # 100 events cannot give 100 tasks five events each
     with pytest.raises(CommandError, match="each task gets"):
-        load_scale_data.load(tasks=100, events=100, tenants=1, pipeline=False)
+        load_scale_data.load(tasks=100, events=100, tenants=1, writers=0)

@@ -24,8 +24,10 @@ What it makes:
 
 Rows go in through ``COPY … FROM STDIN`` in chunks of tasks, one transaction per
 chunk, so constraints, composite foreign keys and triggers all apply (nothing is
-disabled) and an interrupted load leaves whole tasks only. Ids are UUIDv7 built
-from each row's own timestamp, as ``portal.ids.new_id`` would have made them then.
+disabled) and an interrupted load leaves whole tasks only. ``--writers`` threads
+(default 2), each on its own connection, COPY chunks while the next is built. Ids
+are UUIDv7 built from each row's own timestamp, as ``portal.ids.new_id`` would have
+made them then.
 
 ``--tasks`` and ``--events`` are totals for the database: a run tops it up to them
 (so a second run after an interruption finishes the load) and refuses when the
@@ -42,7 +44,9 @@ import json
 import math
 import random
 import sys
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -1038,14 +1042,15 @@ def load(
     progress: Callable[[str], object] = sys.stderr.write,
     progress_tty: bool = False,
     chunk_tasks: int = CHUNK_TASKS,
-    pipeline: bool = True,
+    writers: int = 2,
 ) -> LoadSummary:
     """Load tasks and their stories until the database holds ``tasks``/``events``.
 
     With ``append``, add that many on top instead. Each chunk of tasks (with all
-    its rows) commits on its own; with ``pipeline`` the chunks are written by a
-    second thread on its own connection, so they do not join the caller's
-    transaction (a test that wants them rolled back passes ``pipeline=False``).
+    its rows) commits on its own; with ``writers`` > 0 the chunks are written by
+    that many threads on connections of their own, so they do not join the
+    caller's transaction (a test that wants them rolled back passes
+    ``writers=0``).
 
     Raises:
         CommandError: production settings; the database already holds that many
@@ -1126,36 +1131,51 @@ def load(
             done += size
             yield chunk
 
+    counted = threading.Lock()
+
     def commit(chunk: Chunk) -> None:
         with transaction.atomic():
             _copy(chunk)
-        summary.tasks += len(chunk.rows["tasks_task"])
-        summary.events += chunk.events
-        summary.outbox += len(chunk.rows["audit_outbox"])
-        summary.operations += len(chunk.rows["tasks_operation"])
-        summary.escalations += len(chunk.rows["tasks_escalation"])
-        summary.credentials += len(chunk.rows["tasks_credential"])
-        bar.advance(chunk.events, final=summary.tasks >= new_tasks)
+        with counted:
+            summary.tasks += len(chunk.rows["tasks_task"])
+            summary.events += chunk.events
+            summary.outbox += len(chunk.rows["audit_outbox"])
+            summary.operations += len(chunk.rows["tasks_operation"])
+            summary.escalations += len(chunk.rows["tasks_escalation"])
+            summary.credentials += len(chunk.rows["tasks_credential"])
+            bar.advance(chunk.events, final=summary.tasks >= new_tasks)
 
-    if pipeline:
-        # Build the next chunk while the server takes in this one: the COPY thread
-        # mostly waits on the socket, so Python and PostgreSQL each keep a core
-        # busy. The thread has its own connection and transactions.
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="copy") as writer:
-            try:
-                running: Future[None] | None = None
-                for chunk in chunks():
-                    if running is not None:
-                        running.result()
-                    running = writer.submit(commit, chunk)
-                if running is not None:
-                    running.result()
-            finally:
-                # Looked up in the writer thread: its own connection, not ours.
-                writer.submit(lambda: connection.close()).result()
-    else:
+    if writers < 1:
         for chunk in chunks():
             commit(chunk)
+    else:
+        # Build chunks here while ``writers`` threads COPY earlier ones, each on
+        # its own connection and in its own transactions: the server's work
+        # (indexes, foreign keys) is most of the cost, and a second backend uses
+        # the second core.
+        with ThreadPoolExecutor(max_workers=writers, thread_name_prefix="copy") as pool:
+            in_flight: deque[Future[None]] = deque()
+            try:
+                for chunk in chunks():
+                    if len(in_flight) >= writers:
+                        in_flight.popleft().result()
+                    in_flight.append(pool.submit(commit, chunk))
+                while in_flight:
+                    in_flight.popleft().result()
+            finally:
+                for running in in_flight:
+                    running.cancel()
+                # One close per thread, each in the thread that owns the
+                # connection (the barrier keeps a thread from taking two).
+                barrier = threading.Barrier(writers)
+
+                def close_own() -> None:
+                    barrier.wait(timeout=120)
+                    connection.close()
+
+                closing = [pool.submit(close_own) for _ in range(writers)]
+                for closed in closing:
+                    closed.result()
     summary.seconds = time.monotonic() - started
     with connection.cursor() as cursor:
         # Fresh statistics, so the planner sees the new sizes at once.
@@ -1190,6 +1210,13 @@ class Command(BaseCommand):
         parser.add_argument(
             "--chunk", type=int, default=CHUNK_TASKS, help="tasks per transaction"
         )
+        parser.add_argument(
+            "--writers",
+            type=int,
+            default=2,
+            help="threads that COPY, each on its own connection (default: 2; "
+            "0 writes in the calling thread)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         # The set-up's events need no live relay (beat finds pending rows anyway);
@@ -1206,6 +1233,7 @@ class Command(BaseCommand):
             progress=lambda text: self.stderr.write(text, ending=""),
             progress_tty=self.stderr.isatty(),
             chunk_tasks=options["chunk"],
+            writers=options["writers"],
         )
         rate = summary.events / summary.seconds if summary.seconds else 0.0
         self.stdout.write(
