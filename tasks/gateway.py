@@ -501,11 +501,11 @@ def _authorize(
         operation.call_fields = {
             name: given[name] for name in read_fields if name in given
         }
-        Operation.objects.filter(pk=operation.pk).update(
+        Operation.objects.filter(tenant=tenant, pk=operation.pk).update(
             call_fields=operation.call_fields
         )
     if queue:
-        Operation.objects.filter(pk=operation.pk).update(
+        Operation.objects.filter(tenant=tenant, pk=operation.pk).update(
             authorized_at=now,
             authorized_token=task.lease_token,
             field_provenance=[
@@ -646,8 +646,8 @@ def _begin_call(
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT expires_at > app_now() AND revoked_at IS NULL "
-            "FROM tasks_credential WHERE id = %s",
-            [authorized.credential_id],
+            "FROM tasks_credential WHERE tenant_id = %s AND id = %s",
+            [tenant.pk, authorized.credential_id],
         )
         (live,) = cursor.fetchone()
     current = ObjectVersion.objects.filter(
@@ -886,7 +886,7 @@ def _call(
 def _receipt_required(operation: Operation) -> bool:
     """Whether the pinned contract asks for a verified receipt (the seed's default)."""
     task = Task.objects.only("tenant_id", "contract_key", "contract_version").get(
-        pk=operation.task_id
+        tenant_id=operation.tenant_id, pk=operation.task_id
     )
     if task.contract_key is None or task.contract_version is None:
         return True
@@ -1110,7 +1110,7 @@ def _recovery_claim(
             escalation_id=record.pk,
         )
     # Hold the claim while looking, so a second runner does not look too.
-    Operation.objects.filter(pk=operation.pk).update(
+    Operation.objects.filter(tenant=tenant, pk=operation.pk).update(
         next_check_at=now + dt.timedelta(seconds=settings.PORTAL_EXECUTION_DEADLINE_S)
     )
     token, _ = _issue_credential(
@@ -1258,7 +1258,7 @@ def _recovery_decide(
         )
     if lookup.kind == "unknown":
         if operation.lookups + 1 >= settings.PORTAL_RECOVERY_MAX_LOOKUPS:
-            Operation.objects.filter(pk=operation.pk).update(
+            Operation.objects.filter(tenant=tenant, pk=operation.pk).update(
                 lookups=operation.lookups + 1
             )
             operation.refresh_from_db()
@@ -1267,7 +1267,7 @@ def _recovery_decide(
                 lookup_error=lookup.error,
                 lookups=operation.lookups,
             )
-        Operation.objects.filter(pk=operation.pk).update(
+        Operation.objects.filter(tenant=tenant, pk=operation.pk).update(
             lookups=operation.lookups + 1,
             next_check_at=_db_now() + _backoff(operation.lookups + 1),
         )

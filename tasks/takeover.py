@@ -156,7 +156,7 @@ def task_human_claim(*, task: Task, user: Person, trace: Trace = NO_TRACE) -> Ta
         [_owner(user), task.tenant_id, task.pk],
     )
     if claimed is None:
-        current = Task.objects.get(pk=task.pk)
+        current = Task.objects.get(tenant_id=task.tenant_id, pk=task.pk)
         if current.state == TaskState.HUMAN_CLAIMED:
             raise AlreadyClaimed(task_id=str(task.pk), claimed_by=current.lease_owner)
         raise IllegalTransition(current=current.state, requested="human_claimed")
