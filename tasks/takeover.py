@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Final, Literal
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import QuerySet
 from django.db.models.functions import Now
 
@@ -29,7 +29,15 @@ from portal.tracing import NO_TRACE, Trace
 
 from . import services
 from .exceptions import OperationNotFound, TaskNotFound
-from .models import Approval, Escalation, Operation, OperationState, Task, TaskState
+from .models import (
+    Approval,
+    Escalation,
+    Operation,
+    OperationState,
+    Task,
+    TaskState,
+)
+from .task_state import TaskStateWrite, task_from_row, task_state_write
 
 TAKEOVER_ROLES: Final = (Role.SUPPORT, Role.ADMIN)
 # A person's claim is a lease like an agent's, only longer: a working day.
@@ -80,6 +88,9 @@ def _owner(user: Person) -> str:
     return f"user:{user.pk}"
 
 
+# --- The queue and a person's moves --------------------------------------------------
+
+
 def takeover_tenants(*, user: Person) -> QuerySet[Tenant]:
     """Tenants whose takeover queue the user may work."""
     return portal_selectors.tenants_of(user=user, roles=TAKEOVER_ROLES)
@@ -121,11 +132,32 @@ def _require_role(*, tenant: Tenant, user: Person) -> None:
         raise TaskNotFound()  # no membership: the task does not exist for them
 
 
-def _fetch_task(sql: str, params: list[Any]) -> Task | None:
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
-    return services._task(row) if row else None
+_CLAIM_MOVES: Final[dict[str, str]] = {
+    TaskState.HUMAN_REQUIRED: TaskState.HUMAN_CLAIMED
+}
+_CLAIM: Final = TaskStateWrite(
+    where="t.tenant_id = %(tenant_id)s AND t.id = %(task_id)s",
+    assignments=(
+        "lease_owner = %(owner)s",
+        "lease_token = t.lease_token + 1",
+        "lease_acquired_at = app_now()",
+        f"lease_expires_at = app_now() + interval '{HUMAN_LEASE_HOURS} hours'",
+    ),
+)
+# Out of a person's hands: the lease goes, with a new fencing token.
+_UNCLAIM: Final = TaskStateWrite(
+    where=(
+        "t.tenant_id = %(tenant_id)s AND t.id = %(task_id)s"
+        " AND t.state_version = %(expected_version)s"
+    ),
+    assignments=(
+        "reason_code = CASE WHEN %(keep_reason)s THEN t.reason_code END",
+        "lease_owner = NULL",
+        "lease_acquired_at = NULL",
+        "lease_expires_at = NULL",
+        "lease_token = t.lease_token + 1",
+    ),
+)
 
 
 @portal_db.translate_integrity_errors
@@ -142,24 +174,17 @@ def task_human_claim(*, task: Task, user: Person, trace: Trace = NO_TRACE) -> Ta
         IllegalTransition: the task is not waiting for a person.
     """
     _require_role(tenant=task.tenant, user=user)
-    claimed = _fetch_task(
-        f"""
-        UPDATE tasks_task AS t SET
-            state = 'human_claimed', state_version = t.state_version + 1,
-            lease_owner = %s, lease_token = t.lease_token + 1,
-            lease_acquired_at = app_now(),
-            lease_expires_at = app_now() + interval '{HUMAN_LEASE_HOURS} hours',
-            updated_at = statement_timestamp()
-        WHERE t.tenant_id = %s AND t.id = %s AND t.state = 'human_required'
-        RETURNING {services._TASK_COLUMNS}
-        """,
-        [_owner(user), task.tenant_id, task.pk],
+    rows = task_state_write(
+        statement=_CLAIM,
+        moves=_CLAIM_MOVES,
+        params={"owner": _owner(user), "tenant_id": task.tenant_id, "task_id": task.pk},
     )
-    if claimed is None:
+    if not rows:
         current = Task.objects.get(tenant_id=task.tenant_id, pk=task.pk)
         if current.state == TaskState.HUMAN_CLAIMED:
             raise AlreadyClaimed(task_id=str(task.pk), claimed_by=current.lease_owner)
         raise IllegalTransition(current=current.state, requested="human_claimed")
+    claimed = task_from_row(rows[0])
     audit_services.event_append(
         tenant_id=task.tenant_id,
         code=EventCode.TASK_HUMAN_CLAIMED,
@@ -188,20 +213,17 @@ def _require_claimer(*, task: Task, user: Person) -> Task:
 
 
 def _move_claimed_task(*, task: Task, to: str, keep_reason: bool = False) -> Task:
-    moved = _fetch_task(
-        f"""
-        UPDATE tasks_task AS t SET
-            state = %s, state_version = t.state_version + 1,
-            reason_code = CASE WHEN %s THEN t.reason_code END,
-            lease_owner = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
-            lease_token = t.lease_token + 1, updated_at = statement_timestamp()
-        WHERE t.tenant_id = %s AND t.id = %s AND t.state_version = %s
-        RETURNING {services._TASK_COLUMNS}
-        """,
-        [to, keep_reason, task.tenant_id, task.pk, task.state_version],
-    )
-    assert moved is not None  # the row is locked by _require_claimer
-    return moved
+    (row,) = task_state_write(
+        statement=_UNCLAIM,
+        moves={TaskState.HUMAN_CLAIMED: to},
+        params={
+            "keep_reason": keep_reason,
+            "tenant_id": task.tenant_id,
+            "task_id": task.pk,
+            "expected_version": task.state_version,
+        },
+    )  # exactly one: the row is locked by _require_claimer
+    return task_from_row(row)
 
 
 @portal_db.translate_integrity_errors
