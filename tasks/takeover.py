@@ -1,4 +1,8 @@
-"""Human takeover: the queue, claim, release, resolve, and one-time approvals.
+"""Human takeover: escalation, the queue, claim, release, resolve, one-time approvals.
+
+The whole human loop lives here: ``escalate`` hands a task to a person (the gateway
+calls it when a check refuses or a result stays in doubt), and the services below
+are what the person does with it.
 
 A person acts only in tenants where they hold a support or admin membership (checked
 here, in the services, not only by the caller). Claiming revokes the automatic lease
@@ -10,8 +14,9 @@ as actor.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import transaction
@@ -20,9 +25,11 @@ from django.db.models.functions import Now
 
 from audit import services as audit_services
 from audit.models import EventCode
+from audit.redaction import redact_payload
 from portal import db as portal_db
 from portal import selectors as portal_selectors
 from portal.actors import Actor
+from portal.codes import ReasonCode
 from portal.exceptions import IllegalTransition, PortalError, ValidationFailed
 from portal.models import Role, Tenant
 from portal.tracing import NO_TRACE, Trace
@@ -30,6 +37,7 @@ from portal.tracing import NO_TRACE, Trace
 from . import services
 from .exceptions import OperationNotFound, TaskNotFound
 from .models import (
+    OPERATION_TRANSITIONS,
     Approval,
     Escalation,
     Operation,
@@ -86,6 +94,90 @@ Person = AbstractBaseUser | AnonymousUser
 
 def _owner(user: Person) -> str:
     return f"user:{user.pk}"
+
+
+# --- Escalation ----------------------------------------------------------------------
+
+# Only automation's states: a task a person holds (or that ended) stays as it is.
+_ESCALATE_MOVES: Final[dict[str, str]] = {
+    state: TaskState.HUMAN_REQUIRED for state in services.LEASABLE_STATES
+}
+_ESCALATE: Final = TaskStateWrite(
+    where="t.tenant_id = %(tenant_id)s AND t.id = %(task_id)s",
+    assignments=(
+        "reason_code = %(reason)s",
+        "lease_owner = NULL",
+        "lease_acquired_at = NULL",
+        "lease_expires_at = NULL",
+        "lease_token = t.lease_token + 1",
+    ),
+)
+
+
+def escalate(
+    *,
+    tenant: Tenant,
+    task: Task,
+    operation: Operation | None,
+    reason: ReasonCode,
+    evidence: Mapping[str, Any],
+    actor: Actor,
+    trace: Trace = NO_TRACE,
+) -> Escalation:
+    """Hand a task to a person, in the caller's transaction.
+
+    The operation (if it can) moves to ``human_required``; the task moves there too
+    from pending, running or waiting, losing its automatic lease with a new fencing
+    token, so the worker that held it can write nothing more. The evidence is stored
+    redacted and bounded.
+
+    Raises:
+        TransactionRequired: called outside a transaction.
+    """
+    portal_db.require_transaction()
+    if (
+        operation is not None
+        and (operation.state, OperationState.HUMAN_REQUIRED) in OPERATION_TRANSITIONS
+    ):
+        operation = services.operation_move(
+            tenant=tenant,
+            operation_id=operation.pk,
+            to=OperationState.HUMAN_REQUIRED,
+            expected_version=operation.state_version,
+            actor=actor,
+            trace=trace,
+            reason=reason,
+        )
+    rows = task_state_write(
+        statement=_ESCALATE,
+        moves=_ESCALATE_MOVES,
+        params={"reason": reason, "tenant_id": tenant.pk, "task_id": task.pk},
+    )
+    moved = task_from_row(rows[0]) if rows else None
+    record = Escalation.objects.create(
+        tenant=tenant,
+        task_id=task.pk,
+        operation=operation,
+        reason_code=reason,
+        evidence=redact_payload(evidence),
+        responsible_owner=task.lease_owner or actor.id,
+    )
+    audit_services.event_append(
+        tenant_id=tenant.pk,
+        code=EventCode.TASK_ESCALATED,
+        actor=actor,
+        task_id=task.pk,
+        operation_id=operation.pk if operation else None,
+        reason=reason,
+        trace=trace,
+        data={
+            "escalation_id": str(record.pk),
+            "task_moved": moved is not None,
+            "lease_token": moved.lease_token if moved else None,
+            "evidence": record.evidence,
+        },
+    )
+    return record
 
 
 # --- The queue and a person's moves --------------------------------------------------
