@@ -1,4 +1,8 @@
-"""Human takeover: the queue, claim, release, resolve, and one-time approvals.
+"""Human takeover: escalation, the queue, claim, release, resolve, one-time approvals.
+
+The whole human loop lives here: ``escalate`` hands a task to a person (the gateway
+calls it when a check refuses or a result stays in doubt), and the services below
+are what the person does with it.
 
 A person acts only in tenants where they hold a support or admin membership (checked
 here, in the services, not only by the caller). Claiming revokes the automatic lease
@@ -10,26 +14,38 @@ as actor.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import QuerySet
 from django.db.models.functions import Now
 
 from audit import services as audit_services
 from audit.models import EventCode
+from audit.redaction import redact_payload
 from portal import db as portal_db
 from portal import selectors as portal_selectors
 from portal.actors import Actor
+from portal.codes import ReasonCode
 from portal.exceptions import IllegalTransition, PortalError, ValidationFailed
 from portal.models import Role, Tenant
 from portal.tracing import NO_TRACE, Trace
 
 from . import services
 from .exceptions import OperationNotFound, TaskNotFound
-from .models import Approval, Escalation, Operation, OperationState, Task, TaskState
+from .models import (
+    OPERATION_TRANSITIONS,
+    Approval,
+    Escalation,
+    Operation,
+    OperationState,
+    Task,
+    TaskState,
+)
+from .task_state import TaskStateWrite, task_from_row, task_state_write
 
 TAKEOVER_ROLES: Final = (Role.SUPPORT, Role.ADMIN)
 # A person's claim is a lease like an agent's, only longer: a working day.
@@ -80,6 +96,93 @@ def _owner(user: Person) -> str:
     return f"user:{user.pk}"
 
 
+# --- Escalation ----------------------------------------------------------------------
+
+# Only automation's states: a task a person holds (or that ended) stays as it is.
+_ESCALATE_MOVES: Final[dict[str, str]] = {
+    state: TaskState.HUMAN_REQUIRED for state in services.LEASABLE_STATES
+}
+_ESCALATE: Final = TaskStateWrite(
+    where="t.tenant_id = %(tenant_id)s AND t.id = %(task_id)s",
+    assignments=(
+        "reason_code = %(reason)s",
+        "lease_owner = NULL",
+        "lease_acquired_at = NULL",
+        "lease_expires_at = NULL",
+        "lease_token = t.lease_token + 1",
+    ),
+)
+
+
+def escalate(
+    *,
+    tenant: Tenant,
+    task: Task,
+    operation: Operation | None,
+    reason: ReasonCode,
+    evidence: Mapping[str, Any],
+    actor: Actor,
+    trace: Trace = NO_TRACE,
+) -> Escalation:
+    """Hand a task to a person, in the caller's transaction.
+
+    The operation (if it can) moves to ``human_required``; the task moves there too
+    from pending, running or waiting, losing its automatic lease with a new fencing
+    token, so the worker that held it can write nothing more. The evidence is stored
+    redacted and bounded.
+
+    Raises:
+        TransactionRequired: called outside a transaction.
+    """
+    portal_db.require_transaction()
+    if (
+        operation is not None
+        and (operation.state, OperationState.HUMAN_REQUIRED) in OPERATION_TRANSITIONS
+    ):
+        operation = services.operation_move(
+            tenant=tenant,
+            operation_id=operation.pk,
+            to=OperationState.HUMAN_REQUIRED,
+            expected_version=operation.state_version,
+            actor=actor,
+            trace=trace,
+            reason=reason,
+        )
+    rows = task_state_write(
+        statement=_ESCALATE,
+        moves=_ESCALATE_MOVES,
+        params={"reason": reason, "tenant_id": tenant.pk, "task_id": task.pk},
+    )
+    moved = task_from_row(rows[0]) if rows else None
+    record = Escalation.objects.create(
+        tenant=tenant,
+        task_id=task.pk,
+        operation=operation,
+        reason_code=reason,
+        evidence=redact_payload(evidence),
+        responsible_owner=task.lease_owner or actor.id,
+    )
+    audit_services.event_append(
+        tenant_id=tenant.pk,
+        code=EventCode.TASK_ESCALATED,
+        actor=actor,
+        task_id=task.pk,
+        operation_id=operation.pk if operation else None,
+        reason=reason,
+        trace=trace,
+        data={
+            "escalation_id": str(record.pk),
+            "task_moved": moved is not None,
+            "lease_token": moved.lease_token if moved else None,
+            "evidence": record.evidence,
+        },
+    )
+    return record
+
+
+# --- The queue and a person's moves --------------------------------------------------
+
+
 def takeover_tenants(*, user: Person) -> QuerySet[Tenant]:
     """Tenants whose takeover queue the user may work."""
     return portal_selectors.tenants_of(user=user, roles=TAKEOVER_ROLES)
@@ -121,11 +224,32 @@ def _require_role(*, tenant: Tenant, user: Person) -> None:
         raise TaskNotFound()  # no membership: the task does not exist for them
 
 
-def _fetch_task(sql: str, params: list[Any]) -> Task | None:
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
-    return services._task(row) if row else None
+_CLAIM_MOVES: Final[dict[str, str]] = {
+    TaskState.HUMAN_REQUIRED: TaskState.HUMAN_CLAIMED
+}
+_CLAIM: Final = TaskStateWrite(
+    where="t.tenant_id = %(tenant_id)s AND t.id = %(task_id)s",
+    assignments=(
+        "lease_owner = %(owner)s",
+        "lease_token = t.lease_token + 1",
+        "lease_acquired_at = app_now()",
+        f"lease_expires_at = app_now() + interval '{HUMAN_LEASE_HOURS} hours'",
+    ),
+)
+# Out of a person's hands: the lease goes, with a new fencing token.
+_UNCLAIM: Final = TaskStateWrite(
+    where=(
+        "t.tenant_id = %(tenant_id)s AND t.id = %(task_id)s"
+        " AND t.state_version = %(expected_version)s"
+    ),
+    assignments=(
+        "reason_code = CASE WHEN %(keep_reason)s THEN t.reason_code END",
+        "lease_owner = NULL",
+        "lease_acquired_at = NULL",
+        "lease_expires_at = NULL",
+        "lease_token = t.lease_token + 1",
+    ),
+)
 
 
 @portal_db.translate_integrity_errors
@@ -142,24 +266,17 @@ def task_human_claim(*, task: Task, user: Person, trace: Trace = NO_TRACE) -> Ta
         IllegalTransition: the task is not waiting for a person.
     """
     _require_role(tenant=task.tenant, user=user)
-    claimed = _fetch_task(
-        f"""
-        UPDATE tasks_task AS t SET
-            state = 'human_claimed', state_version = t.state_version + 1,
-            lease_owner = %s, lease_token = t.lease_token + 1,
-            lease_acquired_at = app_now(),
-            lease_expires_at = app_now() + interval '{HUMAN_LEASE_HOURS} hours',
-            updated_at = statement_timestamp()
-        WHERE t.tenant_id = %s AND t.id = %s AND t.state = 'human_required'
-        RETURNING {services._TASK_COLUMNS}
-        """,
-        [_owner(user), task.tenant_id, task.pk],
+    rows = task_state_write(
+        statement=_CLAIM,
+        moves=_CLAIM_MOVES,
+        params={"owner": _owner(user), "tenant_id": task.tenant_id, "task_id": task.pk},
     )
-    if claimed is None:
-        current = Task.objects.get(pk=task.pk)
+    if not rows:
+        current = Task.objects.get(tenant_id=task.tenant_id, pk=task.pk)
         if current.state == TaskState.HUMAN_CLAIMED:
             raise AlreadyClaimed(task_id=str(task.pk), claimed_by=current.lease_owner)
         raise IllegalTransition(current=current.state, requested="human_claimed")
+    claimed = task_from_row(rows[0])
     audit_services.event_append(
         tenant_id=task.tenant_id,
         code=EventCode.TASK_HUMAN_CLAIMED,
@@ -188,20 +305,17 @@ def _require_claimer(*, task: Task, user: Person) -> Task:
 
 
 def _move_claimed_task(*, task: Task, to: str, keep_reason: bool = False) -> Task:
-    moved = _fetch_task(
-        f"""
-        UPDATE tasks_task AS t SET
-            state = %s, state_version = t.state_version + 1,
-            reason_code = CASE WHEN %s THEN t.reason_code END,
-            lease_owner = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
-            lease_token = t.lease_token + 1, updated_at = statement_timestamp()
-        WHERE t.tenant_id = %s AND t.id = %s AND t.state_version = %s
-        RETURNING {services._TASK_COLUMNS}
-        """,
-        [to, keep_reason, task.tenant_id, task.pk, task.state_version],
-    )
-    assert moved is not None  # the row is locked by _require_claimer
-    return moved
+    (row,) = task_state_write(
+        statement=_UNCLAIM,
+        moves={TaskState.HUMAN_CLAIMED: to},
+        params={
+            "keep_reason": keep_reason,
+            "tenant_id": task.tenant_id,
+            "task_id": task.pk,
+            "expected_version": task.state_version,
+        },
+    )  # exactly one: the row is locked by _require_claimer
+    return task_from_row(row)
 
 
 @portal_db.translate_integrity_errors

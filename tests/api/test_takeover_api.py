@@ -9,7 +9,7 @@ from rest_framework.test import APIClient
 from portal import services as portal_services
 from portal.actors import Actor
 from portal.models import Role
-from tasks import gateway
+from tasks import takeover
 from tasks.models import Escalation, Task, TaskState
 
 pytestmark = pytest.mark.django_db
@@ -22,7 +22,7 @@ def escalated(make_task, tenant):
 
     task = make_task(state=TaskState.RUNNING, leased=True)
     with transaction.atomic():
-        gateway.escalate(
+        takeover.escalate(
             tenant=tenant,
             task=task,
             operation=None,
