@@ -18,7 +18,7 @@ from rest_framework.response import Response
 from portal import selectors as portal_selectors
 from portal.api import StaffApi, problem_responses
 from portal.codes import ReasonCode
-from portal.models import Role
+from portal.models import TenantPerm
 
 from .. import services, takeover
 from .serializers import (
@@ -127,7 +127,7 @@ class TenantContractCreateApi(StaffApi):
     def post(self, request: Request, tenant_slug: str) -> Response:
         data = self.validated(self.InputSerializer, request.data)
         tenant = portal_selectors.tenant_for_person(
-            user=request.user, slug=tenant_slug, roles=(Role.ADMIN,)
+            user=request.user, slug=tenant_slug, perm=TenantPerm.MANAGE_TENANT
         )
         contract = services.contract_create(tenant=tenant, by=request.user, **data)
         return Response(ContractOutputSerializer(contract).data, status=201)
@@ -146,7 +146,7 @@ class TenantContractStatusApi(StaffApi):
         self, request: Request, tenant_slug: str, key: str, version: int
     ) -> Response:
         tenant = portal_selectors.tenant_for_person(
-            user=request.user, slug=tenant_slug, roles=(Role.ADMIN,)
+            user=request.user, slug=tenant_slug, perm=TenantPerm.MANAGE_TENANT
         )
         change = (
             services.contract_publish

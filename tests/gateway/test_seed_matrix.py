@@ -518,12 +518,22 @@ def test_8_a_claim_fences_out_the_old_worker(world: World):
     assert transition.json()["code"] == "LEASE_EXPIRED"
     assert world.execute(started).json()["code"] == "LEASE_EXPIRED"
     assert world.tickets() == 0
-    # The person settles it: a retry of the same key, approved once, by automation.
+    # Approving the same input again would repeat the refusal: not allowed.
+    with pytest.raises(takeover.ApprovalNotAllowed):
+        takeover.task_human_resolve(
+            task=task,
+            user=person,
+            resolution="approve",
+            operation_id=started["operation"]["id"],
+        )
+    # The person hands it back for a fresh read: automation's next execute under
+    # the same key passes every check with the values it reads then.
     takeover.task_human_resolve(
         task=task,
         user=person,
-        resolution="retry",
+        resolution="hand_back",
         operation_id=started["operation"]["id"],
+        note="read the e-mail again",
     )
     lease = world.http.post(
         f"/api/v1/tasks/{task.pk}/lease", json={"owner": "w2"}
@@ -543,7 +553,6 @@ def test_8_a_claim_fences_out_the_old_worker(world: World):
     )
     assert ("task.human_claimed", "user") in actors
     assert ("task.resolved", "user") in actors
-    assert ("operation.approved", "user") in actors
 
 
 def test_8_only_one_of_two_people_wins_a_claim(world: World):
