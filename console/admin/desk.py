@@ -171,7 +171,7 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
         "workflow_key",
         "contract_key",
         "contract_version",
-        "lease_owner",
+        "desk_lease_owner",
         "lease_token",
         "lease_expires_at",
         "trace_id",
@@ -233,6 +233,13 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
         if task.state != TaskState.HUMAN_CLAIMED or not task.lease_owner:
             return "—"
         names = getattr(task, "desk_names", {})
+        return names.get(task.lease_owner, task.lease_owner)
+
+    @admin.display(description="lease owner")
+    def desk_lease_owner(self, task: TakeoverItem) -> str:
+        if not task.lease_owner:
+            return "—"
+        names = desk.owner_names([task.lease_owner])
         return names.get(task.lease_owner, task.lease_owner)
 
     # --- the evidence page --------------------------------------------------------

@@ -458,3 +458,11 @@ def test_ages_read_as_words():
     assert desk.human_age(dt.timedelta(hours=3, minutes=5)) == "3 h 5 min"
     assert desk.human_age(dt.timedelta(days=2, hours=4)) == "2 d 4 h"
     assert desk.human_age(dt.timedelta(seconds=-3)) == "0 s"
+
+
+def test_a_tenant_admin_gets_the_buttons_too(people, escalated):
+    body = as_(people["admin"]).get(page(escalated)).content.decode()
+    assert 'id="desk-claim"' in body
+    response = as_(people["admin"]).post(f"{DESK}{escalated.pk}/claim/")
+    assert response.status_code == 302
+    assert Task.objects.get(pk=escalated.pk).lease_owner == f"user:{people['admin'].pk}"
