@@ -466,3 +466,12 @@ def test_a_tenant_admin_gets_the_buttons_too(people, escalated):
     response = as_(people["admin"]).post(f"{DESK}{escalated.pk}/claim/")
     assert response.status_code == 302
     assert Task.objects.get(pk=escalated.pk).lease_owner == f"user:{people['admin'].pk}"
+
+
+@pytest.mark.parametrize(
+    "query",
+    ["state=bogus", "reason_code=BOGUS", "tenant=not-a-uuid", "dir=sideways", "o=3"],
+)
+def test_odd_query_strings_are_not_500s(people, escalated, query):
+    response = as_(people["support"]).get(f"{DESK}?{query}")
+    assert response.status_code in (200, 302)
