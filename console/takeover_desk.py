@@ -13,8 +13,6 @@ services check the membership again and write the events.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
 import datetime as dt
 import json
@@ -24,135 +22,28 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from django.contrib.auth.models import User
-from django.db.models import Q, QuerySet
 
 from audit.models import Event
 from audit.redaction import redact_payload
-from portal.exceptions import ValidationFailed
-from portal.models import Agent, Tenant, TenantPerm
+from portal.models import Agent, TenantPerm
 from portal.roles import Person, require_tenant_perm
 from tasks import takeover
 from tasks.models import Escalation, ObjectVersion, Operation, Task
 
-DEFAULT_PAGE_SIZE: Final = 50
-MAX_PAGE_SIZE: Final = 200
 EVENTS_SHOWN: Final = 50
-
-
-class InvalidCursor(ValidationFailed):
-    """That page link is not valid; start again from the first page."""
-
-
-# --- keyset pages --------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class Cursor:
-    """Where a page ends: the last row's ``updated_at`` and ``id``."""
-
-    updated_at: dt.datetime
-    id: uuid.UUID
-
-    def encode(self) -> str:
-        raw = json.dumps([self.updated_at.isoformat(), str(self.id)])
-        return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
-
-    @classmethod
-    def decode(cls, text: str) -> Cursor:
-        """The cursor a "next" link carries.
-
-        Raises:
-            InvalidCursor: not one this module wrote (hand-edited or truncated).
-        """
-        try:
-            raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-            stamp, pk = json.loads(raw)
-            updated_at = dt.datetime.fromisoformat(stamp)
-            if updated_at.tzinfo is None:
-                raise ValueError("naive time")
-            return cls(updated_at=updated_at, id=uuid.UUID(pk))
-        except (binascii.Error, ValueError, TypeError, UnicodeDecodeError):
-            raise InvalidCursor(field="after") from None
-
-    @classmethod
-    def of(cls, task: Task) -> Cursor:
-        return cls(updated_at=task.updated_at, id=task.pk)
-
-
-@dataclass(frozen=True, kw_only=True)
-class KeysetPage:
-    items: list[Any]
-    next_cursor: Cursor | None
-
-
-def keyset_order(*, newest_first: bool) -> tuple[str, str]:
-    return ("-updated_at", "-id") if newest_first else ("updated_at", "id")
-
-
-def keyset_page(
-    queryset: QuerySet[Any],
-    *,
-    newest_first: bool,
-    after: Cursor | None = None,
-    limit: int = DEFAULT_PAGE_SIZE,
-) -> KeysetPage:
-    """One page of ``queryset`` in ``(updated_at, id)`` order, after ``after``.
-
-    Fetches ``limit + 1`` rows to learn whether there is a next page; no COUNT.
-    A row whose ``updated_at`` changes while someone pages (a claim, a release)
-    moves to its new place in the order: it may be seen twice or skipped once.
-    """
-    limit = max(1, min(limit, MAX_PAGE_SIZE))
-    if after is not None:
-        if newest_first:
-            beyond = Q(updated_at__lt=after.updated_at) | Q(
-                updated_at=after.updated_at, id__lt=after.id
-            )
-        else:
-            beyond = Q(updated_at__gt=after.updated_at) | Q(
-                updated_at=after.updated_at, id__gt=after.id
-            )
-        queryset = queryset.filter(beyond)
-    rows = list(
-        queryset.order_by(*keyset_order(newest_first=newest_first))[: limit + 1]
-    )
-    more = len(rows) > limit
-    rows = rows[:limit]
-    return KeysetPage(items=rows, next_cursor=Cursor.of(rows[-1]) if more else None)
-
-
-def takeover_queue_page(
-    *,
-    user: Person,
-    reason: str | None = None,
-    tenant: Tenant | None = None,
-    newest_first: bool = False,
-    after: str | None = None,
-    limit: int = DEFAULT_PAGE_SIZE,
-) -> KeysetPage:
-    """A page of the API's takeover queue (``GET /api/v1/takeover/queue``).
-
-    The same rows as ``tasks.takeover.takeover_queue`` (the user's support and
-    admin tenants, human_required and human_claimed), oldest first by default,
-    ``newest_first`` for the other end; ``after`` is the ``next`` cursor of the
-    previous page. ``items`` carry ``tenant`` (select_related).
-
-    Raises:
-        InvalidCursor: ``after`` is not a cursor this module wrote.
-    """
-    cursor = Cursor.decode(after) if after else None
-    queue = takeover.takeover_queue(user=user, reason=reason, tenant=tenant)
-    return keyset_page(queue, newest_first=newest_first, after=cursor, limit=limit)
 
 
 # --- names ---------------------------------------------------------------------------
 
 
-def owner_names(owners: Iterable[str | None]) -> dict[str, str]:
+def owner_names(
+    owners: Iterable[str | None], *, tenant_ids: Iterable[uuid.UUID] = ()
+) -> dict[str, str]:
     """Display names for lease and escalation owners, in two queries at most.
 
     ``user:<pk>`` becomes the username, an agent's id (bare or ``agent:<id>``)
-    its name; anything else (a worker's own name) is shown as it is.
+    its name when the agent belongs to one of ``tenant_ids``; anything else (a
+    worker's own name) is shown as it is.
     """
     user_ids: dict[str, int] = {}
     agent_ids: dict[str, uuid.UUID] = {}
@@ -170,9 +61,12 @@ def owner_names(owners: Iterable[str | None]) -> dict[str, str]:
         )
         for owner, pk in user_ids.items():
             names[owner] = usernames.get(pk, owner)
-    if agent_ids:
+    tenants = list(tenant_ids)
+    if agent_ids and tenants:
         agents = dict(
-            Agent.objects.filter(pk__in=agent_ids.values()).values_list("pk", "name")
+            Agent.objects.filter(
+                tenant_id__in=tenants, pk__in=agent_ids.values()
+            ).values_list("pk", "name")
         )
         for owner, agent_pk in agent_ids.items():
             if agent_pk in agents:
@@ -320,7 +214,8 @@ def desk_evidence(*, task: Task) -> DeskEvidence:
     names = owner_names(
         [f"{e.actor_type}:{e.actor_id}" for e in events]
         + [task.lease_owner]
-        + [e.responsible_owner for e in escalations]
+        + [e.responsible_owner for e in escalations],
+        tenant_ids=[task.tenant_id],
     )
     timeline = [
         TimelineEntry(
@@ -403,30 +298,17 @@ def desk_resolve(
     )
 
 
-# NOT YET A SERVICE: a tenant admin releasing someone else's stale claim (issue 8
-# §3). The desk offers the button once ``tasks.takeover`` has
-# ``task_human_release_any(*, task, user, note, trace=NO_TRACE) -> Task`` (checks
-# RELEASE_ANY_CLAIM, writes task.human_released with the admin as actor and the
-# previous claimer in the payload). Until then it is hidden.
-def release_any_available() -> bool:
-    return hasattr(takeover, "task_human_release_any")
-
-
 def desk_release_any(*, task: Task, user: Person, note: str) -> Task:
-    """Release another person's claim (tenant admins; needs the service above).
+    """Release another person's claim (tenant admins), e.g. one left overnight.
 
     Raises:
         PermissionDenied, TenantNotVisible: no ``release_any_claim`` on the tenant.
-        ValidationFailed: the service does not exist yet.
+        IllegalTransition: the task is not claimed.
     """
     require_tenant_perm(
         user=user, perm=TenantPerm.RELEASE_ANY_CLAIM, tenant=task.tenant
     )
-    service = getattr(takeover, "task_human_release_any", None)
-    if service is None:
-        raise ValidationFailed("Releasing another person's claim is not available yet.")
-    released: Task = service(task=task, user=user, note=note)
-    return released
+    return takeover.task_human_release(task=task, user=user, note=note)
 
 
 def resolution_choices() -> Sequence[str]:

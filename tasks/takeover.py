@@ -33,7 +33,7 @@ from portal.models import Tenant, TenantPerm
 from portal.roles import Person, has_tenant_perm, tenant_ids_with_perm
 from portal.tracing import NO_TRACE, Trace
 
-from . import services
+from . import keyset, services
 from .exceptions import OperationNotFound, TaskNotFound
 from .models import (
     OPERATION_TRANSITIONS,
@@ -238,6 +238,32 @@ def takeover_queue(
     return tasks.select_related("tenant").order_by("updated_at", "id")
 
 
+def takeover_queue_page(
+    *,
+    user: Person,
+    reason: str | None = None,
+    tenant: Tenant | None = None,
+    newest_first: bool = False,
+    after: str | None = None,
+    limit: int = keyset.DEFAULT_PAGE_SIZE,
+) -> keyset.KeysetPage:
+    """A page of the API's takeover queue (``GET /api/v1/takeover/queue``).
+
+    The same rows as ``takeover_queue`` (the user's support and
+    admin tenants, human_required and human_claimed), oldest first by default,
+    ``newest_first`` for the other end; ``after`` is the ``next`` cursor of the
+    previous page. ``items`` carry ``tenant`` (select_related).
+
+    Raises:
+        InvalidCursor: ``after`` is not a cursor this portal wrote.
+    """
+    cursor = keyset.Cursor.decode(after) if after else None
+    queue = takeover_queue(user=user, reason=reason, tenant=tenant)
+    return keyset.keyset_page(
+        queue, newest_first=newest_first, after=cursor, limit=limit
+    )
+
+
 def task_get_for_person(*, user: Person, task_id: uuid.UUID) -> Task:
     """A task in one of the user's takeover tenants.
 
@@ -361,7 +387,9 @@ def _move_claimed_task(*, task: Task, to: str, keep_reason: bool = False) -> Tas
 
 @portal_db.translate_integrity_errors
 @transaction.atomic(durable=True)
-def task_human_release(*, task: Task, user: Person, trace: Trace = NO_TRACE) -> Task:
+def task_human_release(
+    *, task: Task, user: Person, note: str = "", trace: Trace = NO_TRACE
+) -> Task:
     """Put a claimed task back in the queue for someone else.
 
     The claimer releases their own claim; a person whose membership carries
@@ -395,6 +423,7 @@ def task_human_release(*, task: Task, user: Person, trace: Trace = NO_TRACE) -> 
             "from": "human_claimed",
             "to": "human_required",
             "released_for": released_for,
+            "note": note,
         },
     )
     return released

@@ -30,7 +30,7 @@ from django.views.decorators.http import require_POST
 from portal.exceptions import PortalError
 from portal.models import TenantPerm
 from portal.roles import PermissionDenied, TenantNotVisible
-from tasks import takeover
+from tasks import keyset, takeover
 from tasks.models import Escalation, TaskState
 
 from .. import takeover_desk as desk
@@ -89,13 +89,13 @@ class DeskChangeList(ChangeList):
 
     def get_results(self, request: HttpRequest) -> None:
         self.newest_first = request.GET.get(DIR_VAR) != "oldest"
-        after: desk.Cursor | None = None
+        after: keyset.Cursor | None = None
         if request.GET.get(AFTER_VAR):
             try:
-                after = desk.Cursor.decode(request.GET[AFTER_VAR])
-            except desk.InvalidCursor as error:
+                after = keyset.Cursor.decode(request.GET[AFTER_VAR])
+            except keyset.InvalidCursor as error:
                 messages.warning(request, error.detail)
-        page = desk.keyset_page(
+        page = keyset.keyset_page(
             self.queryset,
             newest_first=self.newest_first,
             after=after,
@@ -103,7 +103,8 @@ class DeskChangeList(ChangeList):
         )
         names = desk.owner_names(
             [row.lease_owner for row in page.items]
-            + [row.desk_owner for row in page.items]
+            + [row.desk_owner for row in page.items],
+            tenant_ids={row.tenant_id for row in page.items},
         )
         for row in page.items:
             row.desk_names = names
@@ -239,7 +240,7 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
     def desk_lease_owner(self, task: TakeoverItem) -> str:
         if not task.lease_owner:
             return "—"
-        names = desk.owner_names([task.lease_owner])
+        names = desk.owner_names([task.lease_owner], tenant_ids=[task.tenant_id])
         return names.get(task.lease_owner, task.lease_owner)
 
     # --- the evidence page --------------------------------------------------------
@@ -271,7 +272,6 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
                 can_release_any=(
                     claimed
                     and not mine
-                    and desk.release_any_available()
                     and task.tenant_id
                     in tenant_ids(request, TenantPerm.RELEASE_ANY_CLAIM)
                 ),

@@ -10,7 +10,11 @@ from typing import Any
 
 from django.utils.decorators import method_decorator
 from django.views.decorators.csrf import ensure_csrf_cookie
-from drf_spectacular.utils import extend_schema, extend_schema_serializer
+from drf_spectacular.utils import (
+    extend_schema,
+    extend_schema_serializer,
+    inline_serializer,
+)
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -20,7 +24,7 @@ from portal.api import StaffApi, problem_responses
 from portal.codes import ReasonCode
 from portal.models import TenantPerm
 
-from .. import services, takeover
+from .. import keyset, services, takeover
 from .serializers import (
     ContractOutputSerializer,
     TakeoverItemSerializer,
@@ -36,21 +40,57 @@ class TakeoverQueueApi(StaffApi):
         reason_code = serializers.ChoiceField(
             choices=ReasonCode.choices, required=False
         )
+        order = serializers.ChoiceField(
+            choices=["oldest", "newest"], default="oldest", required=False
+        )
+        after = serializers.CharField(
+            max_length=200,
+            required=False,
+            help_text="The cursor of the page before (from its `next` link).",
+        )
+        page_size = serializers.IntegerField(
+            min_value=1, max_value=keyset.MAX_PAGE_SIZE, required=False
+        )
 
     @extend_schema(
         operation_id="takeover_queue",
         parameters=[FilterSerializer],
-        responses={200: TakeoverItemSerializer(many=True), **problem_responses(403)},
-        description="Tasks waiting for a person in your tenants, oldest first. Also "
-        "sets the CSRF cookie that the POSTs below must echo in X-CSRFToken.",
+        responses={
+            200: inline_serializer(
+                "TakeoverQueuePage",
+                fields={
+                    "next": serializers.URLField(allow_null=True),
+                    "results": TakeoverItemSerializer(many=True),
+                },
+            ),
+            **problem_responses(400, 403),
+        },
+        description="Tasks waiting for a person in your tenants, oldest first "
+        "(`order=newest` for the other end), a page at a time: follow `next` until "
+        "it is null. Also sets the CSRF cookie that the POSTs below must echo in "
+        "X-CSRFToken.",
     )
     @method_decorator(ensure_csrf_cookie)
     def get(self, request: Request) -> Response:
         filters = self.validated(self.FilterSerializer, request.query_params)
-        tasks = takeover.takeover_queue(
-            user=request.user, reason=filters.get("reason_code")
-        )[:200]
-        return Response(TakeoverItemSerializer(tasks, many=True).data)
+        page = takeover.takeover_queue_page(
+            user=request.user,
+            reason=filters.get("reason_code"),
+            newest_first=filters["order"] == "newest",
+            after=filters.get("after"),
+            limit=filters.get("page_size", keyset.DEFAULT_PAGE_SIZE),
+        )
+        next_url = None
+        if page.next_cursor is not None:
+            query = request.query_params.copy()
+            query["after"] = page.next_cursor.encode()
+            next_url = request.build_absolute_uri(f"{request.path}?{query.urlencode()}")
+        return Response(
+            {
+                "next": next_url,
+                "results": TakeoverItemSerializer(page.items, many=True).data,
+            }
+        )
 
 
 class TakeoverClaimApi(StaffApi):

@@ -17,7 +17,7 @@ from console.admin.desk import TakeoverDeskAdmin
 from portal import services as portal_services
 from portal.actors import Actor
 from portal.models import Role, Tenant
-from tasks import gateway as _escalation_home  # may move to tasks.takeover
+from tasks import keyset, takeover
 from tasks.models import ObjectVersion, Operation, OperationState, Task, TaskState
 
 pytestmark = pytest.mark.django_db
@@ -28,7 +28,7 @@ SECRET = "sk_live_0123456789abcdef"
 
 def escalate(**kwargs: Any) -> Any:
     """The one line that changes when escalate moves to tasks.takeover."""
-    return _escalation_home.escalate(**kwargs)
+    return takeover.escalate(**kwargs)
 
 
 def make_person(
@@ -434,20 +434,20 @@ def test_filters_by_state_show_claimed_and_settled(people, five):
 
 def test_the_api_queue_pages_by_cursor_both_ways(people, five, other_tenant):
     support = people["support"]
-    first = desk.takeover_queue_page(user=support, limit=2)
+    first = takeover.takeover_queue_page(user=support, limit=2)
     assert [t.pk for t in first.items] == [five[0].pk, five[1].pk]
     assert first.next_cursor is not None
-    rest = desk.takeover_queue_page(
+    rest = takeover.takeover_queue_page(
         user=support, limit=10, after=first.next_cursor.encode()
     )
     assert [t.pk for t in rest.items] == [t.pk for t in five[2:]]
     assert rest.next_cursor is None
-    newest = desk.takeover_queue_page(user=support, limit=1, newest_first=True)
+    newest = takeover.takeover_queue_page(user=support, limit=1, newest_first=True)
     assert newest.items[0].pk == five[-1].pk
-    assert desk.takeover_queue_page(user=people["other"]).items == []
-    assert desk.takeover_queue_page(user=people["reviewer"]).items == []
-    with pytest.raises(desk.InvalidCursor):
-        desk.takeover_queue_page(user=support, after="garbage!")
+    assert takeover.takeover_queue_page(user=people["other"]).items == []
+    assert takeover.takeover_queue_page(user=people["reviewer"]).items == []
+    with pytest.raises(keyset.InvalidCursor):
+        takeover.takeover_queue_page(user=support, after="garbage!")
 
 
 def test_ages_read_as_words():

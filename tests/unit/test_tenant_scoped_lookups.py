@@ -26,8 +26,10 @@ TENANT_KEYS: Final = frozenset({"tenant", "tenant_id", "tenant__in", "tenant_id_
 
 # (path, enclosing function) -> why a key alone is right there. Keep this short.
 ALLOWED: Final[dict[tuple[str, str], str]] = {}
-# A lookup of the Tenant row itself by its key is the tenant scope, not a breach of it.
-TENANT_ITSELF: Final = "Tenant.objects"
+# Chains that are the tenant scope or outside it: the Tenant row itself; accounts
+# (people are not tenant-owned; their memberships are); a scoped admin's own
+# queryset (TenantScopedAdmin.get_queryset keeps to the person's tenants).
+SCOPED_CHAINS: Final = ("Tenant.objects", "User.objects", "self.get_queryset(request)")
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,7 @@ class _Visitor(ast.NodeVisitor):
                 if not (isinstance(func, ast.Attribute) and func.attr in LOOKUPS):
                     continue
                 source = ast.get_source_segment(self.text, node) or ""
-                if source.startswith(TENANT_ITSELF):
+                if source.startswith(SCOPED_CHAINS):
                     break
                 if {kw.arg for kw in call.keywords} & KEYS and not (
                     keywords & TENANT_KEYS
