@@ -159,7 +159,7 @@ def test_example_agent_exits_non_zero_without_a_grant_and_hands_the_task_back(
     assert desk.effects()["tickets_created"] == 0
 
 
-def _support_claims_the_stale_task(demo: Demo):  # type: ignore[no-untyped-def]
+def _support_claims_the_stale_task(demo: Demo):
     from django.contrib.auth.models import User
 
     from portal.models import Role
