@@ -213,7 +213,7 @@ def test_3_a_version_change_between_validation_and_write_is_refused(world: World
     assert (result.outcome, result.reason) == ("refused", "VERSION_CONFLICT")
     assert world.tickets() == 0
     assert state_of(started) == ("human_required", "human_required", "VERSION_CONFLICT")
-    evidence = Escalation.objects.get(pk=result.escalation_id).evidence
+    evidence = Escalation.objects.get(pk=str(result.escalation_id)).evidence
     assert evidence["when"] == "between the checks and the call"
     assert {f["field"] for f in evidence["conflicting_fields"]} == {"email"}
     assert evidence["responsible_owner"] == "worker-1"
