@@ -66,7 +66,7 @@ def components(workload: str, raw: Any) -> list[tuple[str, float]]:
     from portal import selectors as portal_selectors
     from portal.actors import ActorType
     from portal.ids import new_id
-    from tasks import services
+    from tasks import services, task_state
     from tasks.hashing import input_hash
     from tasks.models import Operation, Task, TaskState
 
@@ -74,15 +74,18 @@ def components(workload: str, raw: Any) -> list[tuple[str, float]]:
     (task_id,) = workloads.insert_tasks(raw, tenant_id=tenant.pk, count=1, owner="p")
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT {services._TASK_COLUMNS} FROM tasks_task AS t WHERE id = %s",
+            f"SELECT {task_state.TASK_COLUMNS} FROM tasks_task AS t WHERE id = %s",
             [task_id],
         )
         task_row = cursor.fetchone()
-    params = {
-        "to": "succeeded", "reason": None, "step": None, "wake_at": None,
-        "keep_lease": False, "tenant_id": tenant.pk, "task_id": task_id,
-        "expected_version": 1, "lease_token": 1, "sources": ["running"],
-    }  # fmt: skip
+    params = services._TRANSITION.params(
+        moves={"running": "succeeded"},
+        params={
+            "reason": None, "step": None, "wake_at": None,
+            "keep_lease": False, "tenant_id": tenant.pk, "task_id": task_id,
+            "expected_version": 1, "lease_token": 1,
+        },
+    )  # fmt: skip
     data = {
         "from": "running", "to": "succeeded", "state_version": 2, "step": "",
         "lease_token": 1, "data": {},
@@ -114,7 +117,7 @@ def components(workload: str, raw: Any) -> list[tuple[str, float]]:
         ),
         (
             "ClientCursor.mogrify(_TRANSITION, params) (client-side binding)",
-            _us(lambda: client_cursor.mogrify(services._TRANSITION, params)),  # type: ignore[attr-defined]
+            _us(lambda: client_cursor.mogrify(services._TRANSITION.sql, params)),  # type: ignore[attr-defined]
         ),
         ("`to not in TaskState.values`", _us(lambda: "x" in TaskState.values)),
         ("redact_payload(transition data)", _us(lambda: redact_payload(data))),
@@ -122,7 +125,7 @@ def components(workload: str, raw: Any) -> list[tuple[str, float]]:
             "model_from_row(Task, row)",
             _us(
                 lambda: portal_db.model_from_row(
-                    Task, services._TASK_ATTNAMES, task_row
+                    Task, task_state.TASK_ATTNAMES, task_row
                 )
             ),
         ),

@@ -34,15 +34,15 @@ from portal.actors import Actor, ActorType
 from portal.exceptions import IllegalTransition, StaleState
 from portal.ids import new_id
 from portal.models import Agent, AgentGrant, Tenant
-from tasks import services
+from tasks import services, task_state
 from tasks.models import TASK_TRANSITIONS, Task, TaskState
 
 from .spec import WHAT_IFS, RunSpec, WhatIf
 
 EVENT_AND_OUTBOX: Final = audit_services._INSERT_EVENT_AND_OUTBOX
-TRANSITION: Final = services._TRANSITION
+TRANSITION: Final = services._TRANSITION.sql
 RESERVE: Final = services._RESERVE
-CLAIM_NEXT: Final = services._CLAIM_NEXT
+CLAIM_NEXT: Final = services._CLAIM_NEXT.sql
 
 # What one measured operation executes, in order; the service must match (see below).
 # GRANT_CHECK stands for the ORM read of ``portal.selectors.agent_may``: the raw
@@ -55,7 +55,7 @@ STATEMENTS: Final[dict[str, tuple[str, ...]]] = {
 }
 
 # Columns of ``RETURNING old.state, <task columns>`` and ``RETURNING <task columns>``.
-_ATTNAMES: Final = services._TASK_ATTNAMES
+_ATTNAMES: Final = task_state.TASK_ATTNAMES
 _OP_ATTNAMES: Final = services._OPERATION_ATTNAMES
 _TASK_ID = _ATTNAMES.index("id")
 _STATE_VERSION = _ATTNAMES.index("state_version")
@@ -269,18 +269,19 @@ def raw_transition(
     """``task_transition``'s two statements; the caller holds the transaction."""
     cursor.execute(
         TRANSITION,
-        {
-            "to": to,
-            "reason": None,
-            "step": None,
-            "wake_at": None,
-            "keep_lease": to == TaskState.RUNNING,
-            "tenant_id": tenant_id,
-            "task_id": task_id,
-            "expected_version": expected_version,
-            "lease_token": lease_token,
-            "sources": services._TASK_SOURCES[to],
-        },
+        services._TRANSITION.params(
+            moves=task_state.task_moves_to(to),
+            params={
+                "reason": None,
+                "step": None,
+                "wake_at": None,
+                "keep_lease": to == TaskState.RUNNING,
+                "tenant_id": tenant_id,
+                "task_id": task_id,
+                "expected_version": expected_version,
+                "lease_token": lease_token,
+            },
+        ),
     )
     row = cursor.fetchone()
     if row is None:
@@ -370,7 +371,11 @@ def raw_claim(
 ) -> tuple[uuid.UUID, int, int] | None:
     """``task_claim_next``'s two statements: (task id, state version, lease token)."""
     cursor.execute(
-        CLAIM_NEXT, {"tenant_id": tenant_id, "owner": owner, "ttl": LEASE_TTL}
+        CLAIM_NEXT,
+        services._CLAIM_NEXT.params(
+            moves=services._CLAIM_NEXT_MOVES,
+            params={"tenant_id": tenant_id, "owner": owner, "ttl": LEASE_TTL},
+        ),
     )
     row = cursor.fetchone()
     if row is None:

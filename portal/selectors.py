@@ -7,10 +7,10 @@ import hmac
 import uuid
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.db.models import QuerySet
 
 from .exceptions import NotFound
-from .models import AgentGrant, AgentKey, Membership, Role, Tenant
+from .models import AgentGrant, AgentKey, Tenant
+from .roles import tenant_ids_with_perm
 
 
 class TenantNotFound(NotFound):
@@ -27,20 +27,6 @@ def tenant_get(*, tenant_id: uuid.UUID | str) -> Tenant:
         return Tenant.objects.get(pk=tenant_id, deleted_at__isnull=True)
     except (Tenant.DoesNotExist, ValueError):
         raise TenantNotFound(tenant_id=str(tenant_id)) from None
-
-
-def tenants_of(
-    *, user: AbstractBaseUser | AnonymousUser, roles: tuple[Role, ...] | None = None
-) -> QuerySet[Tenant]:
-    """Live tenants in which the user holds a membership (optionally one of roles)."""
-    if not user.is_authenticated:
-        return Tenant.objects.none()
-    memberships = Membership.objects.filter(user_id=user.pk)
-    if roles is not None:
-        memberships = memberships.filter(role__in=roles)
-    return Tenant.objects.filter(
-        deleted_at__isnull=True, pk__in=memberships.values("tenant_id")
-    )
 
 
 def agent_key_hash(secret: str) -> str:
@@ -78,14 +64,15 @@ def agent_may(
 
 
 def tenant_for_person(
-    *, user: AbstractBaseUser | AnonymousUser, slug: str, roles: tuple[Role, ...]
+    *, user: AbstractBaseUser | AnonymousUser, slug: str, perm: str
 ) -> Tenant:
-    """A live tenant in which the user holds one of ``roles``.
+    """A live tenant on which the user's membership carries ``perm``.
 
     Raises:
-        TenantNotFound: no such tenant, or the user holds none of the roles there.
+        TenantNotFound: no such tenant, or the user lacks ``perm`` there.
     """
-    tenant = tenants_of(user=user, roles=roles).filter(slug=slug).first()
+    ids = tenant_ids_with_perm(user=user, perm=perm)  # type: ignore[arg-type]
+    tenant = Tenant.objects.filter(pk__in=ids, slug=slug).first()
     if tenant is None:
         raise TenantNotFound(slug=slug)
     return tenant

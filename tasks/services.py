@@ -57,7 +57,6 @@ from .exceptions import (
 from .hashing import input_hash
 from .models import (
     OPERATION_TRANSITIONS,
-    TASK_TRANSITIONS,
     Connector,
     Contract,
     ContractStatus,
@@ -67,15 +66,17 @@ from .models import (
     Task,
     TaskState,
 )
+from .task_state import (
+    TASK_COLUMNS,
+    TaskStateWrite,
+    task_from_row,
+    task_moves_to,
+    task_state_write,
+)
 
-_TASK_ATTNAMES, _TASK_COLUMNS = portal_db.returning_columns(Task, "t")
 _OPERATION_ATTNAMES, _OPERATION_COLUMNS = portal_db.returning_columns(Operation, "o")
 
 # Legal source states for each target state: the guard travels inside the UPDATE.
-_TASK_SOURCES: Final[dict[str, list[str]]] = {
-    target: sorted(source for source, to in TASK_TRANSITIONS if to == target)
-    for target in TaskState.values
-}
 _OPERATION_SOURCES: Final[dict[str, list[str]]] = {
     target: sorted(source for source, to in OPERATION_TRANSITIONS if to == target)
     for target in OperationState.values
@@ -91,10 +92,6 @@ def _fetch(sql: str, params: Mapping[str, Any] | list[Any]) -> tuple[Any, ...] |
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchone()
-
-
-def _task(row: tuple[Any, ...]) -> Task:
-    return portal_db.model_from_row(Task, _TASK_ATTNAMES, row)
 
 
 def _operation(row: tuple[Any, ...]) -> Operation:
@@ -157,7 +154,7 @@ INSERT INTO tasks_task AS t (
     %(object_id)s, %(object_version)s, 'pending', 1, '', 0, %(trace_id)s, %(span_id)s
 )
 ON CONFLICT (tenant_id, client_task_id) DO NOTHING
-RETURNING {_TASK_COLUMNS}
+RETURNING {TASK_COLUMNS}
 """
 
 
@@ -232,7 +229,7 @@ def task_register(
         if existing.registration_hash != registration_hash:
             raise TaskIdReused(client_task_id=client_task_id)
         return Registration(task=existing, created=False)
-    task = _task(row)
+    task = task_from_row(row)
     audit_services.event_append(
         tenant_id=tenant.pk,
         code=EventCode.TASK_REGISTERED,
@@ -251,25 +248,21 @@ def task_register(
 
 # --- Transitions ---------------------------------------------------------------------
 
-_TRANSITION = f"""
-UPDATE tasks_task AS t SET
-    state = %(to)s,
-    state_version = t.state_version + 1,
-    reason_code = %(reason)s,
-    current_step = COALESCE(%(step)s, t.current_step),
-    wake_at = %(wake_at)s,
-    updated_at = statement_timestamp(),
-    lease_owner = CASE WHEN %(keep_lease)s THEN t.lease_owner END,
-    lease_acquired_at = CASE WHEN %(keep_lease)s THEN t.lease_acquired_at END,
-    lease_expires_at = CASE WHEN %(keep_lease)s THEN t.lease_expires_at END
-FROM tasks_task AS old
-WHERE t.tenant_id = %(tenant_id)s AND t.id = %(task_id)s AND old.id = t.id
+_TRANSITION: Final = TaskStateWrite(
+    where="""t.tenant_id = %(tenant_id)s AND t.id = %(task_id)s
   AND t.state_version = %(expected_version)s
   AND t.lease_token = %(lease_token)s
-  AND t.lease_owner IS NOT NULL AND t.lease_expires_at > app_now()
-  AND t.state = ANY(%(sources)s)
-RETURNING old.state, {_TASK_COLUMNS}
-"""
+  AND t.lease_owner IS NOT NULL AND t.lease_expires_at > app_now()""",
+    assignments=(
+        "reason_code = %(reason)s",
+        "current_step = COALESCE(%(step)s, t.current_step)",
+        "wake_at = %(wake_at)s",
+        "lease_owner = CASE WHEN %(keep_lease)s THEN t.lease_owner END",
+        "lease_acquired_at = CASE WHEN %(keep_lease)s THEN t.lease_acquired_at END",
+        "lease_expires_at = CASE WHEN %(keep_lease)s THEN t.lease_expires_at END",
+    ),
+    returning_old=("state",),
+)
 
 
 @portal_db.translate_integrity_errors
@@ -305,10 +298,10 @@ def task_transition(
         raise ValidationFailed(
             "wake_at is only for moves to 'waiting'.", field="wake_at"
         )
-    row = _fetch(
-        _TRANSITION,
-        {
-            "to": to,
+    rows = task_state_write(
+        statement=_TRANSITION,
+        moves=task_moves_to(to),
+        params={
             "reason": reason,
             "step": step,
             "wake_at": wake_at,
@@ -317,10 +310,9 @@ def task_transition(
             "task_id": task_id,
             "expected_version": expected_version,
             "lease_token": lease_token,
-            "sources": _TASK_SOURCES[to],
         },
     )
-    if row is None:
+    if not rows:
         raise _task_refusal(
             tenant_id=tenant.pk,
             task_id=task_id,
@@ -328,7 +320,8 @@ def task_transition(
             expected_version=expected_version,
             to=to,
         )
-    previous_state, task = row[0], _task(row[1:])
+    (row,) = rows
+    previous_state, task = row[0], task_from_row(row[1:])
     audit_services.event_append(
         tenant_id=tenant.pk,
         code=EventCode.TASK_TRANSITIONED,
@@ -361,7 +354,7 @@ FROM tasks_task AS old
 WHERE t.tenant_id = %(tenant_id)s AND t.id = %(task_id)s AND old.id = t.id
   AND t.state = ANY(%(leasable)s)
   AND (t.lease_owner IS NULL OR t.lease_expires_at <= app_now())
-RETURNING old.lease_owner, {_TASK_COLUMNS}
+RETURNING old.lease_owner, {TASK_COLUMNS}
 """
 
 
@@ -413,7 +406,7 @@ def task_lease_acquire(
         if task.state not in LEASABLE_STATES:
             raise TaskNotLeasable(task_id=str(task_id), state=task.state)
         raise LeaseHeld(task_id=str(task_id))
-    previous_owner, task = row[0], _task(row[1:])
+    previous_owner, task = row[0], task_from_row(row[1:])
     audit_services.event_append(
         tenant_id=tenant.pk,
         code=EventCode.TASK_LEASE_ACQUIRED,
@@ -435,7 +428,7 @@ UPDATE tasks_task AS t SET lease_expires_at = app_now() + %(ttl)s
 WHERE t.tenant_id = %(tenant_id)s AND t.id = %(task_id)s
   AND t.lease_token = %(lease_token)s
   AND t.lease_owner IS NOT NULL AND t.lease_expires_at > app_now()
-RETURNING {_TASK_COLUMNS}
+RETURNING {TASK_COLUMNS}
 """
 
 
@@ -466,21 +459,24 @@ def task_lease_renew(
         raise _task_refusal(
             tenant_id=tenant.pk, task_id=task_id, lease_token=lease_token
         )
-    return _task(row)
+    return task_from_row(row)
 
 
-_LEASE_RELEASE = f"""
-UPDATE tasks_task AS t SET
-    lease_owner = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
-    state = CASE WHEN t.state = 'running' THEN 'pending' ELSE t.state END,
-    state_version = t.state_version + (t.state = 'running')::int,
-    updated_at = statement_timestamp()
-FROM tasks_task AS old
-WHERE t.tenant_id = %(tenant_id)s AND t.id = %(task_id)s AND old.id = t.id
+_LEASE_CLEARED: Final = (
+    "lease_owner = NULL",
+    "lease_acquired_at = NULL",
+    "lease_expires_at = NULL",
+)
+# A running task goes back to pending; in any other state only the lease goes.
+_LEASE_RELEASE_MOVES: Final[dict[str, str]] = {TaskState.RUNNING: TaskState.PENDING}
+_LEASE_RELEASE: Final = TaskStateWrite(
+    where="""t.tenant_id = %(tenant_id)s AND t.id = %(task_id)s
   AND t.lease_token = %(lease_token)s
-  AND t.lease_owner IS NOT NULL AND t.lease_expires_at > app_now()
-RETURNING old.state, old.lease_owner, {_TASK_COLUMNS}
-"""
+  AND t.lease_owner IS NOT NULL AND t.lease_expires_at > app_now()""",
+    assignments=_LEASE_CLEARED,
+    stay=frozenset(TaskState.values) - set(_LEASE_RELEASE_MOVES),
+    returning_old=("state", "lease_owner"),
+)
 
 
 @portal_db.translate_integrity_errors
@@ -499,15 +495,17 @@ def task_lease_release(
         TaskNotFound: no such task in the tenant.
         LeaseExpired: the token is not current or the lease already lapsed.
     """
-    row = _fetch(
-        _LEASE_RELEASE,
-        {"tenant_id": tenant.pk, "task_id": task_id, "lease_token": lease_token},
+    rows = task_state_write(
+        statement=_LEASE_RELEASE,
+        moves=_LEASE_RELEASE_MOVES,
+        params={"tenant_id": tenant.pk, "task_id": task_id, "lease_token": lease_token},
     )
-    if row is None:
+    if not rows:
         raise _task_refusal(
             tenant_id=tenant.pk, task_id=task_id, lease_token=lease_token
         )
-    previous_state, previous_owner, task = row[0], row[1], _task(row[2:])
+    (row,) = rows
+    previous_state, previous_owner, task = row[0], row[1], task_from_row(row[2:])
     audit_services.event_append(
         tenant_id=tenant.pk,
         code=EventCode.TASK_LEASE_RELEASED,
@@ -524,28 +522,26 @@ def task_lease_release(
     return task
 
 
-_CLAIM_NEXT = f"""
-WITH next AS (
+_CLAIM_NEXT_MOVES: Final[dict[str, str]] = {TaskState.PENDING: TaskState.RUNNING}
+_CLAIM_NEXT: Final = TaskStateWrite(
+    with_="""WITH next AS (
     SELECT id FROM tasks_task
     WHERE tenant_id = %(tenant_id)s AND state = 'pending'
       AND (lease_owner IS NULL OR lease_expires_at <= app_now())
     ORDER BY created_at, id
     LIMIT 1
     FOR UPDATE SKIP LOCKED
+)""",
+    from_="next",
+    where="t.id = next.id",
+    assignments=(
+        "reason_code = NULL",
+        "lease_owner = %(owner)s",
+        "lease_token = t.lease_token + 1",
+        "lease_acquired_at = app_now()",
+        "lease_expires_at = app_now() + %(ttl)s",
+    ),
 )
-UPDATE tasks_task AS t SET
-    state = 'running',
-    state_version = t.state_version + 1,
-    reason_code = NULL,
-    lease_owner = %(owner)s,
-    lease_token = t.lease_token + 1,
-    lease_acquired_at = app_now(),
-    lease_expires_at = app_now() + %(ttl)s,
-    updated_at = statement_timestamp()
-FROM next
-WHERE t.id = next.id
-RETURNING {_TASK_COLUMNS}
-"""
 
 
 @portal_db.translate_integrity_errors
@@ -563,12 +559,14 @@ def task_claim_next(
     Safe on many workers at once: locked candidates are skipped, never waited on, and
     each task is claimed by exactly one caller. Returns None when nothing is pending.
     """
-    row = _fetch(
-        _CLAIM_NEXT, {"tenant_id": tenant.pk, "owner": owner, "ttl": _lease_ttl(ttl_s)}
+    rows = task_state_write(
+        statement=_CLAIM_NEXT,
+        moves=_CLAIM_NEXT_MOVES,
+        params={"tenant_id": tenant.pk, "owner": owner, "ttl": _lease_ttl(ttl_s)},
     )
-    if row is None:
+    if not rows:
         return None
-    task = _task(row)
+    task = task_from_row(rows[0])
     audit_services.event_append(
         tenant_id=tenant.pk,
         code=EventCode.TASK_CLAIMED,
@@ -1146,29 +1144,31 @@ def object_version_record(
 
 # --- Housekeeping: lease reaper and wake-up (run by Celery beat) --------------------
 
-_REAP = f"""
-WITH lapsed AS (
+# A lapsed lease sends a running task back to pending and a person's claim back to
+# the queue; a pending or waiting task only loses the lease.
+_REAP_MOVES: Final[dict[str, str]] = {
+    TaskState.RUNNING: TaskState.PENDING,
+    TaskState.HUMAN_CLAIMED: TaskState.HUMAN_REQUIRED,
+}
+_REAP: Final = TaskStateWrite(
+    with_="""WITH lapsed AS (
     SELECT id FROM tasks_task
     WHERE lease_owner IS NOT NULL AND lease_expires_at <= app_now()
       AND state IN ('pending', 'running', 'waiting', 'human_claimed')
     ORDER BY lease_expires_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+)""",
+    from_="lapsed",
+    where="t.id = lapsed.id",
+    assignments=(
+        "reason_code = CASE WHEN t.state IN ('running', 'human_claimed') "
+        "THEN 'LEASE_EXPIRED' ELSE t.reason_code END",
+        *_LEASE_CLEARED,
+    ),
+    stay=frozenset({TaskState.PENDING, TaskState.WAITING}),
+    returning_old=("state", "lease_owner"),
 )
-UPDATE tasks_task AS t SET
-    state = CASE t.state WHEN 'running' THEN 'pending'
-                         WHEN 'human_claimed' THEN 'human_required'
-                         ELSE t.state END,
-    state_version = t.state_version
-        + (t.state IN ('running', 'human_claimed'))::int,
-    reason_code = CASE WHEN t.state IN ('running', 'human_claimed')
-                       THEN 'LEASE_EXPIRED' ELSE t.reason_code END,
-    lease_owner = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
-    updated_at = statement_timestamp()
-FROM lapsed, tasks_task AS old
-WHERE t.id = lapsed.id AND old.id = t.id
-RETURNING old.state, old.lease_owner, {_TASK_COLUMNS}
-"""
 
 
 @portal_db.translate_integrity_errors
@@ -1183,12 +1183,10 @@ def unscoped_leases_reap(*, limit: int = 200) -> int:
     once (``SKIP LOCKED``); the fencing token is untouched, so the old holder stays
     fenced out by expiry and the next holder's acquisition raises it.
     """
-    with connection.cursor() as cursor:
-        cursor.execute(_REAP, {"limit": limit})
-        rows = cursor.fetchall()
+    rows = task_state_write(statement=_REAP, moves=_REAP_MOVES, params={"limit": limit})
     actor = Actor.system("lease-reaper")
     for row in rows:
-        previous_state, previous_owner, task = row[0], row[1], _task(row[2:])
+        previous_state, previous_owner, task = row[0], row[1], task_from_row(row[2:])
         Operation.objects.filter(
             tenant_id=task.tenant_id, task_id=task.pk, state=OperationState.EXECUTING
         ).update(next_check_at=Now())
@@ -1208,22 +1206,19 @@ def unscoped_leases_reap(*, limit: int = 200) -> int:
     return len(rows)
 
 
-_WAKE = f"""
-WITH due AS (
+_WAKE_MOVES: Final[dict[str, str]] = {TaskState.WAITING: TaskState.PENDING}
+_WAKE: Final = TaskStateWrite(
+    with_="""WITH due AS (
     SELECT id FROM tasks_task
     WHERE state = 'waiting' AND wake_at <= app_now()
     ORDER BY wake_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+)""",
+    from_="due",
+    where="t.id = due.id",
+    assignments=("wake_at = NULL", *_LEASE_CLEARED),
 )
-UPDATE tasks_task AS t SET
-    state = 'pending', state_version = t.state_version + 1, wake_at = NULL,
-    lease_owner = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
-    updated_at = statement_timestamp()
-FROM due
-WHERE t.id = due.id
-RETURNING {_TASK_COLUMNS}
-"""
 
 
 @portal_db.translate_integrity_errors
@@ -1233,12 +1228,10 @@ def unscoped_waiting_tasks_wake(*, limit: int = 200) -> int:
 
     One batch in one transaction; safe on several workers at once (``SKIP LOCKED``).
     """
-    with connection.cursor() as cursor:
-        cursor.execute(_WAKE, {"limit": limit})
-        rows = cursor.fetchall()
+    rows = task_state_write(statement=_WAKE, moves=_WAKE_MOVES, params={"limit": limit})
     actor = Actor.system("wake-up")
     for row in rows:
-        task = _task(row)
+        task = task_from_row(row)
         audit_services.event_append(
             tenant_id=task.tenant_id,
             code=EventCode.TASK_WOKEN,

@@ -1,44 +1,66 @@
-"""Human takeover: the queue, claim, release, resolve, and one-time approvals.
+"""Human takeover: escalation, the queue, claim, release, resolve, one-time approvals.
 
-A person acts only in tenants where they hold a support or admin membership (checked
-here, in the services, not only by the caller). Claiming revokes the automatic lease
-and raises the fencing token, so a worker that still believes it holds the task can
-write nothing more. Every step is an event in the task's own chain, with the person
-as actor.
+The whole human loop lives here: ``escalate`` hands a task to a person (the gateway
+calls it when a check refuses or a result stays in doubt), and the services below
+are what the person does with it.
+
+A person acts only in tenants where their membership carries ``work_takeover``
+(support and admin roles; checked here, in the services, not only by the caller).
+Claiming revokes the automatic lease and raises the fencing token, so a worker that
+still believes it holds the task can write nothing more. Every step is an event in
+the task's own chain and trace, with the person as actor.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import QuerySet
 from django.db.models.functions import Now
 
 from audit import services as audit_services
 from audit.models import EventCode
+from audit.redaction import redact_payload
 from portal import db as portal_db
-from portal import selectors as portal_selectors
 from portal.actors import Actor
+from portal.codes import ReasonCode
 from portal.exceptions import IllegalTransition, PortalError, ValidationFailed
-from portal.models import Role, Tenant
+from portal.models import Tenant, TenantPerm
+from portal.roles import Person, has_tenant_perm, tenant_ids_with_perm
 from portal.tracing import NO_TRACE, Trace
 
-from . import services
+from . import keyset, services
 from .exceptions import OperationNotFound, TaskNotFound
-from .models import Approval, Escalation, Operation, OperationState, Task, TaskState
+from .models import (
+    OPERATION_TRANSITIONS,
+    Approval,
+    Escalation,
+    Operation,
+    OperationState,
+    Task,
+    TaskState,
+)
+from .task_state import TaskStateWrite, task_from_row, task_state_write
 
-TAKEOVER_ROLES: Final = (Role.SUPPORT, Role.ADMIN)
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from .gateway import FieldValue, GatewayResult
+
 # A person's claim is a lease like an agent's, only longer: a working day.
 HUMAN_LEASE_HOURS: Final = 8
 
-Resolution = Literal["verify", "retry", "fail", "cancel", "hand_back", "complete"]
+Resolution = Literal[
+    "verify", "approve", "retry", "fail", "cancel", "hand_back", "complete"
+]
 RESOLUTIONS: Final[tuple[str, ...]] = (
     "verify",
-    "retry",
+    "approve",
+    "retry",  # the API's older name for approve
     "fail",
     "cancel",
     "hand_back",
@@ -46,6 +68,7 @@ RESOLUTIONS: Final[tuple[str, ...]] = (
 )
 _TASK_AFTER: Final[dict[str, str]] = {
     "verify": TaskState.PENDING,
+    "approve": TaskState.PENDING,
     "retry": TaskState.PENDING,
     "fail": TaskState.FAILED,
     "cancel": TaskState.CANCELLED,
@@ -73,16 +96,131 @@ class NotYourClaim(PortalError):
     status = 409
 
 
-Person = AbstractBaseUser | AnonymousUser
+class ApprovalNotAllowed(PortalError):
+    """Approving the same input again would repeat what was refused.
+
+    Edit the field values (with their source and read time) or hand the task back
+    for a fresh read instead.
+    """
+
+    code = "APPROVAL_NOT_ALLOWED"
+    status = 409
+
+
+# Reasons where running the operation's exact input again, once, is what a person
+# may approve: the input was fine and only the way it would run was in doubt. Field,
+# version, permission, target and contract refusals would only be refused again.
+APPROVABLE_REASONS: Final = frozenset(
+    {
+        ReasonCode.APPROVAL_REQUIRED,
+        ReasonCode.RESULT_UNKNOWN,
+        ReasonCode.CREDENTIAL_EXPIRED,
+    }
+)
 
 
 def _owner(user: Person) -> str:
     return f"user:{user.pk}"
 
 
+# --- Escalation ----------------------------------------------------------------------
+
+# Only automation's states: a task a person holds (or that ended) stays as it is.
+_ESCALATE_MOVES: Final[dict[str, str]] = {
+    state: TaskState.HUMAN_REQUIRED for state in services.LEASABLE_STATES
+}
+_ESCALATE: Final = TaskStateWrite(
+    where="t.tenant_id = %(tenant_id)s AND t.id = %(task_id)s",
+    assignments=(
+        "reason_code = %(reason)s",
+        "lease_owner = NULL",
+        "lease_acquired_at = NULL",
+        "lease_expires_at = NULL",
+        "lease_token = t.lease_token + 1",
+    ),
+)
+
+
+def escalate(
+    *,
+    tenant: Tenant,
+    task: Task,
+    operation: Operation | None,
+    reason: ReasonCode,
+    evidence: Mapping[str, Any],
+    actor: Actor,
+    trace: Trace = NO_TRACE,
+) -> Escalation:
+    """Hand a task to a person, in the caller's transaction.
+
+    The operation (if it can) moves to ``human_required``; the task moves there too
+    from pending, running or waiting, losing its automatic lease with a new fencing
+    token, so the worker that held it can write nothing more. The evidence is stored
+    redacted and bounded.
+
+    Raises:
+        TransactionRequired: called outside a transaction.
+    """
+    portal_db.require_transaction()
+    if (
+        operation is not None
+        and (operation.state, OperationState.HUMAN_REQUIRED) in OPERATION_TRANSITIONS
+    ):
+        operation = services.operation_move(
+            tenant=tenant,
+            operation_id=operation.pk,
+            to=OperationState.HUMAN_REQUIRED,
+            expected_version=operation.state_version,
+            actor=actor,
+            trace=trace,
+            reason=reason,
+        )
+    rows = task_state_write(
+        statement=_ESCALATE,
+        moves=_ESCALATE_MOVES,
+        params={"reason": reason, "tenant_id": tenant.pk, "task_id": task.pk},
+    )
+    moved = task_from_row(rows[0]) if rows else None
+    record = Escalation.objects.create(
+        tenant=tenant,
+        task_id=task.pk,
+        operation=operation,
+        reason_code=reason,
+        evidence=redact_payload(evidence),
+        responsible_owner=task.lease_owner or actor.id,
+    )
+    audit_services.event_append(
+        tenant_id=tenant.pk,
+        code=EventCode.TASK_ESCALATED,
+        actor=actor,
+        task_id=task.pk,
+        operation_id=operation.pk if operation else None,
+        reason=reason,
+        trace=trace,
+        data={
+            "escalation_id": str(record.pk),
+            "task_moved": moved is not None,
+            "lease_token": moved.lease_token if moved else None,
+            "evidence": record.evidence,
+        },
+    )
+    return record
+
+
+# --- The queue and a person's moves --------------------------------------------------
+
+
 def takeover_tenants(*, user: Person) -> QuerySet[Tenant]:
-    """Tenants whose takeover queue the user may work."""
-    return portal_selectors.tenants_of(user=user, roles=TAKEOVER_ROLES)
+    """Tenants whose takeover queue the user may work (``work_takeover``)."""
+    ids = tenant_ids_with_perm(user=user, perm=TenantPerm.WORK_TAKEOVER)
+    return Tenant.objects.filter(pk__in=ids)
+
+
+def _on_task_trace(task: Task, trace: Trace) -> Trace:
+    """A person's step joins the task's own trace, so one trace id finds it all."""
+    if not task.trace_id:
+        return trace
+    return Trace(trace_id=task.trace_id, span_id=trace.span_id or Trace.new().span_id)
 
 
 def takeover_queue(
@@ -98,6 +236,32 @@ def takeover_queue(
     if reason is not None:
         tasks = tasks.filter(reason_code=reason)
     return tasks.select_related("tenant").order_by("updated_at", "id")
+
+
+def takeover_queue_page(
+    *,
+    user: Person,
+    reason: str | None = None,
+    tenant: Tenant | None = None,
+    newest_first: bool = False,
+    after: str | None = None,
+    limit: int = keyset.DEFAULT_PAGE_SIZE,
+) -> keyset.KeysetPage:
+    """A page of the API's takeover queue (``GET /api/v1/takeover/queue``).
+
+    The same rows as ``takeover_queue`` (the user's support and
+    admin tenants, human_required and human_claimed), oldest first by default,
+    ``newest_first`` for the other end; ``after`` is the ``next`` cursor of the
+    previous page. ``items`` carry ``tenant`` (select_related).
+
+    Raises:
+        InvalidCursor: ``after`` is not a cursor this portal wrote.
+    """
+    cursor = keyset.Cursor.decode(after) if after else None
+    queue = takeover_queue(user=user, reason=reason, tenant=tenant)
+    return keyset.keyset_page(
+        queue, newest_first=newest_first, after=cursor, limit=limit
+    )
 
 
 def task_get_for_person(*, user: Person, task_id: uuid.UUID) -> Task:
@@ -117,15 +281,36 @@ def task_get_for_person(*, user: Person, task_id: uuid.UUID) -> Task:
 
 
 def _require_role(*, tenant: Tenant, user: Person) -> None:
-    if not takeover_tenants(user=user).filter(pk=tenant.pk).exists():
-        raise TaskNotFound()  # no membership: the task does not exist for them
+    if not has_tenant_perm(user=user, perm=TenantPerm.WORK_TAKEOVER, tenant=tenant):
+        raise TaskNotFound()  # not theirs to work: the task does not exist for them
 
 
-def _fetch_task(sql: str, params: list[Any]) -> Task | None:
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
-    return services._task(row) if row else None
+_CLAIM_MOVES: Final[dict[str, str]] = {
+    TaskState.HUMAN_REQUIRED: TaskState.HUMAN_CLAIMED
+}
+_CLAIM: Final = TaskStateWrite(
+    where="t.tenant_id = %(tenant_id)s AND t.id = %(task_id)s",
+    assignments=(
+        "lease_owner = %(owner)s",
+        "lease_token = t.lease_token + 1",
+        "lease_acquired_at = app_now()",
+        f"lease_expires_at = app_now() + interval '{HUMAN_LEASE_HOURS} hours'",
+    ),
+)
+# Out of a person's hands: the lease goes, with a new fencing token.
+_UNCLAIM: Final = TaskStateWrite(
+    where=(
+        "t.tenant_id = %(tenant_id)s AND t.id = %(task_id)s"
+        " AND t.state_version = %(expected_version)s"
+    ),
+    assignments=(
+        "reason_code = CASE WHEN %(keep_reason)s THEN t.reason_code END",
+        "lease_owner = NULL",
+        "lease_acquired_at = NULL",
+        "lease_expires_at = NULL",
+        "lease_token = t.lease_token + 1",
+    ),
+)
 
 
 @portal_db.translate_integrity_errors
@@ -142,24 +327,18 @@ def task_human_claim(*, task: Task, user: Person, trace: Trace = NO_TRACE) -> Ta
         IllegalTransition: the task is not waiting for a person.
     """
     _require_role(tenant=task.tenant, user=user)
-    claimed = _fetch_task(
-        f"""
-        UPDATE tasks_task AS t SET
-            state = 'human_claimed', state_version = t.state_version + 1,
-            lease_owner = %s, lease_token = t.lease_token + 1,
-            lease_acquired_at = app_now(),
-            lease_expires_at = app_now() + interval '{HUMAN_LEASE_HOURS} hours',
-            updated_at = statement_timestamp()
-        WHERE t.tenant_id = %s AND t.id = %s AND t.state = 'human_required'
-        RETURNING {services._TASK_COLUMNS}
-        """,
-        [_owner(user), task.tenant_id, task.pk],
+    trace = _on_task_trace(task, trace)
+    rows = task_state_write(
+        statement=_CLAIM,
+        moves=_CLAIM_MOVES,
+        params={"owner": _owner(user), "tenant_id": task.tenant_id, "task_id": task.pk},
     )
-    if claimed is None:
-        current = Task.objects.get(pk=task.pk)
+    if not rows:
+        current = Task.objects.get(tenant_id=task.tenant_id, pk=task.pk)
         if current.state == TaskState.HUMAN_CLAIMED:
             raise AlreadyClaimed(task_id=str(task.pk), claimed_by=current.lease_owner)
         raise IllegalTransition(current=current.state, requested="human_claimed")
+    claimed = task_from_row(rows[0])
     audit_services.event_append(
         tenant_id=task.tenant_id,
         code=EventCode.TASK_HUMAN_CLAIMED,
@@ -176,44 +355,60 @@ def task_human_claim(*, task: Task, user: Person, trace: Trace = NO_TRACE) -> Ta
     return claimed
 
 
-def _require_claimer(*, task: Task, user: Person) -> Task:
+def _lock_claimed(*, task: Task, requested: str) -> Task:
     current = Task.objects.select_for_update(of=("self",)).get(
         tenant_id=task.tenant_id, pk=task.pk
     )
     if current.state != TaskState.HUMAN_CLAIMED:
-        raise IllegalTransition(current=current.state, requested="resolve")
+        raise IllegalTransition(current=current.state, requested=requested)
+    return current
+
+
+def _require_claimer(*, task: Task, user: Person) -> Task:
+    current = _lock_claimed(task=task, requested="resolve")
     if current.lease_owner != _owner(user):
         raise NotYourClaim(task_id=str(task.pk), claimed_by=current.lease_owner)
     return current
 
 
 def _move_claimed_task(*, task: Task, to: str, keep_reason: bool = False) -> Task:
-    moved = _fetch_task(
-        f"""
-        UPDATE tasks_task AS t SET
-            state = %s, state_version = t.state_version + 1,
-            reason_code = CASE WHEN %s THEN t.reason_code END,
-            lease_owner = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
-            lease_token = t.lease_token + 1, updated_at = statement_timestamp()
-        WHERE t.tenant_id = %s AND t.id = %s AND t.state_version = %s
-        RETURNING {services._TASK_COLUMNS}
-        """,
-        [to, keep_reason, task.tenant_id, task.pk, task.state_version],
-    )
-    assert moved is not None  # the row is locked by _require_claimer
-    return moved
+    (row,) = task_state_write(
+        statement=_UNCLAIM,
+        moves={TaskState.HUMAN_CLAIMED: to},
+        params={
+            "keep_reason": keep_reason,
+            "tenant_id": task.tenant_id,
+            "task_id": task.pk,
+            "expected_version": task.state_version,
+        },
+    )  # exactly one: the row is locked by _lock_claimed
+    return task_from_row(row)
 
 
 @portal_db.translate_integrity_errors
 @transaction.atomic(durable=True)
-def task_human_release(*, task: Task, user: Person, trace: Trace = NO_TRACE) -> Task:
+def task_human_release(
+    *, task: Task, user: Person, note: str = "", trace: Trace = NO_TRACE
+) -> Task:
     """Put a claimed task back in the queue for someone else.
+
+    The claimer releases their own claim; a person whose membership carries
+    ``release_any_claim`` (a tenant admin) may release anyone's, e.g. a stale claim
+    of someone who went home. The event names both.
 
     Raises:
         TaskNotFound, IllegalTransition, NotYourClaim.
     """
     _require_role(tenant=task.tenant, user=user)
-    current = _require_claimer(task=task, user=user)
+    trace = _on_task_trace(task, trace)
+    current = _lock_claimed(task=task, requested="human_required")
+    released_for = None
+    if current.lease_owner != _owner(user):
+        if not has_tenant_perm(
+            user=user, perm=TenantPerm.RELEASE_ANY_CLAIM, tenant=task.tenant
+        ):
+            raise NotYourClaim(task_id=str(task.pk), claimed_by=current.lease_owner)
+        released_for = current.lease_owner
     released = _move_claimed_task(
         task=current, to=TaskState.HUMAN_REQUIRED, keep_reason=True
     )
@@ -224,7 +419,12 @@ def task_human_release(*, task: Task, user: Person, trace: Trace = NO_TRACE) -> 
         task_id=task.pk,
         reason=released.reason_code,
         trace=trace,
-        data={"from": "human_claimed", "to": "human_required"},
+        data={
+            "from": "human_claimed",
+            "to": "human_required",
+            "released_for": released_for,
+            "note": note,
+        },
     )
     return released
 
@@ -251,20 +451,26 @@ def task_human_resolve(
 
     - ``verify``: the person found the receipt: the operation becomes ``verified``
       with ``provider_reference``; the task goes back to automation (``pending``).
-    - ``retry``: the person approves running the operation's exact input again under
-      the *same* key; the task goes back to automation, whose next execute uses the
-      approval once.
+    - ``approve`` (``retry``): the person approves running the operation's exact
+      input again under the *same* key, where the reason allows it
+      (``APPROVABLE_REASONS``); the task goes back to automation, whose next
+      execute uses the approval once.
     - ``fail`` / ``cancel``: open operations fail; the task fails / is cancelled.
-    - ``hand_back``: back to automation as it is. ``complete``: the task succeeded.
+    - ``hand_back``: back to automation with the note, for a fresh read: the
+      agent's next execute under the same key passes every check again with the
+      values it reads then. ``complete``: the task succeeded.
+    (``task_human_edit`` is the fourth way: the person gives fresh values.)
 
     Raises:
         TaskNotFound, IllegalTransition, NotYourClaim: see the claim.
         ValidationFailed: unknown resolution, or its operation details are missing.
         OperationNotFound: the operation is not this task's.
+        ApprovalNotAllowed: approving the same input would repeat a refusal.
     """
     if resolution not in RESOLUTIONS:
         raise ValidationFailed(field="resolution", value=str(resolution))
     _require_role(tenant=task.tenant, user=user)
+    trace = _on_task_trace(task, trace)
     current = _require_claimer(task=task, user=user)
     actor = Actor.of_user(user)
     operation: Operation | None = None
@@ -276,7 +482,7 @@ def task_human_resolve(
         )
         if operation is None:
             raise OperationNotFound(operation_id=str(operation_id))
-    elif resolution in ("verify", "retry"):
+    elif resolution in ("verify", "approve", "retry"):
         raise ValidationFailed(
             f"'{resolution}' needs operation_id.", field="operation_id"
         )
@@ -297,10 +503,12 @@ def task_human_resolve(
             provider_reference=provider_reference,
             data={"note": note},
         )
-    elif resolution == "retry":
+    elif resolution in ("approve", "retry"):
         assert operation is not None
         if operation.state != OperationState.HUMAN_REQUIRED:
-            raise IllegalTransition(current=operation.state, requested="retry")
+            raise IllegalTransition(current=operation.state, requested=resolution)
+        if current.reason_code not in APPROVABLE_REASONS:
+            raise ApprovalNotAllowed(reason_code=current.reason_code)
         _approve(operation=operation, user=user, trace=trace)
     elif resolution in ("fail", "cancel"):
         open_operations = Operation.objects.select_for_update(of=("self",)).filter(
@@ -339,6 +547,122 @@ def task_human_resolve(
         },
     )
     return ResolutionOutcome(task=resolved, operation=operation)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EditOutcome:
+    result: GatewayResult
+    task: Task
+
+
+def task_human_edit(
+    *,
+    task: Task,
+    user: Person,
+    operation_id: uuid.UUID,
+    fields: Sequence[FieldValue],
+    note: str = "",
+    trace: Trace = NO_TRACE,
+) -> EditOutcome:
+    """The person gives fresh field values; the gateway executes with them.
+
+    The person states each value with its source and when they read it; the gateway
+    runs every check again (contract, fields, target, permission, version) and calls
+    the remote system under the operation's own idempotency key, with the person as
+    actor, so at most one side effect exists whoever executes. On ``verified`` the
+    task goes back to automation (``hand_back`` with the note) to finish its
+    workflow; otherwise the person keeps the claim, and a refusal leaves a new
+    escalation with its evidence.
+
+    Raises:
+        TaskNotFound, IllegalTransition, NotYourClaim: see the claim.
+        OperationNotFound: the operation is not this task's.
+        ValidationFailed: no field values.
+        TransactionForbidden: called inside a transaction (the gateway calls out).
+    """
+    from . import gateway  # the gateway imports this module for escalate
+
+    portal_db.forbid_transaction("the gateway calls the remote system")
+    if not fields:
+        raise ValidationFailed("Give the fresh value of each field.", field="fields")
+    claimed = _edit_record(
+        task=task,
+        user=user,
+        operation_id=operation_id,
+        fields=fields,
+        note=note,
+        trace=trace,
+    )
+    result = gateway.operation_execute(
+        tenant=task.tenant,
+        operation_id=operation_id,
+        lease_token=claimed.lease_token,
+        fields=fields,
+        actor=Actor.of_user(user),
+        trace=_on_task_trace(task, trace),
+    )
+    if result.outcome == "verified":
+        resolved = task_human_resolve(
+            task=task,
+            user=user,
+            resolution="hand_back",
+            operation_id=operation_id,
+            note=note or "executed with values a person gave; verified",
+            trace=trace,
+        )
+        return EditOutcome(result=result, task=resolved.task)
+    current = Task.objects.get(tenant_id=task.tenant_id, pk=task.pk)
+    return EditOutcome(result=result, task=current)
+
+
+@portal_db.translate_integrity_errors
+@transaction.atomic(durable=True)
+def _edit_record(
+    *,
+    task: Task,
+    user: Person,
+    operation_id: uuid.UUID,
+    fields: Sequence[FieldValue],
+    note: str,
+    trace: Trace,
+) -> Task:
+    """Check the claim and the operation; record what the person supplied.
+
+    The values themselves stay out of the trail (they are often personal data);
+    their names, sources and read times go in.
+    """
+    _require_role(tenant=task.tenant, user=user)
+    current = _require_claimer(task=task, user=user)
+    operation = (
+        Operation.objects.select_for_update(of=("self",))
+        .filter(tenant_id=task.tenant_id, task_id=task.pk, pk=operation_id)
+        .first()
+    )
+    if operation is None:
+        raise OperationNotFound(operation_id=str(operation_id))
+    if operation.state not in (OperationState.HUMAN_REQUIRED, OperationState.RESERVED):
+        raise IllegalTransition(current=operation.state, requested="edit")
+    audit_services.event_append(
+        tenant_id=task.tenant_id,
+        code=EventCode.OPERATION_FIELDS_EDITED,
+        actor=Actor.of_user(user),
+        task_id=task.pk,
+        operation_id=operation.pk,
+        reason=current.reason_code,
+        trace=_on_task_trace(task, trace),
+        data={
+            "fields": [
+                {
+                    "name": field.name,
+                    "source": field.source,
+                    "observed_at": field.observed_at.isoformat(),
+                }
+                for field in fields
+            ],
+            "note": note,
+        },
+    )
+    return current
 
 
 def _approve(*, operation: Operation, user: Person, trace: Trace) -> Approval:

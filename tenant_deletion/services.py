@@ -124,11 +124,16 @@ class TenantDeletionReport:
 
 
 def tenant_owned_models() -> list[type[Model]]:
-    """Every installed model with a foreign key to ``Tenant``, from the registry."""
+    """Every installed model with a foreign key to ``Tenant``, from the registry.
+
+    Proxy models (the takeover desk's ``console.TakeoverItem``) are left out: they
+    share their concrete model's table, which the policy already covers.
+    """
     return [
         model
         for model in apps.get_models()
-        if any(
+        if not model._meta.proxy
+        and any(
             field.many_to_one and field.related_model is Tenant
             for field in model._meta.concrete_fields
         )

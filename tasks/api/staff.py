@@ -10,7 +10,11 @@ from typing import Any
 
 from django.utils.decorators import method_decorator
 from django.views.decorators.csrf import ensure_csrf_cookie
-from drf_spectacular.utils import extend_schema, extend_schema_serializer
+from drf_spectacular.utils import (
+    extend_schema,
+    extend_schema_serializer,
+    inline_serializer,
+)
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -18,11 +22,13 @@ from rest_framework.response import Response
 from portal import selectors as portal_selectors
 from portal.api import StaffApi, problem_responses
 from portal.codes import ReasonCode
-from portal.models import Role
+from portal.models import TenantPerm
 
-from .. import services, takeover
+from .. import gateway, keyset, services, takeover
 from .serializers import (
     ContractOutputSerializer,
+    FieldValueSerializer,
+    TakeoverEditOutputSerializer,
     TakeoverItemSerializer,
     TaskOutputSerializer,
 )
@@ -36,21 +42,57 @@ class TakeoverQueueApi(StaffApi):
         reason_code = serializers.ChoiceField(
             choices=ReasonCode.choices, required=False
         )
+        order = serializers.ChoiceField(
+            choices=["oldest", "newest"], default="oldest", required=False
+        )
+        after = serializers.CharField(
+            max_length=200,
+            required=False,
+            help_text="The cursor of the page before (from its `next` link).",
+        )
+        page_size = serializers.IntegerField(
+            min_value=1, max_value=keyset.MAX_PAGE_SIZE, required=False
+        )
 
     @extend_schema(
         operation_id="takeover_queue",
         parameters=[FilterSerializer],
-        responses={200: TakeoverItemSerializer(many=True), **problem_responses(403)},
-        description="Tasks waiting for a person in your tenants, oldest first. Also "
-        "sets the CSRF cookie that the POSTs below must echo in X-CSRFToken.",
+        responses={
+            200: inline_serializer(
+                "TakeoverQueuePage",
+                fields={
+                    "next": serializers.URLField(allow_null=True),
+                    "results": TakeoverItemSerializer(many=True),
+                },
+            ),
+            **problem_responses(400, 403),
+        },
+        description="Tasks waiting for a person in your tenants, oldest first "
+        "(`order=newest` for the other end), a page at a time: follow `next` until "
+        "it is null. Also sets the CSRF cookie that the POSTs below must echo in "
+        "X-CSRFToken.",
     )
     @method_decorator(ensure_csrf_cookie)
     def get(self, request: Request) -> Response:
         filters = self.validated(self.FilterSerializer, request.query_params)
-        tasks = takeover.takeover_queue(
-            user=request.user, reason=filters.get("reason_code")
-        )[:200]
-        return Response(TakeoverItemSerializer(tasks, many=True).data)
+        page = takeover.takeover_queue_page(
+            user=request.user,
+            reason=filters.get("reason_code"),
+            newest_first=filters["order"] == "newest",
+            after=filters.get("after"),
+            limit=filters.get("page_size", keyset.DEFAULT_PAGE_SIZE),
+        )
+        next_url = None
+        if page.next_cursor is not None:
+            query = request.query_params.copy()
+            query["after"] = page.next_cursor.encode()
+            next_url = request.build_absolute_uri(f"{request.path}?{query.urlencode()}")
+        return Response(
+            {
+                "next": next_url,
+                "results": TakeoverItemSerializer(page.items, many=True).data,
+            }
+        )
 
 
 class TakeoverClaimApi(StaffApi):
@@ -96,7 +138,11 @@ class TakeoverResolveApi(StaffApi):
         request=InputSerializer,
         responses={200: TaskOutputSerializer, **problem_responses(403, 404, 409)},
         description="Settle a claimed task: verify (with the receipt id you found), "
-        "retry (same key, approved once), fail, cancel, hand_back or complete.",
+        "approve (same input, same key, once; `retry` is its older name; only for "
+        "APPROVAL_REQUIRED, RESULT_UNKNOWN and CREDENTIAL_EXPIRED, otherwise 409 "
+        "APPROVAL_NOT_ALLOWED), fail, cancel, hand_back (back to the agent for a "
+        "fresh read, with a note) or complete. To give fresh field values "
+        "yourself, use `edit`.",
     )
     def post(self, request: Request, task_id: Any) -> Response:
         data = self.validated(self.InputSerializer, request.data)
@@ -105,6 +151,54 @@ class TakeoverResolveApi(StaffApi):
             task=task, user=request.user, trace=self.trace, **data
         )
         return Response(TaskOutputSerializer(outcome.task).data)
+
+
+class TakeoverEditApi(StaffApi):
+    @extend_schema_serializer(component_name="TakeoverEditInput")
+    class InputSerializer(serializers.Serializer):
+        operation_id = serializers.UUIDField()
+        field_values = serializers.ListField(
+            child=FieldValueSerializer(),
+            min_length=1,
+            max_length=100,
+            help_text="Each field's fresh value, its source and when you read it.",
+        )
+        note = serializers.CharField(max_length=2000, required=False, default="")
+
+    @extend_schema(
+        operation_id="takeover_edit",
+        request=InputSerializer,
+        responses={
+            200: TakeoverEditOutputSerializer,
+            **problem_responses(403, 404, 409),
+        },
+        description="Give fresh field values for a task you claimed: the gateway "
+        "checks everything again and executes under the operation's own key with "
+        "you as the actor. `verified`: the task went back to the agent to finish. "
+        "`refused`: it stays with you, with a new escalation and its reason code.",
+    )
+    def post(self, request: Request, task_id: Any) -> Response:
+        data = self.validated(self.InputSerializer, request.data)
+        task = takeover.task_get_for_person(user=request.user, task_id=task_id)
+        outcome = takeover.task_human_edit(
+            task=task,
+            user=request.user,
+            operation_id=data["operation_id"],
+            fields=[gateway.FieldValue(**field) for field in data["field_values"]],
+            note=data["note"],
+            trace=self.trace,
+        )
+        return Response(
+            TakeoverEditOutputSerializer(
+                {
+                    "outcome": outcome.result.outcome,
+                    "reason_code": outcome.result.reason,
+                    "escalation_id": outcome.result.escalation_id,
+                    "operation": outcome.result.operation,
+                    "task": outcome.task,
+                }
+            ).data
+        )
 
 
 # --- Contracts (tenant administrators) ------------------------------------------------
@@ -127,7 +221,7 @@ class TenantContractCreateApi(StaffApi):
     def post(self, request: Request, tenant_slug: str) -> Response:
         data = self.validated(self.InputSerializer, request.data)
         tenant = portal_selectors.tenant_for_person(
-            user=request.user, slug=tenant_slug, roles=(Role.ADMIN,)
+            user=request.user, slug=tenant_slug, perm=TenantPerm.MANAGE_TENANT
         )
         contract = services.contract_create(tenant=tenant, by=request.user, **data)
         return Response(ContractOutputSerializer(contract).data, status=201)
@@ -146,7 +240,7 @@ class TenantContractStatusApi(StaffApi):
         self, request: Request, tenant_slug: str, key: str, version: int
     ) -> Response:
         tenant = portal_selectors.tenant_for_person(
-            user=request.user, slug=tenant_slug, roles=(Role.ADMIN,)
+            user=request.user, slug=tenant_slug, perm=TenantPerm.MANAGE_TENANT
         )
         change = (
             services.contract_publish

@@ -9,7 +9,7 @@ from rest_framework.test import APIClient
 from portal import services as portal_services
 from portal.actors import Actor
 from portal.models import Role
-from tasks import gateway
+from tasks import takeover
 from tasks.models import Escalation, Task, TaskState
 
 pytestmark = pytest.mark.django_db
@@ -22,7 +22,7 @@ def escalated(make_task, tenant):
 
     task = make_task(state=TaskState.RUNNING, leased=True)
     with transaction.atomic():
-        gateway.escalate(
+        takeover.escalate(
             tenant=tenant,
             task=task,
             operation=None,
@@ -52,7 +52,7 @@ def post(client: APIClient, path: str, data=None):
 
 def test_the_queue_lists_escalated_tasks_with_their_evidence(escalated, tenant):
     support = person(tenant, "sam", Role.SUPPORT)
-    items = support.get("/api/v1/takeover/queue").json()
+    items = support.get("/api/v1/takeover/queue").json()["results"]
     assert [item["id"] for item in items] == [str(escalated.pk)]
     assert items[0]["reason_code"] == "FIELD_STALE"
     assert items[0]["escalations"][0]["evidence"]["conflicting_fields"][0]["field"] == (
@@ -106,7 +106,7 @@ def test_only_the_claimer_may_resolve(escalated, tenant):
 @pytest.mark.parametrize("role", [None, Role.REVIEWER])
 def test_people_without_a_support_role_see_nothing(escalated, tenant, role):
     outsider = person(tenant, "rev", role)
-    assert outsider.get("/api/v1/takeover/queue").json() == []
+    assert outsider.get("/api/v1/takeover/queue").json()["results"] == []
     response = post(outsider, f"/api/v1/takeover/tasks/{escalated.pk}/claim")
     assert response.status_code == 404
     assert Task.objects.get(pk=escalated.pk).state == TaskState.HUMAN_REQUIRED
@@ -114,7 +114,7 @@ def test_people_without_a_support_role_see_nothing(escalated, tenant, role):
 
 def test_another_tenants_support_staff_get_404(escalated, other_tenant):
     stranger = person(other_tenant, "eve", Role.SUPPORT)
-    assert stranger.get("/api/v1/takeover/queue").json() == []
+    assert stranger.get("/api/v1/takeover/queue").json()["results"] == []
     for action in ("claim", "release", "resolve"):
         response = post(
             stranger,
@@ -136,3 +136,35 @@ def test_a_post_without_the_csrf_token_is_refused(escalated, tenant):
     response = support.post(f"/api/v1/takeover/tasks/{escalated.pk}/claim")
     assert response.status_code == 403
     assert Task.objects.get(pk=escalated.pk).state == TaskState.HUMAN_REQUIRED
+
+
+def test_the_queue_pages_past_any_size_both_ways(make_task, tenant):
+    """250 escalations: following `next` reaches every one once, from either end;
+    the newest is on the first page of `order=newest` (it was invisible past 200)."""
+    from django.db import transaction
+
+    tasks = []
+    for _ in range(250):
+        task = make_task(state=TaskState.RUNNING, leased=True)
+        with transaction.atomic():
+            takeover.escalate(
+                tenant=tenant,
+                task=task,
+                operation=None,
+                reason="FIELD_STALE",
+                evidence={},
+                actor=Actor.system("test"),
+            )
+        tasks.append(task.pk)
+    support = person(tenant, "sam", Role.SUPPORT)
+    for order in ("oldest", "newest"):
+        seen, url = [], f"/api/v1/takeover/queue?order={order}&page_size=100"
+        while url:
+            page = support.get(url)
+            assert page.status_code == 200
+            seen += [item["id"] for item in page.json()["results"]]
+            url = page.json()["next"]
+        assert len(seen) == len(set(seen)) == 250
+        expected = [str(pk) for pk in tasks]
+        assert seen == (expected if order == "oldest" else expected[::-1])
+    assert support.get("/api/v1/takeover/queue?after=garbage").status_code == 400

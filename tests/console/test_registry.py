@@ -37,6 +37,7 @@ POLICY = {
     "tasks.approval": (V, None),
     "audit.event": (V, None),
     "audit.outbox": (OUT, None),
+    "console.takeoveritem": (V, TenantPerm.WORK_TAKEOVER),
 }
 
 

@@ -23,6 +23,7 @@ from portal.actors import Actor
 from portal.models import Agent, Tenant
 from tasks import gateway
 from tasks import services as task_services
+from tasks.gateway import execute as gateway_execute
 from tasks.models import Connector
 from tests.conftest import db_now
 from ticketdesk.harness import TicketDesk, start_ticketdesk
@@ -221,7 +222,7 @@ def world(
     the grace itself once the queue is empty (``harness.make_due``).
     """
     settings.PORTAL_EXECUTION_DEADLINE_S = EXECUTION_DEADLINE_S
-    monkeypatch.setattr(gateway, "QUEUED_GRACE_S", QUEUED_GRACE_S)
+    monkeypatch.setattr(gateway_execute, "QUEUED_GRACE_S", QUEUED_GRACE_S)
     task_services.contract_create(
         tenant=tenant, key="customer-issue", spec=SPEC, publish=True
     )

@@ -10,7 +10,7 @@ from portal import services as portal_services
 from portal.actors import Actor
 from portal.codes import ReasonCode
 from portal.models import Role
-from tasks import gateway, takeover
+from tasks import takeover
 from tasks.jobs import check_receipts_job, run_operation_job
 from tasks.models import Operation, Task
 
@@ -97,7 +97,7 @@ def test_a_takeover_while_queued_means_the_run_does_nothing(world: World):
     queue(world, started)
     task = Task.objects.get(pk=started["task"]["id"])
     with transaction.atomic():  # escalated meanwhile, then claimed by a person
-        gateway.escalate(
+        takeover.escalate(
             tenant=world.tenant,
             task=task,
             operation=None,

@@ -177,6 +177,14 @@ def test_3_a_version_change_before_the_check_is_refused(world: World):
     body = refused(world.execute(started), "VERSION_CONFLICT")
     evidence = Escalation.objects.get(pk=body["escalation_id"]).evidence
     assert (evidence["version_read"], evidence["current_version"]) == ("7", "8")
+    # seed 004: plan, current version, conflicting fields and responsible owner
+    assert (
+        evidence["plan"]["idempotency_key"] == started["operation"]["idempotency_key"]
+    )
+    assert {f["field"] for f in evidence["conflicting_fields"]} == {"email", "plan"}
+    assert all(f["read_at_version"] == "7" for f in evidence["conflicting_fields"])
+    assert "ana@example.com" not in str(evidence)  # names and times, not values
+    assert evidence["responsible_owner"] == "worker-1"
     assert world.tickets() == 0
     task = Task.objects.get(pk=started["task"]["id"])
     assert task.object_version == "7"  # never bumped to continue
@@ -205,6 +213,11 @@ def test_3_a_version_change_between_validation_and_write_is_refused(world: World
     assert (result.outcome, result.reason) == ("refused", "VERSION_CONFLICT")
     assert world.tickets() == 0
     assert state_of(started) == ("human_required", "human_required", "VERSION_CONFLICT")
+    evidence = Escalation.objects.get(pk=str(result.escalation_id)).evidence
+    assert evidence["when"] == "between the checks and the call"
+    assert {f["field"] for f in evidence["conflicting_fields"]} == {"email"}
+    assert evidence["responsible_owner"] == "worker-1"
+    assert "plan" in evidence
 
 
 # --- 4. Permission revoked or credential expired after the task was queued -----------
@@ -518,12 +531,22 @@ def test_8_a_claim_fences_out_the_old_worker(world: World):
     assert transition.json()["code"] == "LEASE_EXPIRED"
     assert world.execute(started).json()["code"] == "LEASE_EXPIRED"
     assert world.tickets() == 0
-    # The person settles it: a retry of the same key, approved once, by automation.
+    # Approving the same input again would repeat the refusal: not allowed.
+    with pytest.raises(takeover.ApprovalNotAllowed):
+        takeover.task_human_resolve(
+            task=task,
+            user=person,
+            resolution="approve",
+            operation_id=started["operation"]["id"],
+        )
+    # The person hands it back for a fresh read: automation's next execute under
+    # the same key passes every check with the values it reads then.
     takeover.task_human_resolve(
         task=task,
         user=person,
-        resolution="retry",
+        resolution="hand_back",
         operation_id=started["operation"]["id"],
+        note="read the e-mail again",
     )
     lease = world.http.post(
         f"/api/v1/tasks/{task.pk}/lease", json={"owner": "w2"}
@@ -543,7 +566,6 @@ def test_8_a_claim_fences_out_the_old_worker(world: World):
     )
     assert ("task.human_claimed", "user") in actors
     assert ("task.resolved", "user") in actors
-    assert ("operation.approved", "user") in actors
 
 
 def test_8_only_one_of_two_people_wins_a_claim(world: World):

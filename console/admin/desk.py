@@ -1,0 +1,415 @@
+"""The takeover desk: tasks handed to a person, their evidence, and the buttons.
+
+Everyone with ``view_trail`` on a tenant reads its desk (reviewers read-only);
+the Claim, Release and Resolve buttons appear, and their POSTs are accepted, only
+for people with ``work_takeover`` there. Each button calls one wrapper in
+``console/takeover_desk.py``, which calls the takeover service with the person as
+the actor; a refusal is an admin message, never a 500, and changes nothing.
+
+The list pages by keyset on ``(updated_at, id)`` — newest first, or oldest first
+with ``?dir=oldest`` — following ``?after=<cursor>`` links; it never counts the
+table and never uses OFFSET.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Final
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.views.main import ChangeList
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.db.models import Exists, OuterRef, QuerySet, Subquery
+from django.db.models.functions import Now
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import URLPattern, path, reverse
+from django.utils import timezone
+from django.views.decorators.http import require_POST
+
+from portal.exceptions import PortalError
+from portal.models import TenantPerm
+from portal.roles import PermissionDenied, TenantNotVisible
+from tasks import keyset, takeover
+from tasks.models import Escalation, TaskState
+
+from .. import takeover_desk as desk
+from ..models import TakeoverItem
+from .base import TenantScopedAdmin, tenant_ids
+
+DIR_VAR: Final = "dir"
+AFTER_VAR: Final = "after"
+WAITING_STATES: Final = (TaskState.HUMAN_REQUIRED, TaskState.HUMAN_CLAIMED)
+
+
+class DeskStateFilter(admin.SimpleListFilter):
+    """Waiting for a person (the default), claimed, or already settled."""
+
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(
+        self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]
+    ) -> list[tuple[str, str]]:
+        return [
+            (TaskState.HUMAN_REQUIRED, "waiting for a person"),
+            (TaskState.HUMAN_CLAIMED, "claimed"),
+            ("settled", "settled (history)"),
+        ]
+
+    def choices(self, changelist: Any) -> Any:
+        for choice in super().choices(changelist):
+            if choice["display"] == "All":
+                choice["display"] = "open (waiting or claimed)"
+            yield choice
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        if value in WAITING_STATES:
+            return queryset.filter(state=value)
+        if value == "settled":
+            return queryset.exclude(state__in=WAITING_STATES)
+        return queryset.filter(state__in=WAITING_STATES)
+
+
+class DeskChangeList(ChangeList):
+    """Keyset pages instead of numbered ones; no count of the table."""
+
+    def __init__(self, request: HttpRequest, *args: Any, **kwargs: Any) -> None:
+        super().__init__(request, *args, **kwargs)
+        # Filter and direction links start again from the first page.
+        self.params.pop(AFTER_VAR, None)
+        self.filter_params.pop(AFTER_VAR, None)
+
+    def get_filters_params(self, params: Any = None) -> Any:
+        lookup_params = super().get_filters_params(params)
+        for own in (DIR_VAR, AFTER_VAR):
+            lookup_params.pop(own, None)
+        return lookup_params
+
+    def get_results(self, request: HttpRequest) -> None:
+        self.newest_first = request.GET.get(DIR_VAR) != "oldest"
+        after: keyset.Cursor | None = None
+        if request.GET.get(AFTER_VAR):
+            try:
+                after = keyset.Cursor.decode(request.GET[AFTER_VAR])
+            except keyset.InvalidCursor as error:
+                messages.warning(request, error.detail)
+        page = keyset.keyset_page(
+            self.queryset,
+            newest_first=self.newest_first,
+            after=after,
+            limit=self.list_per_page,
+        )
+        names = desk.owner_names(
+            [row.lease_owner for row in page.items]
+            + [row.desk_owner for row in page.items],
+            tenant_ids={row.tenant_id for row in page.items},
+        )
+        for row in page.items:
+            row.desk_names = names
+        self.result_list = page.items
+        self.result_count = len(page.items)
+        self.full_result_count = None
+        self.show_full_result_count = False
+        self.show_admin_actions = False
+        self.can_show_all = False
+        self.multi_page = page.next_cursor is not None or after is not None
+        self.paginator = None
+        self.is_first_page = after is None
+        self.next_link = (
+            self.get_query_string({AFTER_VAR: page.next_cursor.encode()}, remove=["p"])
+            if page.next_cursor
+            else None
+        )
+        self.first_link = self.get_query_string(remove=[AFTER_VAR, "p"])
+        self.newest_link = self.get_query_string(
+            {DIR_VAR: "newest"}, remove=[AFTER_VAR, "p"]
+        )
+        self.oldest_link = self.get_query_string(
+            {DIR_VAR: "oldest"}, remove=[AFTER_VAR, "p"]
+        )
+
+
+class ResolveForm(forms.Form):
+    resolution = forms.ChoiceField(
+        choices=[(r, r.replace("_", " ")) for r in takeover.RESOLUTIONS]
+    )
+    operation_id = forms.UUIDField(required=False)
+    provider_reference = forms.CharField(max_length=200, required=False)
+    note = forms.CharField(max_length=2000, required=False)
+
+
+@admin.register(TakeoverItem)
+class TakeoverDeskAdmin(TenantScopedAdmin):
+    view_perm = TenantPerm.VIEW_TRAIL
+    manage_perm = TenantPerm.WORK_TAKEOVER
+    list_display = [
+        "desk_task",
+        "reason_code",
+        "desk_age",
+        "desk_object",
+        "desk_responsible",
+        "desk_claimed_by",
+        "tenant",
+    ]
+    list_display_links = ["desk_task"]
+    list_filter = ["reason_code", DeskStateFilter, "tenant"]
+    list_select_related = ["tenant"]
+    list_per_page = 50
+    sortable_by = ()
+    actions = None
+    change_list_template = "admin/console/takeover_desk/change_list.html"
+    change_form_template = "admin/console/takeover_desk/change_form.html"
+    readonly_fields = (
+        "client_task_id",
+        "tenant",
+        "state",
+        "reason_code",
+        "object_type",
+        "object_id",
+        "object_version",
+        "workflow_key",
+        "contract_key",
+        "contract_version",
+        "desk_lease_owner",
+        "lease_token",
+        "lease_expires_at",
+        "trace_id",
+        "created_at",
+        "updated_at",
+    )
+    fields = readonly_fields
+
+    # --- rows ---------------------------------------------------------------------
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        escalations = Escalation.objects.filter(
+            tenant_id=OuterRef("tenant_id"), task_id=OuterRef("pk")
+        )
+        latest_open = escalations.filter(resolved_at__isnull=True).order_by(
+            "-created_at"
+        )
+        return (
+            super()
+            .get_queryset(request)
+            .filter(Exists(escalations))
+            .annotate(
+                desk_owner=Subquery(latest_open.values("responsible_owner")[:1]),
+                desk_since=Subquery(latest_open.values("created_at")[:1]),
+                desk_now=Now(),
+            )
+        )
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return DeskChangeList
+
+    # Read-only form; the buttons are the only changes (STYLE.md R13).
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description="task")
+    def desk_task(self, task: TakeoverItem) -> str:
+        return task.client_task_id
+
+    @admin.display(description="age")
+    def desk_age(self, task: TakeoverItem) -> str:
+        since = getattr(task, "desk_since", None) or task.updated_at
+        now = getattr(task, "desk_now", None) or timezone.now()
+        return desk.human_age(now - since)
+
+    @admin.display(description="object")
+    def desk_object(self, task: TakeoverItem) -> str:
+        return f"{task.object_type}/{task.object_id} @ {task.object_version}"
+
+    @admin.display(description="responsible owner")
+    def desk_responsible(self, task: TakeoverItem) -> str:
+        owner = getattr(task, "desk_owner", None)
+        if not owner:
+            return "—"
+        return getattr(task, "desk_names", {}).get(owner, owner)
+
+    @admin.display(description="claimed by")
+    def desk_claimed_by(self, task: TakeoverItem) -> str:
+        if task.state != TaskState.HUMAN_CLAIMED or not task.lease_owner:
+            return "—"
+        names = getattr(task, "desk_names", {})
+        return names.get(task.lease_owner, task.lease_owner)
+
+    @admin.display(description="lease owner")
+    def desk_lease_owner(self, task: TakeoverItem) -> str:
+        if not task.lease_owner:
+            return "—"
+        names = desk.owner_names([task.lease_owner], tenant_ids=[task.tenant_id])
+        return names.get(task.lease_owner, task.lease_owner)
+
+    # --- the evidence page --------------------------------------------------------
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        task = self.get_object(request, object_id)
+        context = dict(extra_context or {})
+        if task is not None:
+            evidence = desk.desk_evidence(task=task)
+            may_act = self.has_manage_permission(request, task)
+            mine = task.lease_owner == f"user:{request.user.pk}"
+            claimed = task.state == TaskState.HUMAN_CLAIMED
+            context.update(
+                evidence=evidence,
+                may_act=may_act,
+                can_claim=may_act and task.state == TaskState.HUMAN_REQUIRED,
+                can_settle=may_act and claimed and mine,
+                claimed_by=(
+                    evidence.names.get(task.lease_owner or "", task.lease_owner)
+                    if claimed
+                    else None
+                ),
+                can_release_any=(
+                    claimed
+                    and not mine
+                    and task.tenant_id
+                    in tenant_ids(request, TenantPerm.RELEASE_ANY_CLAIM)
+                ),
+                resolve_form=ResolveForm(),
+                resolutions=takeover.RESOLUTIONS,
+                open_operations=[
+                    o.operation
+                    for o in evidence.operations
+                    if o.operation.state in ("human_required", "unknown", "conflict")
+                ],
+            )
+        return super().change_view(request, object_id, form_url, context)
+
+    # --- the buttons --------------------------------------------------------------
+
+    def get_urls(self) -> list[URLPattern]:
+        info = self.opts.app_label, self.opts.model_name
+        wrap = self.admin_site.admin_view
+        return [
+            path(
+                "<uuid:task_id>/claim/",
+                wrap(require_POST(self.claim_view)),
+                name="{}_{}_claim".format(*info),
+            ),
+            path(
+                "<uuid:task_id>/release/",
+                wrap(require_POST(self.release_view)),
+                name="{}_{}_release".format(*info),
+            ),
+            path(
+                "<uuid:task_id>/release-any/",
+                wrap(require_POST(self.release_any_view)),
+                name="{}_{}_release_any".format(*info),
+            ),
+            path(
+                "<uuid:task_id>/resolve/",
+                wrap(require_POST(self.resolve_view)),
+                name="{}_{}_resolve".format(*info),
+            ),
+            *super().get_urls(),
+        ]
+
+    def _desk_task(self, request: HttpRequest, task_id: uuid.UUID) -> TakeoverItem:
+        task = self.get_queryset(request).select_related("tenant").filter(pk=task_id)
+        found = task.first()
+        if found is None:
+            raise Http404("No such task on your desk.")
+        return found
+
+    def _run(
+        self, request: HttpRequest, task_id: uuid.UUID, change: Any, done: str
+    ) -> HttpResponse:
+        task = self._desk_task(request, task_id)
+        try:
+            change(task)
+        except PermissionDenied as error:
+            raise DjangoPermissionDenied(error.detail) from None
+        except TenantNotVisible:
+            raise Http404("No such task on your desk.") from None
+        except PortalError as error:
+            self.message_user(request, self._explain(error), messages.ERROR)
+        else:
+            self.message_user(request, done, messages.SUCCESS)
+        return HttpResponseRedirect(
+            reverse("admin:console_takeoveritem_change", args=[task.pk])
+        )
+
+    def _explain(self, error: PortalError) -> str:
+        """The refusal in words a person acts on."""
+        context = error.context
+        if isinstance(error, takeover.AlreadyClaimed):
+            owner = str(context.get("claimed_by") or "")
+            name = desk.owner_names([owner]).get(owner, owner or "someone")
+            return f"Someone else claimed this task first: {name}."
+        if isinstance(error, takeover.NotYourClaim):
+            owner = str(context.get("claimed_by") or "")
+            name = desk.owner_names([owner]).get(owner, owner or "someone")
+            return f"{error.detail} It is claimed by {name}."
+        if "current" in context and "requested" in context:
+            return (
+                f"{error.detail} (it is {context['current']}; "
+                f"asked for {context['requested']})"
+            )
+        if "field" in context:
+            return f"{error.detail} ({context['field']})"
+        return error.detail
+
+    def claim_view(self, request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
+        return self._run(
+            request,
+            task_id,
+            lambda task: desk.desk_claim(task=task, user=request.user),
+            "You claimed this task; nobody else can act on it until you release "
+            "or resolve it.",
+        )
+
+    def release_view(self, request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
+        return self._run(
+            request,
+            task_id,
+            lambda task: desk.desk_release(task=task, user=request.user),
+            "Released: the task is back in the queue.",
+        )
+
+    def release_any_view(
+        self, request: HttpRequest, task_id: uuid.UUID
+    ) -> HttpResponse:
+        note = request.POST.get("note", "")[:2000]
+        return self._run(
+            request,
+            task_id,
+            lambda task: desk.desk_release_any(task=task, user=request.user, note=note),
+            "Released the other person's claim: the task is back in the queue.",
+        )
+
+    def resolve_view(self, request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
+        form = ResolveForm(request.POST)
+        if not form.is_valid():
+            task = self._desk_task(request, task_id)
+            problems = "; ".join(
+                f"{name}: {' '.join(str(e) for e in errors)}"
+                for name, errors in form.errors.items()
+            )
+            self.message_user(request, f"Not resolved: {problems}", messages.ERROR)
+            return HttpResponseRedirect(
+                reverse("admin:console_takeoveritem_change", args=[task.pk])
+            )
+        data = form.cleaned_data
+        return self._run(
+            request,
+            task_id,
+            lambda task: desk.desk_resolve(
+                task=task,
+                user=request.user,
+                resolution=data["resolution"],
+                operation_id=data["operation_id"],
+                provider_reference=data["provider_reference"],
+                note=data["note"],
+            ),
+            f"Resolved: {data['resolution'].replace('_', ' ')}.",
+        )

@@ -1,0 +1,315 @@
+"""The takeover desk's reads and its thin wrappers over the takeover services.
+
+Reads: a keyset page of the queue (newest or oldest first, "next" from the last
+row's ``(updated_at, id)``, never OFFSET and never a COUNT of the table), the
+evidence a person needs to decide, and display names for the owners stored as
+``user:<id>`` or an agent's id.
+
+Writes: :func:`desk_claim`, :func:`desk_release` and :func:`desk_resolve` check
+``TenantPerm.WORK_TAKEOVER`` on the task's tenant (portal/roles.py) and then call
+the services in ``tasks.takeover`` unchanged, with the person as the actor; those
+services check the membership again and write the events.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from django.contrib.auth.models import User
+
+from audit.models import Event
+from audit.redaction import redact_payload
+from portal.models import Agent, TenantPerm
+from portal.roles import Person, require_tenant_perm
+from tasks import takeover
+from tasks.models import Escalation, ObjectVersion, Operation, Task
+
+EVENTS_SHOWN: Final = 50
+
+
+# --- names ---------------------------------------------------------------------------
+
+
+def owner_names(
+    owners: Iterable[str | None], *, tenant_ids: Iterable[uuid.UUID] = ()
+) -> dict[str, str]:
+    """Display names for lease and escalation owners, in two queries at most.
+
+    ``user:<pk>`` becomes the username, an agent's id (bare or ``agent:<id>``)
+    its name when the agent belongs to one of ``tenant_ids``; anything else (a
+    worker's own name) is shown as it is.
+    """
+    user_ids: dict[str, int] = {}
+    agent_ids: dict[str, uuid.UUID] = {}
+    for owner in {o for o in owners if o}:
+        kind, _, rest = owner.partition(":")
+        if kind == "user" and rest.isdigit():
+            user_ids[owner] = int(rest)
+            continue
+        with contextlib.suppress(ValueError):
+            agent_ids[owner] = uuid.UUID(rest if kind == "agent" else owner)
+    names: dict[str, str] = {}
+    if user_ids:
+        usernames = dict(
+            User.objects.filter(pk__in=user_ids.values()).values_list("pk", "username")
+        )
+        for owner, pk in user_ids.items():
+            names[owner] = usernames.get(pk, owner)
+    tenants = list(tenant_ids)
+    if agent_ids and tenants:
+        agents = dict(
+            Agent.objects.filter(
+                tenant_id__in=tenants, pk__in=agent_ids.values()
+            ).values_list("pk", "name")
+        )
+        for owner, agent_pk in agent_ids.items():
+            if agent_pk in agents:
+                names[owner] = f"agent {agents[agent_pk]}"
+    return names
+
+
+def human_age(delta: dt.timedelta) -> str:
+    """``12 min``, ``3 h 5 min``, ``2 d 4 h``: how long a task has waited."""
+    seconds = max(0, int(delta.total_seconds()))
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes = seconds // 60
+    if minutes < 60:
+        return f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    days, hours = divmod(hours, 24)
+    return f"{days} d {hours} h" if hours else f"{days} d"
+
+
+# --- the evidence panel ----------------------------------------------------------
+
+
+def _pretty(value: Any) -> str:
+    """JSON for a ``<pre>`` block (the caller passes redacted data)."""
+    return json.dumps(value, indent=2, sort_keys=True, default=str)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OperationEvidence:
+    operation: Operation
+    call_fields: dict[str, Any] | None  # redacted
+    input: dict[str, Any]  # redacted
+
+    @property
+    def call_fields_json(self) -> str:
+        return (
+            "not fixed yet" if self.call_fields is None else _pretty(self.call_fields)
+        )
+
+    @property
+    def input_json(self) -> str:
+        return _pretty(self.input)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimelineEntry:
+    event: Event
+    actor: str
+
+    @property
+    def payload_json(self) -> str:
+        # Stored redacted by event_append; shown as stored.
+        return _pretty(self.event.payload)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeskEvidence:
+    """What a person reads before deciding, all of it redacted for display."""
+
+    escalation: Escalation | None
+    escalations: list[Escalation]
+    plan: dict[str, Any] | None
+    version_read: str
+    current_version: str | None
+    conflicting_fields: list[Any]
+    receipts: list[Any]
+    evidence: dict[str, Any]
+    operations: list[OperationEvidence]
+    timeline: list[TimelineEntry]
+    names: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def responsible(self) -> str:
+        """The open (else latest) escalation's responsible owner, by name."""
+        owner = self.escalation.responsible_owner if self.escalation else ""
+        return self.names.get(owner, owner) if owner else "—"
+
+    @property
+    def version_differs(self) -> bool:
+        return self.current_version != self.version_read
+
+    @property
+    def evidence_json(self) -> str:
+        return _pretty(self.evidence)
+
+    @property
+    def plan_json(self) -> str:
+        return _pretty(self.plan)
+
+
+def desk_evidence(*, task: Task) -> DeskEvidence:
+    """The evidence panel of one task (the caller has checked it may read it).
+
+    The open escalation (else the latest) supplies the plan, conflicting fields and
+    receipts; the current object version is read live; operations show their call
+    fields and input through ``redact_payload``; the task's events come with their
+    actors' names. A fixed number of queries, whatever the task holds.
+    """
+    escalations = list(
+        Escalation.objects.filter(tenant_id=task.tenant_id, task_id=task.pk)
+        .select_related("resolved_by")
+        .order_by("-created_at", "-id")
+    )
+    escalation = next((e for e in escalations if e.resolved_at is None), None)
+    if escalation is None and escalations:
+        escalation = escalations[0]
+    evidence = redact_payload(escalation.evidence if escalation else {})
+    plan = evidence.get("plan") if isinstance(evidence.get("plan"), dict) else None
+    current = (
+        ObjectVersion.objects.filter(
+            tenant_id=task.tenant_id,
+            object_type=task.object_type,
+            object_id=task.object_id,
+        )
+        .values_list("version", flat=True)
+        .first()
+    )
+    receipts = list(evidence.get("receipts") or [])
+    if evidence.get("answered") and evidence["answered"] not in receipts:
+        receipts.insert(0, evidence["answered"])
+    operations = [
+        OperationEvidence(
+            operation=operation,
+            call_fields=(
+                redact_payload(operation.call_fields)
+                if isinstance(operation.call_fields, dict)
+                else None
+            ),
+            input=redact_payload(
+                operation.input if isinstance(operation.input, dict) else {}
+            ),
+        )
+        for operation in Operation.objects.filter(
+            tenant_id=task.tenant_id, task_id=task.pk
+        ).order_by("created_at", "id")
+    ]
+    events = list(
+        Event.objects.filter(tenant_id=task.tenant_id, task_id=task.pk).order_by("-id")[
+            :EVENTS_SHOWN
+        ]
+    )
+    names = owner_names(
+        [f"{e.actor_type}:{e.actor_id}" for e in events]
+        + [task.lease_owner]
+        + [e.responsible_owner for e in escalations],
+        tenant_ids=[task.tenant_id],
+    )
+    timeline = [
+        TimelineEntry(
+            event=event,
+            actor=names.get(
+                f"{event.actor_type}:{event.actor_id}",
+                f"{event.actor_type} {event.actor_id}",
+            ),
+        )
+        for event in events
+    ]
+    return DeskEvidence(
+        escalation=escalation,
+        escalations=escalations,
+        plan=plan,
+        version_read=task.object_version,
+        current_version=current,
+        conflicting_fields=list(evidence.get("conflicting_fields") or []),
+        receipts=receipts,
+        evidence=evidence,
+        operations=operations,
+        timeline=timeline,
+        names=names,
+    )
+
+
+# --- the buttons ---------------------------------------------------------------------
+
+
+def _require_takeover(*, task: Task, user: Person) -> None:
+    require_tenant_perm(user=user, perm=TenantPerm.WORK_TAKEOVER, tenant=task.tenant)
+
+
+def desk_claim(*, task: Task, user: Person) -> Task:
+    """Claim from the desk: the role check, then ``takeover.task_human_claim``.
+
+    Raises:
+        PermissionDenied, TenantNotVisible: no ``work_takeover`` on the tenant.
+        AlreadyClaimed, IllegalTransition, TaskNotFound: from the service.
+    """
+    _require_takeover(task=task, user=user)
+    return takeover.task_human_claim(task=task, user=user)
+
+
+def desk_release(*, task: Task, user: Person) -> Task:
+    """Release one's own claim (``takeover.task_human_release``).
+
+    Raises:
+        PermissionDenied, TenantNotVisible: no ``work_takeover`` on the tenant.
+        NotYourClaim, IllegalTransition, TaskNotFound: from the service.
+    """
+    _require_takeover(task=task, user=user)
+    return takeover.task_human_release(task=task, user=user)
+
+
+def desk_resolve(
+    *,
+    task: Task,
+    user: Person,
+    resolution: str,
+    operation_id: uuid.UUID | None = None,
+    provider_reference: str | None = None,
+    note: str = "",
+) -> takeover.ResolutionOutcome:
+    """Settle one's claim (``takeover.task_human_resolve``).
+
+    Raises:
+        PermissionDenied, TenantNotVisible: no ``work_takeover`` on the tenant.
+        NotYourClaim, IllegalTransition, ValidationFailed, OperationNotFound,
+            TaskNotFound: from the service.
+    """
+    _require_takeover(task=task, user=user)
+    return takeover.task_human_resolve(
+        task=task,
+        user=user,
+        resolution=resolution,
+        operation_id=operation_id,
+        provider_reference=provider_reference or None,
+        note=note,
+    )
+
+
+def desk_release_any(*, task: Task, user: Person, note: str) -> Task:
+    """Release another person's claim (tenant admins), e.g. one left overnight.
+
+    Raises:
+        PermissionDenied, TenantNotVisible: no ``release_any_claim`` on the tenant.
+        IllegalTransition: the task is not claimed.
+    """
+    require_tenant_perm(
+        user=user, perm=TenantPerm.RELEASE_ANY_CLAIM, tenant=task.tenant
+    )
+    return takeover.task_human_release(task=task, user=user, note=note)
+
+
+def resolution_choices() -> Sequence[str]:
+    return takeover.RESOLUTIONS

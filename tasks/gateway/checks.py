@@ -1,0 +1,358 @@
+"""The gateway's checks, each a function of what the execution knows so far.
+
+``CHECKS`` lists them in the order of DESIGN.md; ``execute.authorize`` runs them as
+a loop. Each returns ``Passed`` (its facts go in a ``gateway.checked`` event), a
+``Refusal`` (the reason and the evidence), or None when it does not apply (no
+event). The first refusal hands the task to a person (``refuse``).
+
+1. ``contract``: the pinned contract version is not retired (``CONTRACT_RETIRED``);
+2. ``fields``: every required field is present, from the contract's source and fresh
+   enough (``FIELD_MISSING``, ``FIELD_SOURCE_MISMATCH``, ``FIELD_STALE``);
+3. ``target``: a contract write target with a connector (``TARGET_FORBIDDEN``);
+4. ``permission``: the agent's grant still holds *now* (``PERMISSION_REVOKED``);
+5. ``version``: the object version the task read is current (``VERSION_CONFLICT``);
+6. ``approval``: a connector without idempotency keys and lookup needs a person's
+   one-time approval of this exact input (``APPROVAL_REQUIRED``).
+
+The credential (step 7) is issued after the loop and checked right before the call
+(``call.begin_call``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from audit import services as audit_services
+from audit.models import EventCode
+from portal import selectors as portal_selectors
+from portal.actors import Actor
+from portal.codes import ReasonCode
+from portal.exceptions import ValidationFailed
+from portal.models import Tenant
+from portal.tracing import Trace
+
+from .. import takeover
+from ..models import (
+    Approval,
+    Connector,
+    Contract,
+    ContractStatus,
+    ObjectVersion,
+    Operation,
+    Task,
+)
+from .common import plan
+from .results import GatewayResult, Refused
+
+# A future observed_at beyond this is a clock or provenance problem, not freshness.
+MAX_CLOCK_SKEW: Final = dt.timedelta(minutes=5)
+
+
+class ContractRequired(ValidationFailed):
+    """The task pins no contract, so the gateway has nothing to check its fields by."""
+
+    code = "CONTRACT_REQUIRED"
+    status = 422
+
+
+@dataclass(frozen=True, kw_only=True)
+class FieldValue:
+    """A field the agent read, with its provenance."""
+
+    name: str
+    value: Any
+    source: str
+    observed_at: dt.datetime
+
+
+@dataclass(kw_only=True)
+class CheckContext:
+    """What the checks read; ``connector`` is filled in by the target check."""
+
+    tenant: Tenant
+    task: Task
+    operation: Operation
+    contract: Contract
+    fields: Sequence[FieldValue]
+    now: dt.datetime
+    actor: Actor
+    trace: Trace
+    connector: Connector | None = None
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        return self.contract.spec
+
+
+@dataclass(frozen=True)
+class Passed:
+    """The check passed; ``facts`` join its ``gateway.checked`` event."""
+
+    facts: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """The check refused: the reason code and the evidence for the person."""
+
+    reason: ReasonCode
+    evidence: Mapping[str, Any]
+
+
+Verdict = Passed | Refusal | None
+Check = Callable[[CheckContext], Verdict]
+
+
+def checked(
+    *,
+    tenant: Tenant,
+    operation: Operation,
+    check: str,
+    reason: str | None,
+    actor: Actor,
+    trace: Trace,
+    contract: Contract | None,
+    **facts: Any,
+) -> None:
+    """Write one check's verdict (a ``gateway.checked`` event, not published)."""
+    audit_services.event_append(
+        tenant_id=tenant.pk,
+        code=EventCode.GATEWAY_CHECKED,
+        actor=actor,
+        task_id=operation.task_id,
+        operation_id=operation.pk,
+        reason=reason,
+        contract=(contract.key, contract.version) if contract else None,
+        trace=trace,
+        data={"check": check, "verdict": "refused" if reason else "passed", **facts},
+        publish=False,
+    )
+
+
+def refuse(
+    *,
+    tenant: Tenant,
+    task: Task,
+    operation: Operation,
+    reason: ReasonCode,
+    check: str,
+    actor: Actor,
+    trace: Trace,
+    contract: Contract | None,
+    **evidence: Any,
+) -> Refused:
+    """Write the failed check's verdict, hand the task to a person, report it."""
+    checked(
+        tenant=tenant,
+        operation=operation,
+        check=check,
+        reason=reason,
+        actor=actor,
+        trace=trace,
+        contract=contract,
+        **evidence,
+    )
+    record = takeover.escalate(
+        tenant=tenant,
+        task=task,
+        operation=operation,
+        reason=reason,
+        evidence={"plan": plan(operation, task), **evidence},
+        actor=actor,
+        trace=trace,
+    )
+    operation.refresh_from_db()
+    return Refused(
+        result=GatewayResult(
+            outcome="refused",
+            operation=operation,
+            reason=reason,
+            escalation_id=record.pk,
+        )
+    )
+
+
+def field_problems(
+    *, spec: Mapping[str, Any], fields: Sequence[FieldValue], now: dt.datetime
+) -> tuple[ReasonCode | None, list[dict[str, Any]]]:
+    """The first failing category (missing > source > stale) and every problem."""
+    given = {field.name: field for field in fields}
+    problems: list[dict[str, Any]] = []
+    for required in spec["required_fields"]:
+        name = required["name"]
+        field = given.get(name)
+        if field is None:
+            problems.append({"field": name, "problem": ReasonCode.FIELD_MISSING})
+        elif field.source != required["source"]:
+            problems.append(
+                {
+                    "field": name,
+                    "problem": ReasonCode.FIELD_SOURCE_MISMATCH,
+                    "expected_source": required["source"],
+                    "source": field.source,
+                }
+            )
+        else:
+            age = now - field.observed_at
+            if age > dt.timedelta(seconds=required["max_age_s"]) or (
+                -age > MAX_CLOCK_SKEW
+            ):
+                problems.append(
+                    {
+                        "field": name,
+                        "problem": ReasonCode.FIELD_STALE,
+                        "observed_at": field.observed_at.isoformat(),
+                        "age_s": round(age.total_seconds(), 3),
+                        "max_age_s": required["max_age_s"],
+                    }
+                )
+    for category in (
+        ReasonCode.FIELD_MISSING,
+        ReasonCode.FIELD_SOURCE_MISMATCH,
+        ReasonCode.FIELD_STALE,
+    ):
+        if any(problem["problem"] == category for problem in problems):
+            return category, problems
+    return None, problems
+
+
+def check_contract(context: CheckContext) -> Verdict:
+    """1. The pinned contract version is still in force."""
+    if context.contract.status == ContractStatus.RETIRED:
+        return Refusal(
+            ReasonCode.CONTRACT_RETIRED, {"contract_status": context.contract.status}
+        )
+    return Passed()
+
+
+def check_fields(context: CheckContext) -> Verdict:
+    """2. Fields: present, from the right source, fresh."""
+    reason, problems = field_problems(
+        spec=context.spec, fields=context.fields, now=context.now
+    )
+    if reason is not None:
+        return Refusal(reason, {"conflicting_fields": problems})
+    return Passed({"fields": [field.name for field in context.fields]})
+
+
+def check_target(context: CheckContext) -> Verdict:
+    """3. The target is allowed by the contract, and reachable (has a connector)."""
+    operation = context.operation
+    write_targets = context.spec["policy"]["write_targets"]
+    context.connector = Connector.objects.filter(
+        tenant=context.tenant, target=operation.target
+    ).first()
+    if operation.target not in write_targets or context.connector is None:
+        return Refusal(
+            ReasonCode.TARGET_FORBIDDEN,
+            {
+                "target": operation.target,
+                "write_targets": write_targets,
+                "connector_configured": context.connector is not None,
+            },
+        )
+    return Passed({"target": operation.target})
+
+
+def check_permission(context: CheckContext) -> Verdict:
+    """4. The agent's grant, re-checked now."""
+    operation = context.operation
+    if operation.agent_id is None or not portal_selectors.agent_may(
+        tenant=context.tenant,
+        agent_id=operation.agent_id,
+        action=operation.action,
+        target=operation.target,
+    ):
+        return Refusal(
+            ReasonCode.PERMISSION_REVOKED,
+            {"agent_id": str(operation.agent_id), "action": operation.action},
+        )
+    return Passed()
+
+
+def version_conflict_evidence(
+    *, task: Task, current: ObjectVersion | None, fields: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """What a person needs for a version conflict (seed 004): the version read and
+    the current one, the fields read at the old version (name, source, read time;
+    their values stay out), and who was responsible. The plan is added by refuse."""
+    return {
+        "version_read": task.object_version,
+        "current_version": current.version if current else None,
+        "conflicting_fields": [
+            {
+                "field": item["name"],
+                "source": item.get("source"),
+                "observed_at": item.get("observed_at"),
+                "read_at_version": task.object_version,
+                "problem": "object changed since it was read",
+            }
+            for item in fields
+        ],
+        "responsible_owner": task.lease_owner,
+    }
+
+
+def check_version(context: CheckContext) -> Verdict:
+    """5. Version fence: what the task read must still be current."""
+    task = context.task
+    current = ObjectVersion.objects.filter(
+        tenant=context.tenant, object_type=task.object_type, object_id=task.object_id
+    ).first()
+    if current is None or current.version != task.object_version:
+        return Refusal(
+            ReasonCode.VERSION_CONFLICT,
+            version_conflict_evidence(
+                task=task,
+                current=current,
+                fields=[
+                    {
+                        "name": f.name,
+                        "source": f.source,
+                        "observed_at": f.observed_at.isoformat(),
+                    }
+                    for f in context.fields
+                ],
+            ),
+        )
+    return Passed({"version": current.version})
+
+
+def check_approval(context: CheckContext) -> Verdict:
+    """6. A connector that cannot settle doubt needs a person's one-time approval.
+
+    Uses the approval up (in the checks' transaction) when there is one.
+    """
+    connector = context.connector
+    assert connector is not None  # the target check ran first
+    if connector.automatic_writes:
+        return None
+    used = Approval.objects.filter(
+        tenant=context.tenant,
+        operation=context.operation,
+        input_hash=context.operation.input_hash,
+        used_at__isnull=True,
+    ).update(used_at=context.now)
+    if not used:
+        return Refusal(
+            ReasonCode.APPROVAL_REQUIRED,
+            {
+                "supports_idempotency_keys": connector.supports_idempotency_keys,
+                "supports_lookup": connector.supports_lookup,
+            },
+        )
+    return Passed()
+
+
+CHECKS: Final[tuple[tuple[str, Check], ...]] = (
+    ("contract", check_contract),
+    ("fields", check_fields),
+    ("target", check_target),
+    ("permission", check_permission),
+    ("version", check_version),
+    ("approval", check_approval),
+)
+"""The checks in order, by the name their ``gateway.checked`` event carries."""

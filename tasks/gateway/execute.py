@@ -1,0 +1,328 @@
+"""Execute: the entry points, the checks run as a loop, then the call.
+
+``operation_execute`` (an agent, under its lease) and ``operation_run_queued`` (a
+worker, for an execution queued earlier) both run ``authorize``: it locks the task
+and the operation, settles repeats, and runs ``checks.CHECKS`` in order, each
+writing a ``gateway.checked`` event. The first refusal hands the task to a person.
+When all pass, a credential is issued (or, queued, the authorisation recorded) and
+the transaction commits; ``run`` then makes the call with no transaction open.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Sequence
+from typing import Final
+
+from django.db import transaction
+
+from portal import db as portal_db
+from portal.actors import Actor, ActorType
+from portal.codes import ReasonCode
+from portal.exceptions import LeaseExpired
+from portal.models import Tenant
+from portal.tracing import NO_TRACE, Trace
+
+from ..exceptions import OperationNotFound
+from ..models import Contract, Operation, OperationState, TaskState
+from .call import begin_call, call, issue_credential, payload
+from .checks import (
+    CHECKS,
+    CheckContext,
+    ContractRequired,
+    FieldValue,
+    Refusal,
+    checked,
+    refuse,
+)
+from .common import SYSTEM, TestHook, db_now, lock, no_hook
+from .recovery import operation_recover
+from .results import Authorized, GatewayResult, Refused, outcome_of, standing
+
+# How long a queued execution may wait for its worker before the settle job runs it.
+QUEUED_GRACE_S: Final = 30
+
+# Operation states in which a repeated execute only reports where things stand.
+_SETTLED_OR_UNDER_WAY: Final = (
+    OperationState.VERIFIED,
+    OperationState.FAILED,
+    OperationState.EXECUTING,
+    OperationState.UNKNOWN,
+    OperationState.CONFLICT,
+)
+
+
+@transaction.atomic(durable=True)
+def authorize(
+    *,
+    tenant: Tenant,
+    operation_id: uuid.UUID,
+    lease_token: int | None,
+    fields: Sequence[FieldValue],
+    actor: Actor,
+    trace: Trace,
+    queue: bool = False,
+) -> Authorized | Refused | GatewayResult:
+    """Run the checks. ``lease_token``: an agent, now. None: a queued run, fenced by
+    the token recorded when it was queued. ``queue``: record the authorisation for a
+    worker instead of issuing a credential for an immediate call."""
+    locked = lock(tenant=tenant, operation_id=operation_id)
+    if locked is None:
+        raise OperationNotFound(operation_id=str(operation_id))
+    task, operation = locked
+    now = db_now()
+    if lease_token is not None and (
+        task.lease_token != lease_token
+        or task.lease_owner is None
+        or task.lease_expires_at is None
+        or task.lease_expires_at <= now
+    ):
+        raise LeaseExpired(operation_id=str(operation_id), lease_token=lease_token)
+    if lease_token is None and (
+        operation.authorized_token is None
+        or task.lease_token != operation.authorized_token
+        or task.state not in (TaskState.PENDING, TaskState.RUNNING, TaskState.WAITING)
+    ):
+        # Taken over (a person, or another worker) since it was queued: whoever
+        # holds the task now decides; this run does nothing.
+        return GatewayResult(
+            outcome=outcome_of(operation),
+            operation=operation,
+            reason=ReasonCode.LEASE_EXPIRED,
+        )
+    if operation.state in _SETTLED_OR_UNDER_WAY:
+        # Executing the same operation again is idempotent: report where it stands.
+        return standing(operation)
+    if task.contract_key is None or task.contract_version is None:
+        raise ContractRequired(task_id=str(task.pk))
+    contract = Contract.objects.get(
+        tenant=tenant, key=task.contract_key, version=task.contract_version
+    )
+    context = CheckContext(
+        tenant=tenant,
+        task=task,
+        operation=operation,
+        contract=contract,
+        fields=fields,
+        now=now,
+        actor=actor,
+        trace=trace,
+    )
+    for name, check in CHECKS:
+        verdict = check(context)
+        if isinstance(verdict, Refusal):
+            return refuse(
+                tenant=tenant,
+                task=task,
+                operation=operation,
+                reason=verdict.reason,
+                check=name,
+                actor=actor,
+                trace=trace,
+                contract=contract,
+                **verdict.evidence,
+            )
+        if verdict is not None:
+            checked(
+                tenant=tenant,
+                operation=operation,
+                check=name,
+                reason=None,
+                actor=actor,
+                trace=trace,
+                contract=contract,
+                **verdict.facts,
+            )
+    connector = context.connector
+    assert connector is not None  # the target check refuses without one
+    spec = contract.spec
+    # 7. Credential: scoped to this tenant, object, fields, action and target.
+    given = {field.name: field.value for field in fields}
+    if operation.call_fields is None:
+        read_fields = spec["policy"]["read_fields"]
+        operation.call_fields = {
+            name: given[name] for name in read_fields if name in given
+        }
+        Operation.objects.filter(tenant=tenant, pk=operation.pk).update(
+            call_fields=operation.call_fields
+        )
+    if queue:
+        Operation.objects.filter(tenant=tenant, pk=operation.pk).update(
+            authorized_at=now,
+            authorized_token=task.lease_token,
+            field_provenance=[
+                {
+                    "name": f.name,
+                    "source": f.source,
+                    "observed_at": f.observed_at.isoformat(),
+                }
+                for f in fields
+            ],
+            # If the worker's message is lost, the settle job starts it after this.
+            next_check_at=now + dt.timedelta(seconds=QUEUED_GRACE_S),
+        )
+        operation.refresh_from_db()
+        return GatewayResult(outcome="queued", operation=operation)
+    token, credential = issue_credential(
+        tenant=tenant,
+        task=task,
+        operation=operation,
+        connector=connector,
+        ttl_s=spec["policy"]["credential_ttl_s"],
+        field_names=sorted(operation.call_fields),
+        action=operation.action,
+        now=now,
+        actor=actor,
+        trace=trace,
+    )
+    return Authorized(
+        operation=operation,
+        connector=connector,
+        credential_id=credential.pk,
+        token=token,
+        payload=payload(operation, task),
+    )
+
+
+def operation_execute(
+    *,
+    tenant: Tenant,
+    operation_id: uuid.UUID,
+    lease_token: int,
+    fields: Sequence[FieldValue],
+    actor: Actor,
+    trace: Trace = NO_TRACE,
+    queue: bool = False,
+    _test_hook: TestHook = no_hook,
+) -> GatewayResult:
+    """Check, call at most once per key, and record; or hand the task to a person.
+
+    Guarantee: the remote system is called only after every check passed and their
+    verdicts committed; no transaction is open during the call; the call carries the
+    operation's own idempotency key, on retries too. Calling this again for the same
+    operation reports where it stands instead of calling again.
+
+    With ``queue``, the checks run now and their verdict commits (outcome
+    ``queued``); ``operation_run_queued`` on a worker makes the call later.
+
+    Raises:
+        OperationNotFound: no such operation in the tenant.
+        LeaseExpired: the caller's lease token is not current.
+        ContractRequired: the task pins no contract.
+    """
+    portal_db.forbid_transaction("the gateway calls the remote system")
+    plan = authorize(
+        tenant=tenant,
+        operation_id=operation_id,
+        lease_token=lease_token,
+        fields=fields,
+        actor=actor,
+        trace=trace,
+        queue=queue,
+    )
+    return run(
+        tenant=tenant,
+        plan=plan,
+        lease_token=lease_token,
+        actor=actor,
+        trace=trace,
+        hook=_test_hook,
+    )
+
+
+def operation_run_queued(
+    *,
+    tenant: Tenant,
+    operation_id: uuid.UUID,
+    trace: Trace = NO_TRACE,
+    _test_hook: TestHook = no_hook,
+) -> GatewayResult:
+    """Make the call of an execution that was queued, on a worker; safe to repeat.
+
+    Everything time can change is checked again first: the contract, the fields'
+    age (from the recorded provenance), the target, the agent's grant, the object
+    version, and that nobody took the task over since it was queued. A second run of
+    the same message finds the operation no longer ``reserved`` and does nothing;
+    a run killed after the call is settled by the receipt lookup, never by a call.
+    """
+    portal_db.forbid_transaction("the gateway calls the remote system")
+    operation = Operation.objects.get(tenant=tenant, pk=operation_id)
+    if operation.state != OperationState.RESERVED or operation.authorized_at is None:
+        return standing(operation)
+    values = operation.call_fields or {}
+    fields = [
+        FieldValue(
+            name=item["name"],
+            value=values.get(item["name"]),
+            source=item["source"],
+            observed_at=dt.datetime.fromisoformat(item["observed_at"]),
+        )
+        for item in operation.field_provenance or []
+    ]
+    actor = (
+        Actor(type=ActorType.AGENT, id=str(operation.agent_id))
+        if operation.agent_id
+        else SYSTEM
+    )
+    plan = authorize(
+        tenant=tenant,
+        operation_id=operation_id,
+        lease_token=None,
+        fields=fields,
+        actor=actor,
+        trace=trace,
+    )
+    return run(
+        tenant=tenant,
+        plan=plan,
+        lease_token=None,
+        actor=actor,
+        trace=trace,
+        hook=_test_hook,
+    )
+
+
+def run(
+    *,
+    tenant: Tenant,
+    plan: Authorized | Refused | GatewayResult,
+    lease_token: int | None,
+    actor: Actor,
+    trace: Trace,
+    hook: TestHook,
+) -> GatewayResult:
+    """After the checks: the last-moment checks, the call, the verdict, one look."""
+    if isinstance(plan, GatewayResult):
+        return plan
+    if isinstance(plan, Refused):
+        return plan.result
+    hook("before_call")
+    started = begin_call(
+        tenant=tenant,
+        authorized=plan,
+        lease_token=lease_token,
+        actor=actor,
+        trace=trace,
+    )
+    if isinstance(started, Refused):
+        return started.result
+    operation = call(
+        tenant=tenant,
+        authorized=plan,
+        operation=started,
+        actor=actor,
+        trace=trace,
+        hook=hook,
+    )
+    if (
+        operation.state == OperationState.UNKNOWN
+        and operation.next_check_at is not None
+    ):
+        # One look right away; the settle job keeps looking after that.
+        recovered = operation_recover(
+            tenant=tenant, operation_id=operation.pk, trace=trace
+        )
+        operation = recovered.operation
+    operation.refresh_from_db()
+    return standing(operation)

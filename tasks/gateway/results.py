@@ -1,0 +1,200 @@
+"""What an execution comes to: the result types, and the record of a call's answer.
+
+``record_call`` writes what the remote system said, in its own transaction, and
+decides the operation's state from it: a success stands only with a lone matching
+receipt; a rejection fails; anything else is in doubt and goes to recovery.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from django.db import transaction
+
+from audit import services as audit_services
+from audit.models import EventCode
+from portal.actors import Actor
+from portal.codes import ReasonCode
+from portal.models import Tenant
+from portal.tracing import Trace
+
+from .. import services, takeover
+from ..connectors import CallResult, LookupResult
+from ..models import Connector, Operation, OperationState, Task
+from .common import lock, plan
+
+Outcome = Literal["verified", "failed", "unknown", "conflict", "refused", "queued"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatewayResult:
+    """What became of an execution request."""
+
+    outcome: Outcome
+    operation: Operation
+    reason: str | None = None
+    escalation_id: uuid.UUID | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Authorized:
+    """Every check passed: what the call needs (its credential and body)."""
+
+    operation: Operation
+    connector: Connector
+    credential_id: uuid.UUID
+    token: str
+    payload: dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Refused:
+    """A check refused and the task went to a person; ``result`` says so."""
+
+    result: GatewayResult
+
+
+_OUTCOMES: Final[dict[str, Outcome]] = {
+    OperationState.VERIFIED: "verified",
+    OperationState.FAILED: "failed",
+    OperationState.CONFLICT: "conflict",
+    OperationState.HUMAN_REQUIRED: "refused",
+}
+
+
+def outcome_of(operation: Operation) -> Outcome:
+    """The outcome an operation's state stands for (anything open is ``unknown``)."""
+    return _OUTCOMES.get(operation.state, "unknown")
+
+
+def standing(operation: Operation) -> GatewayResult:
+    """Where an operation stands, with its reason: the answer to a repeated request."""
+    return GatewayResult(
+        outcome=outcome_of(operation),
+        operation=operation,
+        reason=operation.reason_code,
+    )
+
+
+@transaction.atomic(durable=True)
+def record_call(
+    *,
+    tenant: Tenant,
+    operation: Operation,
+    result: CallResult,
+    confirmation: LookupResult | None,
+    actor: Actor,
+    trace: Trace,
+) -> Operation:
+    """Write what the call did, in a new transaction; one event for the call itself.
+
+    A success is ``verified`` only when its receipt stands alone: if the receipt
+    lookup (``confirmation``) shows several receipts for the key, or none that match,
+    the answer is not evidence and the operation goes to ``conflict`` or recovery.
+    """
+    lock(tenant=tenant, operation_id=operation.pk)
+    audit_services.event_append(
+        tenant_id=tenant.pk,
+        code=EventCode.CONNECTOR_CALLED,
+        actor=actor,
+        task_id=operation.task_id,
+        operation_id=operation.pk,
+        trace=trace,
+        data={"attempt": operation.attempts, **result.as_event_data()},
+    )
+    common: dict[str, Any] = {
+        "tenant": tenant,
+        "operation_id": operation.pk,
+        "actor": actor,
+        "trace": trace,
+        "expected_version": operation.state_version,
+    }
+    if result.kind == "succeeded" and confirmation is not None:
+        audit_services.event_append(
+            tenant_id=tenant.pk,
+            code=EventCode.RECEIPT_QUERIED,
+            actor=actor,
+            task_id=operation.task_id,
+            operation_id=operation.pk,
+            trace=trace,
+            data={
+                "outcome": confirmation.kind,
+                "receipts": confirmation.references[:10],
+                "count": len(confirmation.references),
+                "purpose": "confirm",
+                "error": confirmation.error[:200],
+            },
+        )
+        references = confirmation.references
+        if confirmation.kind == "found" and (
+            len(references) > 1 or references != [result.provider_reference]
+        ):
+            doubtful = services.operation_move(
+                to=OperationState.UNKNOWN,
+                reason=ReasonCode.MULTIPLE_RECEIPTS,
+                data={"answered": result.provider_reference},
+                **common,
+            )
+            conflicted = services.operation_move(
+                tenant=tenant,
+                operation_id=operation.pk,
+                actor=actor,
+                trace=trace,
+                expected_version=doubtful.state_version,
+                to=OperationState.CONFLICT,
+                reason=ReasonCode.MULTIPLE_RECEIPTS,
+            )
+            task = Task.objects.select_for_update(of=("self",)).get(
+                tenant=tenant, pk=operation.task_id
+            )
+            takeover.escalate(
+                tenant=tenant,
+                task=task,
+                operation=conflicted,
+                reason=ReasonCode.MULTIPLE_RECEIPTS,
+                actor=actor,
+                trace=trace,
+                evidence={
+                    "plan": plan(conflicted, task),
+                    "answered": result.provider_reference,
+                    "receipts": references,
+                },
+            )
+            return conflicted
+        if confirmation.kind == "none":
+            # It says done, yet the system of record knows nothing: not evidence.
+            return services.operation_move(
+                to=OperationState.UNKNOWN,
+                reason=ReasonCode.RESULT_UNKNOWN,
+                check_in=dt.timedelta(0),
+                data={"call": "unconfirmed"},
+                **common,
+            )
+    if result.kind == "succeeded":
+        return services.operation_move(
+            to=OperationState.VERIFIED,
+            provider_reference=result.provider_reference,
+            result=result.body,
+            data={
+                "confirmed": confirmation is not None and confirmation.kind == "found"
+            },
+            **common,
+        )
+    if result.kind == "rejected":
+        return services.operation_move(
+            to=OperationState.FAILED,
+            result=result.body or {"status": result.status},
+            **common,
+        )
+    # In doubt (or throttled): recovery looks the receipt up, same key, later.
+    wait = dt.timedelta(seconds=result.retry_after_s or 0)
+    return services.operation_move(
+        to=OperationState.UNKNOWN,
+        reason=ReasonCode.RESULT_UNKNOWN,
+        check_in=wait,
+        data={"call": result.kind},
+        **common,
+    )
