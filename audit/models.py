@@ -118,6 +118,12 @@ class Event(models.Model):
                 condition=Q(operation_id__isnull=False),
                 name="audit_event_operation_idx",
             ),
+            # The event browser: newest first, and its from/until range filter.
+            models.Index(
+                fields=["tenant", "created_at", "id"], name="audit_event_created_idx"
+            ),
+            # Search by trace id (an exact comparison; see console/search.py).
+            models.Index(fields=["tenant", "trace_id"], name="audit_event_trace_idx"),
         ]
 
     def __str__(self) -> str:
