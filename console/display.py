@@ -28,8 +28,15 @@ EMPTY: Final = "—"
 
 
 def short_id(value: object) -> str:
-    """The first eight characters of an id (the full id goes in a title)."""
+    """Eight characters that tell ids apart (the full id goes in a title).
+
+    A trace id is random throughout: its first eight. A UUIDv7's first eight are its
+    timestamp, the same for every row made in the same minute: its last eight, the
+    random tail, marked with a leading ellipsis.
+    """
     text = str(value)
+    if len(text) == 36 and text.count("-") == 4:
+        return "…" + text[-SHORT_ID_CHARS:]
     return text[:SHORT_ID_CHARS]
 
 

@@ -20,8 +20,8 @@ import io
 import json
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Final
+from collections.abc import Generator, Iterator, Mapping, Sequence
+from typing import Any, Final, cast
 
 from django.db import transaction
 from django.db.models import QuerySet
@@ -113,28 +113,32 @@ def export_stream(
     """
     counts: Counter[uuid.UUID] = Counter()
     complete = False
+
+    def encode(batch: Sequence[tuple[Any, ...]]) -> bytes:
+        if fmt == "csv":
+            return _encode_csv(batch, header=False)
+        return _encode_jsonl(batch)
+
     try:
         if fmt == "csv":
             yield _encode_csv([], header=True)
         with transaction.atomic():  # one snapshot; no WITH HOLD cursor
-            rows = queryset.values_list(*COLUMNS).iterator(chunk_size=chunk_rows)
-            batch: list[tuple[Any, ...]] = []
-            for row in rows:
-                counts[row[_TENANT_ID]] += 1
-                batch.append(row)
-                if len(batch) >= chunk_rows:
-                    yield (
-                        _encode_csv(batch, header=False)
-                        if fmt == "csv"
-                        else (_encode_jsonl(batch))
-                    )
-                    batch = []
-            if batch:
-                yield (
-                    _encode_csv(batch, header=False)
-                    if fmt == "csv"
-                    else (_encode_jsonl(batch))
-                )
+            rows = cast(
+                Generator[tuple[Any, ...], None, None],
+                queryset.values_list(*COLUMNS).iterator(chunk_size=chunk_rows),
+            )
+            try:
+                batch: list[tuple[Any, ...]] = []
+                for row in rows:
+                    counts[row[_TENANT_ID]] += 1
+                    batch.append(row)
+                    if len(batch) >= chunk_rows:
+                        yield encode(batch)
+                        batch = []
+                if batch:
+                    yield encode(batch)
+            finally:
+                rows.close()  # the server-side cursor, before its transaction ends
         complete = True
     finally:
         export_record(

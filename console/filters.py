@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from django.contrib import admin
@@ -20,7 +21,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
 from portal.actors import ActorType
-from portal.models import Agent
+from portal.models import Agent, TenantPerm
 
 from .admin.base import tenant_ids
 
@@ -55,11 +56,14 @@ class InputFilter(admin.ListFilter):
     def has_output(self) -> bool:
         return True
 
-    def expected_parameters(self) -> list[str]:
+    def expected_parameters(self) -> list[str | None]:
         return [name for name, _label, _kind in self.fields]
 
-    def choices(self, changelist: ChangeList) -> list[dict[str, Any]]:
-        own = set(self.expected_parameters())
+    def _own(self) -> set[str]:
+        return {name for name, _label, _kind in self.fields}
+
+    def choices(self, changelist: ChangeList) -> Iterator[dict[str, Any]]:  # type: ignore[override]
+        own = self._own()
         hidden = [
             (key, value)
             for key, values in self.request.GET.lists()
@@ -76,14 +80,12 @@ class InputFilter(admin.ListFilter):
             for name, label, kind in self.fields
         ]
         clear = changelist.get_query_string(remove=[*own, "p"])
-        return [
-            {
-                "inputs": inputs,
-                "hidden": hidden,
-                "clear": clear,
-                "selected": bool(self.values),
-            }
-        ]
+        yield {
+            "inputs": inputs,
+            "hidden": hidden,
+            "clear": clear,
+            "selected": bool(self.values),
+        }
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         if not self.values:
@@ -118,7 +120,9 @@ class ActorFilter(InputFilter):
         kind, _, rest = value.partition(":")
         if rest and kind in ActorType.values:
             return queryset.filter(actor_type=kind, actor_id=rest)
-        readable = tenant_ids(self.request, self.model_admin.view_perm)
+        readable = tenant_ids(
+            self.request, getattr(self.model_admin, "view_perm", TenantPerm.VIEW_TRAIL)
+        )
         agents = [
             str(pk)
             for pk in Agent.objects.filter(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Final
 
 from django.core.paginator import Paginator
+from django.db.models import QuerySet
 from django.utils.functional import cached_property
 
 COUNT_CAP: Final = 10_000
@@ -21,4 +22,7 @@ class CappedPaginator(Paginator):
 
     @cached_property
     def count(self) -> int:
-        return min(self.object_list[: self.cap + 1].count(), self.cap)
+        rows = self.object_list
+        if isinstance(rows, QuerySet):
+            return min(rows[: self.cap + 1].count(), self.cap)
+        return len(rows)

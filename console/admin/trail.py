@@ -18,6 +18,7 @@ from django.http import (
     HttpResponseNotAllowed,
     StreamingHttpResponse,
 )
+from django.http.response import HttpResponseBase
 from django.urls import URLPattern, path
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
@@ -43,6 +44,15 @@ class EventChangeList(ChangeList):
             event.actor_html = names.actor_html(event.actor_type, event.actor_id)
 
 
+class EventExportChangeList(EventChangeList):
+    """The changelist's selection only: no page of results, no count."""
+
+    def get_results(self, request: HttpRequest) -> None:
+        self.result_list = []
+        self.result_count = self.full_result_count = 0
+        self.can_show_all = self.multi_page = False
+
+
 @admin.register(Event)
 class EventAdmin(TenantScopedAdmin):
     """The event browser: filter, search by exact id, read, export (reviewers)."""
@@ -53,7 +63,7 @@ class EventAdmin(TenantScopedAdmin):
         "event_code",
         "tenant",
         "actor",
-        "reason_code",
+        "reason",
         "task",
         "operation",
         "trace",
@@ -76,10 +86,10 @@ class EventAdmin(TenantScopedAdmin):
     )
     list_select_related = ["tenant"]
     ordering = ["-created_at", "-id"]  # audit_event_created_idx
-    sortable_by: list[str] = []
+    sortable_by = ()
     paginator = CappedPaginator
     list_per_page = 100
-    fields = [
+    fields = (
         "id",
         "created",
         "tenant",
@@ -92,10 +102,18 @@ class EventAdmin(TenantScopedAdmin):
         "trace",
         "span_id",
         "payload_readable",
-    ]
+    )
     readonly_fields = fields
 
+    def get_list_display(self, request: HttpRequest) -> Any:
+        columns = list(super().get_list_display(request))
+        if len(tenant_ids(request, self.view_perm)) == 1:
+            columns.remove("tenant")  # one tenant: the column says nothing
+        return columns
+
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        if request.__dict__.get("_console_export"):
+            return EventExportChangeList
         return EventChangeList
 
     def get_search_results(
@@ -122,6 +140,10 @@ class EventAdmin(TenantScopedAdmin):
     def event_code(self, event: Event) -> str:
         """The stable code itself (what exports and filters use), not its label."""
         return event.code
+
+    @admin.display(description="reason")
+    def reason(self, event: Event) -> str:
+        return event.reason_code or display.EMPTY
 
     @admin.display(description="actor")
     def actor(self, event: Event) -> SafeString:
@@ -182,7 +204,7 @@ class EventAdmin(TenantScopedAdmin):
         }
         return super().changelist_view(request, extra_context=context)
 
-    def export_view(self, request: HttpRequest, fmt: str) -> HttpResponse:
+    def export_view(self, request: HttpRequest, fmt: str) -> HttpResponseBase:
         """The changelist's selection (filters and search) as a streamed file.
 
         Only the tenants where the person holds ``export_trail`` are exported; a
@@ -206,6 +228,7 @@ class EventAdmin(TenantScopedAdmin):
             scope = [wanted_id]
         else:
             scope = list(allowed)
+        request._console_export = True  # type: ignore[attr-defined]
         try:
             changelist = self.get_changelist_instance(request)
         except IncorrectLookupParameters:
