@@ -77,7 +77,7 @@ def model_link(model_label: str, value: object) -> SafeString | str:
 
 def trace_url(trace_id: str) -> str | None:
     """The trace viewer's page for ``trace_id`` (``PORTAL_TRACE_URL_TEMPLATE``)."""
-    template = getattr(settings, "PORTAL_TRACE_URL_TEMPLATE", "")
+    template = settings.PORTAL_TRACE_URL_TEMPLATE
     if not template or not trace_id:
         return None
     return str(template).format(trace_id=trace_id)
