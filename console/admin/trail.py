@@ -93,17 +93,20 @@ class EventAdmin(TenantScopedAdmin):
         "id",
         "created",
         "tenant",
-        "code",
+        "event_code",
         "actor",
-        "reason_code",
+        "reason",
         "contract",
         "task",
         "operation",
-        "trace",
+        "trace_full",
         "span_id",
         "payload_readable",
     )
     readonly_fields = fields
+
+    class Media:
+        css = {"all": ["console/story.css"]}
 
     def get_list_display(self, request: HttpRequest) -> Any:
         columns = list(super().get_list_display(request))
@@ -166,6 +169,10 @@ class EventAdmin(TenantScopedAdmin):
     @admin.display(description="trace")
     def trace(self, event: Event) -> SafeString | str:
         return display.trace_link(event.trace_id)
+
+    @admin.display(description="trace id")
+    def trace_full(self, event: Event) -> SafeString | str:
+        return display.trace_link(event.trace_id, short=False)
 
     @admin.display(description="event")
     def event_id(self, event: Event) -> SafeString | str:
