@@ -13,7 +13,6 @@ services check the membership again and write the events.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import json
 import uuid
@@ -21,14 +20,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from django.contrib.auth.models import User
-
 from audit.models import Event
 from audit.redaction import redact_payload
-from portal.models import Agent, TenantPerm
+from portal.actors import ActorType
+from portal.models import TenantPerm
 from portal.roles import Person, require_tenant_perm
 from tasks import takeover
 from tasks.models import Escalation, ObjectVersion, Operation, Task
+
+from .display import ActorNames
 
 EVENTS_SHOWN: Final = 50
 
@@ -42,36 +42,21 @@ def owner_names(
     """Display names for lease and escalation owners, in two queries at most.
 
     ``user:<pk>`` becomes the username, an agent's id (bare or ``agent:<id>``)
-    its name when the agent belongs to one of ``tenant_ids``; anything else (a
-    worker's own name) is shown as it is.
+    ``agent <name>`` when the agent belongs to one of ``tenant_ids``; anything else
+    (a worker's own name) is shown as it is.
     """
-    user_ids: dict[str, int] = {}
-    agent_ids: dict[str, uuid.UUID] = {}
-    for owner in {o for o in owners if o}:
-        kind, _, rest = owner.partition(":")
-        if kind == "user" and rest.isdigit():
-            user_ids[owner] = int(rest)
-            continue
-        with contextlib.suppress(ValueError):
-            agent_ids[owner] = uuid.UUID(rest if kind == "agent" else owner)
-    names: dict[str, str] = {}
-    if user_ids:
-        usernames = dict(
-            User.objects.filter(pk__in=user_ids.values()).values_list("pk", "username")
-        )
-        for owner, pk in user_ids.items():
-            names[owner] = usernames.get(pk, owner)
-    tenants = list(tenant_ids)
-    if agent_ids and tenants:
-        agents = dict(
-            Agent.objects.filter(
-                tenant_id__in=tenants, pk__in=agent_ids.values()
-            ).values_list("pk", "name")
-        )
-        for owner, agent_pk in agent_ids.items():
-            if agent_pk in agents:
-                names[owner] = f"agent {agents[agent_pk]}"
-    return names
+    parsed = {
+        owner: ActorNames.split_owner(owner) for owner in {o for o in owners if o}
+    }
+    names = ActorNames(
+        [pair for pair in parsed.values() if pair[0]], tenant_ids=tenant_ids
+    )
+    shown: dict[str, str] = {}
+    for owner, (kind, rest) in parsed.items():
+        name = names.name(kind, rest) if kind else None
+        if name is not None:
+            shown[owner] = f"agent {name}" if kind == ActorType.AGENT else name
+    return shown
 
 
 def human_age(delta: dt.timedelta) -> str:

@@ -38,7 +38,8 @@ class EventChangeList(ChangeList):
     def get_results(self, request: HttpRequest) -> None:
         super().get_results(request)
         names = display.ActorNames(
-            (event.actor_type, event.actor_id) for event in self.result_list
+            [(event.actor_type, event.actor_id) for event in self.result_list],
+            tenant_ids={event.tenant_id for event in self.result_list},
         )
         for event in self.result_list:
             event.actor_html = names.actor_html(event.actor_type, event.actor_id)
@@ -152,7 +153,9 @@ class EventAdmin(TenantScopedAdmin):
     def actor(self, event: Event) -> SafeString:
         shown = getattr(event, "actor_html", None)
         if shown is None:  # the change page: one event
-            names = display.ActorNames([(event.actor_type, event.actor_id)])
+            names = display.ActorNames(
+                [(event.actor_type, event.actor_id)], tenant_ids=[event.tenant_id]
+            )
             shown = names.actor_html(event.actor_type, event.actor_id)
         return shown
 
