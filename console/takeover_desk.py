@@ -372,8 +372,10 @@ RESOLUTION_CHOICES: Final[tuple[ResolutionChoice, ...]] = (
     ),
 )
 EDIT_HELP: Final = (
-    "Edit the fields and execute: you give the fresh values, with their source "
-    "and when you read them; the gateway checks everything again and calls once."
+    "You give the fresh values, with their source and when you read them; the "
+    "gateway checks everything again and calls once, under the operation's own "
+    "key. If it is verified, the task goes back to the agent; if not, it stays "
+    "with you."
 )
 HAND_BACK_NOTE: Final = "what should the agent read again?"
 
