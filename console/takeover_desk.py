@@ -559,14 +559,15 @@ def edit_report(*, task: Task, outcome: takeover.EditOutcome) -> EditReport:
             ),
         )
     if result.outcome == "failed":
+        why = f" ({result.reason})" if result.reason else ""
         text = (
-            f"{operation.target} rejected the call ({result.reason or 'no reason'}): "
-            "the operation failed; the task stays with you."
+            f"The remote system {operation.target} rejected the call{why}: the "
+            "operation failed (fail, cancel or hand back); the task stays with you."
         )
     elif result.outcome == "conflict":
         text = (
-            f"{operation.target} answered with more than one receipt: verify the "
-            "right one; the task stays with you."
+            f"The remote system {operation.target} answered with more than one "
+            "receipt: verify the right one; the task stays with you."
         )
     else:
         text = (

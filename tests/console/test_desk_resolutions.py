@@ -437,3 +437,37 @@ def test_approve_is_offered_and_works_for_approval_required(
     approval = Approval.objects.get(operation_id=operation.pk)
     assert approval.approved_by_id == sam.pk
     assert Task.objects.get(pk=task.pk).state == TaskState.PENDING
+
+
+@pytest.mark.parametrize(
+    ("faults", "message"),
+    [
+        (
+            ["reject"],
+            "The remote system ticket-desk rejected the call: the operation failed",
+        ),
+        (
+            ["error_5xx", "lookup_5xx"],
+            "The call's outcome is in doubt (RESULT_UNKNOWN): the gateway looks",
+        ),
+    ],
+)
+def test_an_edit_the_ticket_desk_does_not_confirm_is_a_message_and_stays_with_you(
+    world: World, claimed, sam, faults, message
+):
+    task, operation, client = claimed
+    for fault in faults:
+        world.desk.set_fault(fault)
+
+    response = client.post(f"{DESK}{task.pk}/edit/", edit_post(operation), follow=True)
+
+    assert response.status_code == 200
+    (shown,) = messages_of(response)
+    assert shown.startswith(message), shown
+    assert shown.endswith("the task stays with you.")
+    current = Task.objects.get(pk=task.pk)
+    assert (current.state, current.lease_owner) == (
+        TaskState.HUMAN_CLAIMED,
+        f"user:{sam.pk}",
+    )
+    assert Operation.objects.get(pk=operation.pk).state != OperationState.VERIFIED
