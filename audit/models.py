@@ -118,6 +118,26 @@ class Event(models.Model):
                 condition=Q(operation_id__isnull=False),
                 name="audit_event_operation_idx",
             ),
+            # The event browser: newest first, and its from/until range filter.
+            models.Index(
+                fields=["tenant", "created_at", "id"], name="audit_event_created_idx"
+            ),
+            # Search by trace id (an exact comparison; see console/search.py).
+            models.Index(fields=["tenant", "trace_id"], name="audit_event_trace_idx"),
+            # The browser's code, actor and reason filters, newest first.
+            models.Index(
+                fields=["tenant", "code", "created_at", "id"],
+                name="audit_event_code_idx",
+            ),
+            models.Index(
+                fields=["tenant", "actor_type", "actor_id", "created_at", "id"],
+                name="audit_event_actor_idx",
+            ),
+            models.Index(
+                fields=["tenant", "reason_code", "created_at", "id"],
+                condition=Q(reason_code__isnull=False),
+                name="audit_event_reason_idx",
+            ),
         ]
 
     def __str__(self) -> str:

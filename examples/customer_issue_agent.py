@@ -19,21 +19,30 @@ agent then moves the task to ``succeeded`` and prints the audit trails.
 One case goes to a person on purpose: the last issue's e-mail address was read ten
 minutes ago, longer than the contract's 300 s. The gateway refuses it
 (``FIELD_STALE``), no ticket is made, and the task waits in the takeover queue
-(``/api/v1/takeover/queue``; Escalations in the admin) for support staff. That is
-the demo's expected outcome, so it does not fail the run. ``--stale-issue 0`` makes
-every issue fresh.
+(``/api/v1/takeover/queue``; the admin's Takeover desk) for support staff. That
+is the demo's expected outcome, so it does not fail the run. ``--stale-issue 0``
+makes every issue fresh.
+
+What the person does decides the next run. *Hand back* puts the task back in the
+queue for a fresh read: the next run finds its operation waiting for a person,
+reads the e-mail again and executes under the same key, and the ticket is made.
+*Edit* (the person gives the fresh e-mail) makes the ticket at once; the next run
+finds it verified and finishes the task. *Cancel* ends the issue with the person's
+decision; the agent reports it as settled by a person, not as a failure.
 
 Safe to run again, and to re-run after a crash: every step is keyed, so a second
 run finds the same tasks and operations, makes no second ticket (the desk's own
 count shows it) and leaves the issue that is with a person alone.
 
-Exit status: 0 when every issue ended as planned (a verified ticket, or with a
-person for the deliberately stale one); 1 otherwise.
+Exit status: 0 when every issue ended as planned (a verified ticket; for the
+deliberately stale one, a person has it, settled it, or handed it back and the
+ticket followed); 1 otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import os
 import secrets
@@ -82,7 +91,10 @@ SUMMARIES: Final = (
 )
 PLANS: Final = ("pro", "basic", "enterprise")
 
-Result = Literal["ticket", "person"]
+# "ticket": verified. "person": a person has it or settled it. "ticket_after_person":
+# verified after a person handed it back or gave fresh values.
+Result = Literal["ticket", "person", "ticket_after_person"]
+ENDED_BY_A_PERSON: Final = frozenset({"cancelled", "failed"})
 
 
 class AgentFailure(Exception):
@@ -200,6 +212,9 @@ class CustomerIssueAgent:
         if task.state in WITH_A_PERSON:
             say(f"{name}: with a person ({task.reason_code}); left alone")
             return "person"
+        if task.state in ENDED_BY_A_PERSON and self._resolved_by_person(task.id):
+            say(f"{name}: settled by a person ({task.state}); nothing left to do")
+            return "person"
         if task.state not in ("pending", "running"):
             raise AgentFailure(f"{name}: task is {task.state}")
 
@@ -210,6 +225,11 @@ class CustomerIssueAgent:
                 self.client, task.id, task.lease.token, LEASE_TTL_S
             ) as keeper:
                 operation = self._reserve(task, issue, lease_token=keeper.token)
+                if operation.state == "human_required":
+                    # A person handed the task back: what was read before was
+                    # refused, so read every field again before executing.
+                    say(f"{name}: handed back by a person; reading the fields again")
+                    issue = dataclasses.replace(issue, email_age=dt.timedelta(0))
                 keeper.check()  # the last moment to stop before the side effect
                 ticket = self._execute(operation, issue, keeper)
                 keeper.check()
@@ -233,7 +253,14 @@ class CustomerIssueAgent:
             self._hand_back(task)
             raise
         say(f"{name}: task {task.state} (state version {task.state_version})")
-        return "ticket"
+        return "ticket_after_person" if self._resolved_by_person(task.id) else "ticket"
+
+    def _resolved_by_person(self, task_id: str) -> bool:
+        """Whether a person settled or handed back this task (its trail says so)."""
+        return any(
+            event.code == "task.resolved" and event.actor_type == "user"
+            for event in self.client.list_events(task_id)
+        )
 
     def _already_done(self, task: Task, issue: CustomerIssue) -> Result:
         name = issue.client_task_id
@@ -432,11 +459,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 failed.append(name)
                 say(f"{name}: FAILED: {exc}")
                 continue
-            (tickets if result == "ticket" else people).append(name)
-            planned: Result = "person" if issue.stale else "ticket"
-            if result != planned:
+            (people if result == "person" else tickets).append(name)
+            # The stale issue goes to a person; after their hand-back or edit, a
+            # later run makes its ticket. Any other issue makes its ticket alone.
+            planned: set[Result] = (
+                {"person", "ticket_after_person"} if issue.stale else {"ticket"}
+            )
+            if result not in planned:
                 failed.append(name)
-                say(f"{name}: FAILED: planned {planned!r}, ended with {result!r}")
+                say(f"{name}: FAILED: ended with {result!r}")
         for issue in issues:
             task_id = agent.task_ids.get(issue.client_task_id)
             if task_id is None:

@@ -221,6 +221,9 @@ PORTAL_OUTBOX_RELAY_BUDGET_S = 20.0
 
 # Domain settings.
 PORTAL_EVENT_PAYLOAD_MAX_BYTES = 8192  # copied into audit migration 0002 (R7)
+# Where the admin links a trace id: a URL with "{trace_id}", e.g. Jaeger's
+# "http://localhost:16686/trace/{trace_id}"; empty shows trace ids as plain text.
+PORTAL_TRACE_URL_TEMPLATE = os.environ.get("PORTAL_TRACE_URL_TEMPLATE", "")
 PORTAL_DEFAULT_LEASE_SECONDS = 60
 PORTAL_MAX_LEASE_SECONDS = 3600
 # The gateway: how long a call may be in flight before recovery treats its result as

@@ -61,6 +61,7 @@ api_v1 = [
     path(
         "takeover/tasks/<uuid:task_id>/resolve", staff_api.TakeoverResolveApi.as_view()
     ),
+    path("takeover/tasks/<uuid:task_id>/edit", staff_api.TakeoverEditApi.as_view()),
     path(
         "object-versions/<str:object_type>/<str:object_id>",
         agent_api.ObjectVersionApi.as_view(),

@@ -214,6 +214,9 @@ class Task(models.Model):
             models.Index(
                 fields=["tenant", "state", "updated_at"], name="tasks_task_state_idx"
             ),
+            # The task list's and event browser's exact searches (console/search.py).
+            models.Index(fields=["tenant", "trace_id"], name="tasks_task_trace_idx"),
+            models.Index(fields=["tenant", "object_id"], name="tasks_task_object_idx"),
         ]
 
     def __str__(self) -> str:

@@ -7,7 +7,9 @@ from typing import Any
 from django import forms
 from django.contrib import admin
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
 
 from portal.models import TenantPerm
 from tasks import services as task_services
@@ -24,42 +26,207 @@ from tasks.models import (
     Task,
 )
 
+from .. import display, search, story
+from ..paginator import CappedPaginator
 from .base import TenantScopedAdmin
 
 
 @admin.register(Task)
 class TaskAdmin(TenantScopedAdmin):
+    """Tasks, read-only; a task's page tells its whole story (console/story.py)."""
+
+    change_form_template = "admin/console/task_change_form.html"
     list_display = [
+        "task_id",
         "client_task_id",
         "tenant",
         "state",
-        "state_version",
         "reason_code",
-        "object_type",
-        "object_id",
+        "object",
         "lease_owner",
-        "updated_at",
+        "updated",
+        "trace",
+    ]
+    list_display_links = ["task_id", "client_task_id"]
+    # The page's own fields; times to the millisecond, the lease in the story below.
+    fields = [
+        "tenant",
+        "client_task_id",
+        "workflow",
+        "contract",
+        "object",
+        "state",
+        "state_version",
+        "current_step",
+        "reason_code",
+        "wake",
+        "trace_full",
+        "span_id",
+        "created",
+        "updated",
+    ]
+    readonly_fields = [
+        "workflow",
+        "contract",
+        "wake",
+        "trace_full",
+        "created",
+        "updated",
     ]
     list_filter = ["state", "reason_code", "tenant"]
-    search_fields = ["client_task_id", "object_id", "trace_id"]
+    search_fields = ["trace_id"]  # shows the box; get_search_results does the work
+    search_help_text = "Exact: a trace id, an object id, a client task id or a task id."
     list_select_related = ["tenant"]
+    ordering = ["-id"]  # time-ordered ids; served by UNIQUE (tenant_id, id)
+    sortable_by = ()
+    paginator = CappedPaginator
+    list_per_page = 100
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Task], search_term: str
+    ) -> tuple[QuerySet[Task], bool]:
+        return search.task_search(queryset, term=search_term), False
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        task = self.get_object(request, object_id)
+        context = dict(extra_context or {})
+        if task is not None and self.has_view_permission(request, task):
+            context.update(story.story_context(story.task_story(task=task)))
+        return super().change_view(request, object_id, form_url, context)
+
+    def get_object(
+        self, request: HttpRequest, object_id: str, from_field: str | None = None
+    ) -> Task | None:
+        # change_view asks twice (the story, then the form): read the row once.
+        cache = request.__dict__.setdefault("_console_objects", {})
+        if object_id not in cache:
+            cache[object_id] = super().get_object(request, object_id, from_field)
+        return cache[object_id]
+
+    @admin.display(description="task")
+    def task_id(self, task: Task) -> SafeString:
+        return format_html(
+            '<code title="{}">{}</code>', task.pk, display.short_id(task.pk)
+        )
+
+    @admin.display(description="object")
+    def object(self, task: Task) -> str:
+        return f"{task.object_type}/{task.object_id} @ {task.object_version}"
+
+    @admin.display(description="updated (ms)")
+    def updated(self, task: Task) -> SafeString:
+        return format_html(
+            '<code class="nowrap">{}</code>', display.when(task.updated_at)
+        )
+
+    @admin.display(description="trace")
+    def trace(self, task: Task) -> SafeString | str:
+        return display.trace_link(task.trace_id)
+
+    @admin.display(description="trace id")
+    def trace_full(self, task: Task) -> SafeString | str:
+        return display.trace_link(task.trace_id, short=False)
+
+    @admin.display(description="workflow")
+    def workflow(self, task: Task) -> str:
+        return f"{task.workflow_key} v{task.workflow_version}"
+
+    @admin.display(description="contract")
+    def contract(self, task: Task) -> str:
+        if not task.contract_key:
+            return display.EMPTY
+        return f"{task.contract_key} v{task.contract_version}"
+
+    @admin.display(description="wake at (ms)")
+    def wake(self, task: Task) -> str:
+        return display.when(task.wake_at)
+
+    @admin.display(description="created (ms)")
+    def created(self, task: Task) -> str:
+        return display.when(task.created_at)
 
 
 @admin.register(Operation)
 class OperationAdmin(TenantScopedAdmin):
+    """Operations, read-only; their input is shown through the event redaction."""
+
     list_display = [
+        "operation_id",
         "idempotency_key",
         "tenant",
+        "task",
         "action",
         "target",
         "state",
         "attempts",
         "provider_reference",
-        "updated_at",
+        "updated",
     ]
+    list_display_links = ["operation_id", "idempotency_key"]
     list_filter = ["state", "reason_code", "tenant"]
-    search_fields = ["idempotency_key", "provider_reference", "trace_id"]
+    search_fields = ["idempotency_key"]  # get_search_results does the work
+    search_help_text = "Exact: an idempotency key, an operation id or a task id."
     list_select_related = ["tenant"]
+    ordering = ["-id"]  # served by UNIQUE (tenant_id, id)
+    sortable_by = ()
+    paginator = CappedPaginator
+    list_per_page = 100
+    exclude = ["input", "call_fields", "field_provenance", "result"]
+    readonly_fields = [
+        "task_link",
+        "input_redacted",
+        "call_fields_redacted",
+        "result_redacted",
+    ]
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Operation], search_term: str
+    ) -> tuple[QuerySet[Operation], bool]:
+        return search.operation_search(queryset, term=search_term), False
+
+    @admin.display(description="operation")
+    def operation_id(self, operation: Operation) -> SafeString:
+        return format_html(
+            '<code title="{}">{}</code>', operation.pk, display.short_id(operation.pk)
+        )
+
+    @admin.display(description="task")
+    def task(self, operation: Operation) -> SafeString | str:
+        return display.model_link("tasks.task", operation.task_id)
+
+    task_link = task
+
+    @admin.display(description="updated (ms)")
+    def updated(self, operation: Operation) -> SafeString:
+        return format_html(
+            '<code class="nowrap">{}</code>', display.when(operation.updated_at)
+        )
+
+    @staticmethod
+    def _redacted(value: Any) -> SafeString:
+        lines = display.redacted_lines(value)
+        return format_html(
+            '<dl class="payload">{}</dl>',
+            format_html_join("", "<dt>{}</dt><dd>{}</dd>", lines),
+        )
+
+    @admin.display(description="input (redacted)")
+    def input_redacted(self, operation: Operation) -> SafeString:
+        return self._redacted(operation.input)
+
+    @admin.display(description="call fields (redacted)")
+    def call_fields_redacted(self, operation: Operation) -> SafeString:
+        return self._redacted(operation.call_fields)
+
+    @admin.display(description="result (redacted)")
+    def result_redacted(self, operation: Operation) -> SafeString:
+        return self._redacted(operation.result)
 
 
 class ContractVersionForm(forms.ModelForm):

@@ -2,34 +2,265 @@
 
 from __future__ import annotations
 
+import uuid
+from typing import Any
+
 from django.contrib import admin
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.views.main import ChangeList
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBadRequest,
+    HttpResponseNotAllowed,
+    StreamingHttpResponse,
+)
+from django.http.response import HttpResponseBase
+from django.urls import URLPattern, path
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
 
 from audit.models import Event, Outbox
-from portal.models import TenantPerm
+from portal.models import Tenant, TenantPerm
 
-from .base import TenantScopedAdmin
+from .. import display, export, search
+from ..filters import ActorFilter, CreatedRangeFilter, TaskIdFilter
+from ..paginator import CappedPaginator
+from .base import TenantListFilter, TenantScopedAdmin, tenant_ids
+
+
+class EventChangeList(ChangeList):
+    """Names the actors of the page shown: two queries for the page, not per row."""
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        names = display.ActorNames(
+            (event.actor_type, event.actor_id) for event in self.result_list
+        )
+        for event in self.result_list:
+            event.actor_html = names.actor_html(event.actor_type, event.actor_id)
+
+
+class EventExportChangeList(EventChangeList):
+    """The changelist's selection only: no page of results, no count."""
+
+    def get_results(self, request: HttpRequest) -> None:
+        self.result_list = []
+        self.result_count = self.full_result_count = 0
+        self.can_show_all = self.multi_page = False
 
 
 @admin.register(Event)
 class EventAdmin(TenantScopedAdmin):
+    """The event browser: filter, search by exact id, read, export (reviewers)."""
+
+    change_list_template = "admin/console/event_change_list.html"
     list_display = [
-        "created_at",
+        "when",
         "event_code",
         "tenant",
-        "actor_type",
-        "actor_id",
-        "reason_code",
-        "task_id",
-        "trace_id",
+        "actor",
+        "reason",
+        "task",
+        "operation",
+        "trace",
+        "event_id",
     ]
-    list_filter = ["code", "actor_type", "reason_code", "tenant"]
-    search_fields = ["=task_id", "=operation_id", "=trace_id", "actor_id"]
+    list_display_links = None
+    list_filter = [
+        TenantListFilter,
+        TaskIdFilter,
+        "code",
+        ActorFilter,
+        "actor_type",
+        "reason_code",
+        CreatedRangeFilter,
+    ]
+    search_fields = ["trace_id"]  # shows the box; get_search_results does the work
+    search_help_text = (
+        "Exact: a trace id (also finds the events of tasks on that trace), an object "
+        "id, a client task id, an idempotency key, or a task / operation / event id."
+    )
     list_select_related = ["tenant"]
+    ordering = ["-created_at", "-id"]  # audit_event_created_idx
+    sortable_by = ()
+    paginator = CappedPaginator
+    list_per_page = 100
+    fields = (
+        "id",
+        "created",
+        "tenant",
+        "event_code",
+        "actor",
+        "reason",
+        "contract",
+        "task",
+        "operation",
+        "trace_full",
+        "span_id",
+        "payload_readable",
+    )
+    readonly_fields = fields
 
-    @admin.display(description="code", ordering="code")
+    class Media:
+        css = {"all": ["console/story.css"]}
+
+    def get_list_display(self, request: HttpRequest) -> Any:
+        columns = list(super().get_list_display(request))
+        if len(tenant_ids(request, self.view_perm)) == 1:
+            columns.remove("tenant")  # one tenant: the column says nothing
+        return columns
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        if request.__dict__.get("_console_export"):
+            return EventExportChangeList
+        return EventChangeList
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Event], search_term: str
+    ) -> tuple[QuerySet[Event], bool]:
+        found = search.event_search(
+            queryset, tenant_ids=tenant_ids(request, self.view_perm), term=search_term
+        )
+        return found, False
+
+    # --- columns and fields -------------------------------------------------------
+
+    @admin.display(description="time (ms)")
+    def when(self, event: Event) -> SafeString:
+        return format_html(
+            '<code class="nowrap">{}</code>', display.when(event.created_at)
+        )
+
+    @admin.display(description="created (ms)")
+    def created(self, event: Event) -> str:
+        return display.when(event.created_at)
+
+    @admin.display(description="code")
     def event_code(self, event: Event) -> str:
         """The stable code itself (what exports and filters use), not its label."""
         return event.code
+
+    @admin.display(description="reason")
+    def reason(self, event: Event) -> str:
+        return event.reason_code or display.EMPTY
+
+    @admin.display(description="actor")
+    def actor(self, event: Event) -> SafeString:
+        shown = getattr(event, "actor_html", None)
+        if shown is None:  # the change page: one event
+            names = display.ActorNames([(event.actor_type, event.actor_id)])
+            shown = names.actor_html(event.actor_type, event.actor_id)
+        return shown
+
+    @admin.display(description="task")
+    def task(self, event: Event) -> SafeString | str:
+        return display.model_link("tasks.task", event.task_id) or display.EMPTY
+
+    @admin.display(description="operation")
+    def operation(self, event: Event) -> SafeString | str:
+        return (
+            display.model_link("tasks.operation", event.operation_id) or display.EMPTY
+        )
+
+    @admin.display(description="trace")
+    def trace(self, event: Event) -> SafeString | str:
+        return display.trace_link(event.trace_id)
+
+    @admin.display(description="trace id")
+    def trace_full(self, event: Event) -> SafeString | str:
+        return display.trace_link(event.trace_id, short=False)
+
+    @admin.display(description="event")
+    def event_id(self, event: Event) -> SafeString | str:
+        return display.model_link("audit.event", event.pk)
+
+    @admin.display(description="contract")
+    def contract(self, event: Event) -> str:
+        if not event.contract_key:
+            return display.EMPTY
+        return f"{event.contract_key} v{event.contract_version}"
+
+    @admin.display(description="payload (redacted when written)")
+    def payload_readable(self, event: Event) -> SafeString:
+        lines = display.payload_lines(event.payload)
+        return format_html(
+            '<dl class="payload">{}</dl>',
+            format_html_join("", "<dt>{}</dt><dd>{}</dd>", lines),
+        )
+
+    # --- export --------------------------------------------------------------------
+
+    def get_urls(self) -> list[URLPattern]:
+        export_url = path(
+            "export/<str:fmt>/",
+            self.admin_site.admin_view(self.export_view),
+            name="audit_event_export",
+        )
+        return [export_url, *super().get_urls()]
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        context = {
+            "can_export": bool(tenant_ids(request, TenantPerm.EXPORT_TRAIL)),
+            **(extra_context or {}),
+        }
+        return super().changelist_view(request, extra_context=context)
+
+    def export_view(self, request: HttpRequest, fmt: str) -> HttpResponseBase:
+        """The changelist's selection (filters and search) as a streamed file.
+
+        Only the tenants where the person holds ``export_trail`` are exported; a
+        tenant filter naming any other tenant is refused.
+        """
+        if fmt not in export.FORMATS:
+            raise Http404("No such export format.")
+        if request.method != "GET":
+            return HttpResponseNotAllowed(["GET"])
+        allowed = tenant_ids(request, TenantPerm.EXPORT_TRAIL)
+        if not allowed:
+            raise PermissionDenied
+        wanted = request.GET.get(TenantListFilter.parameter_name)
+        if wanted:
+            try:
+                wanted_id = uuid.UUID(wanted)
+            except ValueError:
+                raise PermissionDenied from None
+            if wanted_id not in allowed:
+                raise PermissionDenied
+            scope = [wanted_id]
+        else:
+            scope = list(allowed)
+        request._console_export = True  # type: ignore[attr-defined]
+        try:
+            changelist = self.get_changelist_instance(request)
+        except IncorrectLookupParameters:
+            return HttpResponseBadRequest("These filters do not apply to events.")
+        queryset = changelist.queryset.filter(tenant_id__in=scope)
+        tenants = dict(Tenant.objects.filter(pk__in=scope).values_list("pk", "slug"))
+        filters = {
+            key: value
+            for key, value in request.GET.items()
+            if key not in ("p", "o", "e")
+        }
+        content_type, extension = export.FORMATS[fmt]
+        response = StreamingHttpResponse(
+            export.export_stream(
+                queryset=queryset,
+                fmt=fmt,
+                by=request.user,
+                tenants=tenants,
+                filters=filters,
+            ),
+            content_type=content_type,
+        )
+        response["Content-Disposition"] = f'attachment; filename="events.{extension}"'
+        response["Cache-Control"] = "no-store"
+        return response
 
 
 @admin.register(Outbox)

@@ -187,3 +187,11 @@ class FieldValueSerializer(serializers.Serializer):
     # A declared field named like Field.source: the metaclass moves it, so it works.
     source = serializers.CharField(max_length=100)  # type: ignore[assignment]
     observed_at = serializers.DateTimeField()
+
+
+class TakeoverEditOutputSerializer(serializers.Serializer):
+    outcome = serializers.CharField()
+    reason_code = serializers.CharField(allow_null=True)
+    escalation_id = serializers.UUIDField(allow_null=True)
+    operation = OperationOutputSerializer()
+    task = TaskOutputSerializer()

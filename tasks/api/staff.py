@@ -24,9 +24,11 @@ from portal.api import StaffApi, problem_responses
 from portal.codes import ReasonCode
 from portal.models import TenantPerm
 
-from .. import keyset, services, takeover
+from .. import gateway, keyset, services, takeover
 from .serializers import (
     ContractOutputSerializer,
+    FieldValueSerializer,
+    TakeoverEditOutputSerializer,
     TakeoverItemSerializer,
     TaskOutputSerializer,
 )
@@ -136,7 +138,11 @@ class TakeoverResolveApi(StaffApi):
         request=InputSerializer,
         responses={200: TaskOutputSerializer, **problem_responses(403, 404, 409)},
         description="Settle a claimed task: verify (with the receipt id you found), "
-        "retry (same key, approved once), fail, cancel, hand_back or complete.",
+        "approve (same input, same key, once; `retry` is its older name; only for "
+        "APPROVAL_REQUIRED, RESULT_UNKNOWN and CREDENTIAL_EXPIRED, otherwise 409 "
+        "APPROVAL_NOT_ALLOWED), fail, cancel, hand_back (back to the agent for a "
+        "fresh read, with a note) or complete. To give fresh field values "
+        "yourself, use `edit`.",
     )
     def post(self, request: Request, task_id: Any) -> Response:
         data = self.validated(self.InputSerializer, request.data)
@@ -145,6 +151,54 @@ class TakeoverResolveApi(StaffApi):
             task=task, user=request.user, trace=self.trace, **data
         )
         return Response(TaskOutputSerializer(outcome.task).data)
+
+
+class TakeoverEditApi(StaffApi):
+    @extend_schema_serializer(component_name="TakeoverEditInput")
+    class InputSerializer(serializers.Serializer):
+        operation_id = serializers.UUIDField()
+        field_values = serializers.ListField(
+            child=FieldValueSerializer(),
+            min_length=1,
+            max_length=100,
+            help_text="Each field's fresh value, its source and when you read it.",
+        )
+        note = serializers.CharField(max_length=2000, required=False, default="")
+
+    @extend_schema(
+        operation_id="takeover_edit",
+        request=InputSerializer,
+        responses={
+            200: TakeoverEditOutputSerializer,
+            **problem_responses(403, 404, 409),
+        },
+        description="Give fresh field values for a task you claimed: the gateway "
+        "checks everything again and executes under the operation's own key with "
+        "you as the actor. `verified`: the task went back to the agent to finish. "
+        "`refused`: it stays with you, with a new escalation and its reason code.",
+    )
+    def post(self, request: Request, task_id: Any) -> Response:
+        data = self.validated(self.InputSerializer, request.data)
+        task = takeover.task_get_for_person(user=request.user, task_id=task_id)
+        outcome = takeover.task_human_edit(
+            task=task,
+            user=request.user,
+            operation_id=data["operation_id"],
+            fields=[gateway.FieldValue(**field) for field in data["field_values"]],
+            note=data["note"],
+            trace=self.trace,
+        )
+        return Response(
+            TakeoverEditOutputSerializer(
+                {
+                    "outcome": outcome.result.outcome,
+                    "reason_code": outcome.result.reason,
+                    "escalation_id": outcome.result.escalation_id,
+                    "operation": outcome.result.operation,
+                    "task": outcome.task,
+                }
+            ).data
+        )
 
 
 # --- Contracts (tenant administrators) ------------------------------------------------

@@ -33,7 +33,7 @@ from ..models import (
     OperationState,
     Task,
 )
-from .checks import checked, refuse
+from .checks import checked, refuse, version_conflict_evidence
 from .common import TestHook, lock
 from .results import Authorized, Refused, record_call, standing
 
@@ -156,14 +156,16 @@ def begin_call(
             {"credential_id": str(authorized.credential_id)},
         )
     elif current is None or current.version != task.object_version:
+        evidence = version_conflict_evidence(
+            task=task,
+            current=current,
+            fields=operation.field_provenance
+            or [{"name": name} for name in sorted(operation.call_fields or {})],
+        )
         problem = (
             ReasonCode.VERSION_CONFLICT,
             "version",
-            {
-                "version_read": task.object_version,
-                "current_version": current.version if current else None,
-                "when": "between the checks and the call",
-            },
+            {**evidence, "when": "between the checks and the call"},
         )
     if problem is not None:
         reason, check, evidence = problem

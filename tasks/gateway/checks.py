@@ -273,6 +273,29 @@ def check_permission(context: CheckContext) -> Verdict:
     return Passed()
 
 
+def version_conflict_evidence(
+    *, task: Task, current: ObjectVersion | None, fields: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """What a person needs for a version conflict (seed 004): the version read and
+    the current one, the fields read at the old version (name, source, read time;
+    their values stay out), and who was responsible. The plan is added by refuse."""
+    return {
+        "version_read": task.object_version,
+        "current_version": current.version if current else None,
+        "conflicting_fields": [
+            {
+                "field": item["name"],
+                "source": item.get("source"),
+                "observed_at": item.get("observed_at"),
+                "read_at_version": task.object_version,
+                "problem": "object changed since it was read",
+            }
+            for item in fields
+        ],
+        "responsible_owner": task.lease_owner,
+    }
+
+
 def check_version(context: CheckContext) -> Verdict:
     """5. Version fence: what the task read must still be current."""
     task = context.task
@@ -282,10 +305,18 @@ def check_version(context: CheckContext) -> Verdict:
     if current is None or current.version != task.object_version:
         return Refusal(
             ReasonCode.VERSION_CONFLICT,
-            {
-                "version_read": task.object_version,
-                "current_version": current.version if current else None,
-            },
+            version_conflict_evidence(
+                task=task,
+                current=current,
+                fields=[
+                    {
+                        "name": f.name,
+                        "source": f.source,
+                        "observed_at": f.observed_at.isoformat(),
+                    }
+                    for f in context.fields
+                ],
+            ),
         )
     return Passed({"version": current.version})
 

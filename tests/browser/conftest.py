@@ -8,6 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
+# One row of every admin page's model in a tenant (tests/console/conftest.py).
+from tests.console.conftest import fill  # noqa: F401
+
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # The flags a sandboxed, offline machine needs (see the env notes): no sandbox as
 # root, no GPU, and none of Chromium's own calls home.

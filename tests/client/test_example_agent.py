@@ -157,3 +157,94 @@ def test_example_agent_exits_non_zero_without_a_grant_and_hands_the_task_back(
     assert not tasks.filter(lease_owner__isnull=False).exists()
     assert not Operation.objects.filter(tenant=demo.tenant).exists()
     assert desk.effects()["tickets_created"] == 0
+
+
+def _support_claims_the_stale_task(demo: Demo):
+    from django.contrib.auth.models import User
+
+    from portal.models import Role
+    from tasks import takeover
+
+    person = User.objects.create_user("sam", password="pw-for-tests-only-1")
+    portal_services.membership_grant(tenant=demo.tenant, user=person, role=Role.SUPPORT)
+    task = Task.objects.get(tenant=demo.tenant, client_task_id=f"issue-{STALE}")
+    takeover.task_human_claim(task=task, user=person)
+    return person, task
+
+
+def test_a_person_hands_the_stale_issue_back_and_the_next_run_makes_its_ticket(
+    portal_url: str, demo: Demo, desk: TicketDesk
+) -> None:
+    from tasks import takeover
+
+    assert run_agent(portal_url, demo.secret).returncode == 0
+    person, task = _support_claims_the_stale_task(demo)
+    takeover.task_human_resolve(
+        task=task, user=person, resolution="hand_back", note="read the e-mail again"
+    )
+
+    again = run_agent(portal_url, demo.secret)
+
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"issue-{STALE}: handed back by a person; reading the fields again" in (
+        again.stdout
+    )
+    assert desk.effects()["by_idempotency_key"][f"ticket-for-issue-{STALE}"] == 1
+    assert Task.objects.get(pk=task.pk).state == "succeeded"
+    assert f"done: {ISSUES} ticket(s), 0 with a person (none), 0 failed" in (
+        again.stdout
+    )
+
+
+def test_a_person_gives_the_fresh_email_and_the_next_run_finishes_the_task(
+    portal_url: str, demo: Demo, desk: TicketDesk
+) -> None:
+    from tasks import takeover
+    from tasks.gateway import FieldValue
+    from tests.conftest import db_now
+
+    assert run_agent(portal_url, demo.secret).returncode == 0
+    person, task = _support_claims_the_stale_task(demo)
+    operation = Operation.objects.get(task=task)
+    edited = takeover.task_human_edit(
+        task=task,
+        user=person,
+        operation_id=operation.pk,
+        fields=[
+            FieldValue(
+                name="email",
+                value=f"customer{STALE}@example.com",
+                source="crm",
+                observed_at=db_now(),
+            ),
+            FieldValue(
+                name="plan", value="pro", source="billing", observed_at=db_now()
+            ),
+        ],
+    )
+    assert edited.result.outcome == "verified"
+
+    again = run_agent(portal_url, demo.secret)
+
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert desk.effects()["by_idempotency_key"][f"ticket-for-issue-{STALE}"] == 1
+    assert Task.objects.get(pk=task.pk).state == "succeeded"
+
+
+def test_a_cancelled_issue_is_settled_by_a_person_not_a_failure(
+    portal_url: str, demo: Demo, desk: TicketDesk
+) -> None:
+    from tasks import takeover
+
+    assert run_agent(portal_url, demo.secret).returncode == 0
+    person, task = _support_claims_the_stale_task(demo)
+    takeover.task_human_resolve(
+        task=task, user=person, resolution="cancel", note="duplicate issue"
+    )
+
+    again = run_agent(portal_url, demo.secret)
+
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"issue-{STALE}: settled by a person (cancelled)" in again.stdout
+    assert "FAILED" not in again.stdout
+    assert desk.effects()["tickets_created"] == ISSUES - 1

@@ -12,6 +12,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import Model
+from django.test import Client
 
 from audit import services as audit_services
 from audit.models import Event, Outbox
@@ -175,3 +176,27 @@ def fill(make_task: Callable[..., Task]) -> Callable[[Tenant], dict[type[Model],
         }
 
     return make
+
+
+@pytest.fixture
+def make_person(db: None) -> Callable[..., User]:
+    """A staff account, with a role in ``tenant`` when both are given."""
+
+    def make(username: str, *, tenant: Tenant | None, role: str | None) -> User:
+        user = User.objects.create_user(
+            username, f"{username}@example.com", "pw-console-tests", is_staff=True
+        )
+        if tenant is not None and role is not None:
+            portal_services.membership_grant(tenant=tenant, user=user, role=Role(role))
+        return user
+
+    return make
+
+
+@pytest.fixture
+def login(client: Client) -> Callable[[User], Client]:
+    def as_(user: User) -> Client:
+        client.force_login(user)
+        return client
+
+    return as_

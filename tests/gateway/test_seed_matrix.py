@@ -177,6 +177,14 @@ def test_3_a_version_change_before_the_check_is_refused(world: World):
     body = refused(world.execute(started), "VERSION_CONFLICT")
     evidence = Escalation.objects.get(pk=body["escalation_id"]).evidence
     assert (evidence["version_read"], evidence["current_version"]) == ("7", "8")
+    # seed 004: plan, current version, conflicting fields and responsible owner
+    assert (
+        evidence["plan"]["idempotency_key"] == started["operation"]["idempotency_key"]
+    )
+    assert {f["field"] for f in evidence["conflicting_fields"]} == {"email", "plan"}
+    assert all(f["read_at_version"] == "7" for f in evidence["conflicting_fields"])
+    assert "ana@example.com" not in str(evidence)  # names and times, not values
+    assert evidence["responsible_owner"] == "worker-1"
     assert world.tickets() == 0
     task = Task.objects.get(pk=started["task"]["id"])
     assert task.object_version == "7"  # never bumped to continue
@@ -205,6 +213,11 @@ def test_3_a_version_change_between_validation_and_write_is_refused(world: World
     assert (result.outcome, result.reason) == ("refused", "VERSION_CONFLICT")
     assert world.tickets() == 0
     assert state_of(started) == ("human_required", "human_required", "VERSION_CONFLICT")
+    evidence = Escalation.objects.get(pk=str(result.escalation_id)).evidence
+    assert evidence["when"] == "between the checks and the call"
+    assert {f["field"] for f in evidence["conflicting_fields"]} == {"email"}
+    assert evidence["responsible_owner"] == "worker-1"
+    assert "plan" in evidence
 
 
 # --- 4. Permission revoked or credential expired after the task was queued -----------

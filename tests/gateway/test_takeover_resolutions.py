@@ -177,3 +177,34 @@ def test_a_persons_steps_carry_the_tasks_trace_id(world: World):
     human = Event.objects.filter(task_id=task.pk, actor_type="user")
     assert human.count() == 2
     assert set(human.values_list("trace_id", flat=True)) == {task.trace_id}
+
+
+def test_the_staff_api_edits_over_http_and_refuses_other_roles(world: World):
+    from rest_framework.test import APIClient
+
+    started, task = stale_task(world)
+    sam = person(world, "sam", Role.SUPPORT)
+    rita = person(world, "rita", Role.REVIEWER)
+    takeover.task_human_claim(task=task, user=sam)
+    body = {
+        "operation_id": started["operation"]["id"],
+        "field_values": world.fields(),
+        "note": "phoned the customer",
+    }
+    url = f"/api/v1/takeover/tasks/{task.pk}/edit"
+
+    reviewer = APIClient()
+    reviewer.force_login(rita)
+    assert reviewer.post(url, body, format="json").status_code == 404
+    assert world.tickets() == 0
+
+    support = APIClient()
+    support.force_login(sam)
+    answer = support.post(url, body, format="json")
+    assert answer.status_code == 200, answer.content
+    assert answer.json()["outcome"] == "verified"
+    assert answer.json()["task"]["state"] == "pending"
+    assert world.tickets() == 1
+    again = support.post(url, body, format="json")  # no longer claimed by sam
+    assert again.status_code == 409
+    assert world.tickets() == 1

@@ -1,4 +1,5 @@
-"""The minimal admin: everything can be looked at, events can't be changed."""
+"""The platform operator (a superuser) opens every page of every tenant; events stay
+unchangeable even for them. Tenant members are tried in tests/console/."""
 
 from __future__ import annotations
 

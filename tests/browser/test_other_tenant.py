@@ -1,0 +1,59 @@
+"""A member of tenant B, in Chromium, sees nothing of tenant A: not in any list, not
+by typing A's ids into the address bar, not in the filters or the index."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import User
+from django.urls import reverse
+
+from portal import services as portal_services
+from portal.models import Role
+from tests.console.test_registry import scoped_admins
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+REPORTS = Path(__file__).resolve().parents[2] / "reports"
+PASSWORD = "pw-browser-tests-1"
+
+
+def test_a_member_of_another_tenant_sees_nothing_of_it(
+    page, live_server, make_tenant, fill
+):
+    # Given tenant A with a row on every admin page, and B's own admin
+    tenant_a, tenant_b = make_tenant(slug="acme"), make_tenant(slug="bravo")
+    rows_a = fill(tenant_a)
+    fill(tenant_b)
+    bea = User.objects.create_user("bea", password=PASSWORD, is_staff=True)
+    portal_services.membership_grant(tenant=tenant_b, user=bea, role=Role.ADMIN)
+    REPORTS.mkdir(exist_ok=True)
+
+    # When she logs in
+    page.goto(f"{live_server.url}/admin/login/")
+    page.fill("#id_username", "bea")
+    page.fill("#id_password", PASSWORD)
+    page.click("input[type=submit]")
+    page.wait_for_url(f"{live_server.url}/admin/")
+    page.screenshot(path=str(REPORTS / "other-tenant-index.png"), full_page=True)
+    assert "acme" not in page.content()
+
+    # Then no list page shows A's rows or offers A in its filters
+    for model, _ in scoped_admins():
+        meta = model._meta
+        url = reverse(f"admin:{meta.app_label}_{meta.model_name}_changelist")
+        response = page.goto(f"{live_server.url}{url}")
+        assert response is not None and response.status == 200, url
+        html = page.content()
+        assert "acme" not in html, url
+        row = rows_a.get(model) or rows_a.get(meta.concrete_model)
+        if row is not None:
+            assert str(row.pk) not in html, url
+            # and A's row, asked for by id, is "not found", as a missing one is
+            change = reverse(
+                f"admin:{meta.app_label}_{meta.model_name}_change", args=[row.pk]
+            )
+            page.goto(f"{live_server.url}{change}")
+            assert str(row.pk) not in page.inner_text("#content"), change
+            assert page.url.endswith("/admin/"), change  # redirected to the index

@@ -1,0 +1,88 @@
+"""A tenant administrator in Chromium: issues and revokes a key, publishes a contract,
+and finds each change in the audit trail under their own name. Never a superuser."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import User
+
+from audit.models import Event
+from portal import services as portal_services
+from portal.models import Agent, AgentKey, Role
+from tasks.models import Contract
+from tests.gateway.conftest import SPEC
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+REPORTS = Path(__file__).resolve().parents[2] / "reports"
+PASSWORD = "pw-browser-tests-1"
+
+
+def log_in(page, live_server, username: str) -> None:
+    page.goto(f"{live_server.url}/admin/login/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", PASSWORD)
+    page.click("input[type=submit]")
+    page.wait_for_url(f"{live_server.url}/admin/")
+
+
+def test_a_tenant_admin_issues_and_revokes_a_key_and_publishes_a_contract(
+    page, live_server, tenant
+):
+    # Given a tenant admin (a member, not a superuser) and an agent of the tenant
+    ada = User.objects.create_user("ada", password=PASSWORD, is_staff=True)
+    portal_services.membership_grant(tenant=tenant, user=ada, role=Role.ADMIN)
+    agent = portal_services.agent_create(tenant=tenant, name="triage-bot")
+    REPORTS.mkdir(exist_ok=True)
+    page.set_viewport_size({"width": 1366, "height": 900})
+    log_in(page, live_server, "ada")
+
+    # When she issues a key from the agents page
+    page.goto(f"{live_server.url}/admin/portal/agent/")
+    page.check(f"input[name=_selected_action][value='{agent.pk}']")
+    page.select_option("select[name=action]", "issue_key")
+    page.click("button[name=index]")
+    message = page.inner_text("ul.messagelist")
+    assert "New key for triage-bot" in message
+    secret = message.split("triage-bot: ", 1)[1].split(" ", 1)[0]
+    page.reload()
+    assert secret not in page.content()  # shown once
+
+    # and revokes it from the keys page
+    key = AgentKey.objects.get(agent=agent)
+    page.goto(f"{live_server.url}/admin/portal/agentkey/")
+    page.check(f"input[name=_selected_action][value='{key.pk}']")
+    page.select_option("select[name=action]", "revoke_keys")
+    page.click("button[name=index]")
+    assert "revoked" in page.inner_text("ul.messagelist")
+
+    # and adds and publishes a contract version
+    page.goto(f"{live_server.url}/admin/tasks/contract/add/")
+    page.select_option("select[name=tenant]", str(tenant.pk))
+    page.fill("input[name=key]", "refund")
+    page.fill("textarea[name=spec]", json.dumps(SPEC))
+    page.check("input[name=publish]")
+    page.click("input[name=_save]")
+    page.wait_for_selector("ul.messagelist")
+    contract = Contract.objects.get(tenant=tenant, key="refund")
+    assert contract.status == "published"
+
+    # Then each change is an event naming her, and the event browser shows them
+    mine = Event.objects.filter(tenant=tenant, actor_type="user", actor_id=str(ada.pk))
+    assert set(mine.values_list("code", flat=True)) == {
+        "agent_key.issued",
+        "agent_key.revoked",
+        "contract.created",
+    }
+    assert secret not in json.dumps(list(mine.values_list("payload", flat=True)))
+    page.goto(f"{live_server.url}/admin/audit/event/")
+    listing = page.inner_text("#result_list")
+    for code in ("agent_key.issued", "agent_key.revoked", "contract.created"):
+        assert code in listing
+    page.screenshot(path=str(REPORTS / "tenant-admin-events.png"), full_page=True)
+    # and a revoked key no longer authenticates
+    assert AgentKey.objects.get(pk=key.pk).revoked_at is not None
+    assert Agent.objects.get(pk=agent.pk).is_active
