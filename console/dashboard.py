@@ -341,6 +341,7 @@ def events_chart_svg(buckets: Sequence[tuple[dt.datetime, int]]) -> SafeString:
     total = sum(n for _, n in buckets)
     return format_html(
         '<svg class="events-chart" viewBox="0 0 {w} {h}" width="100%" '
+        'preserveAspectRatio="xMinYMid meet" '
         'role="img" aria-label="{aria}" xmlns="http://www.w3.org/2000/svg">'
         '<text class="peak" x="{gap}" y="11">peak {peak} / hour</text>'
         '<line class="axis" x1="0" y1="{base}" x2="{w}" y2="{base}"/>'
@@ -373,6 +374,11 @@ class Dashboard:
     @property
     def events_last_24h(self) -> int:
         return sum(n for _, n in self.events_per_hour)
+
+    @property
+    def state_columns(self) -> list[tuple[str, str]]:
+        """(state, label) in the order of ``TaskState``: the task table's columns."""
+        return list(TaskState.choices)
 
     @property
     def has_reasons(self) -> bool:
