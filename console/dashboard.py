@@ -398,10 +398,10 @@ def dashboard_get(
     Guarantee: a fixed number of statements (tenants, two for tasks, one for the
     outbox, one for events), whatever the number of tenants or rows.
     """
-    wanted = {*view_tenant_ids, *outbox_tenant_ids}
-    tenants = {t.pk: t for t in Tenant.objects.filter(pk__in=wanted).order_by("slug")}
-    viewed = [tenants[pk] for pk in tenants if pk in set(view_tenant_ids)]
-    managed = [tenants[pk] for pk in tenants if pk in set(outbox_tenant_ids)]
+    view_ids, outbox_ids = set(view_tenant_ids), set(outbox_tenant_ids)
+    tenants = list(Tenant.objects.filter(pk__in=view_ids | outbox_ids).order_by("slug"))
+    viewed = [tenant for tenant in tenants if tenant.pk in view_ids]
+    managed = [tenant for tenant in tenants if tenant.pk in outbox_ids]
     buckets = events_per_hour(tenants=viewed)
     return Dashboard(
         tasks=task_figures(tenants=viewed),
