@@ -12,7 +12,8 @@ page says "10,000+":
   24 hours, a range on ``updated_at`` (when the task finished): all-time totals of
   finished tasks grow for ever and are what the task list is for.
 - the takeover queue: the same index, ``human_required`` / ``human_claimed``.
-- events per hour: ``audit_event_tenant_created_idx`` (tenant, created_at).
+- events per hour: ``audit_event_created_idx`` (tenant, created_at, id), the event
+  browser's time-range index.
 - the outbox: ``audit_outbox_unsent_state_idx`` (pending and dead rows only) and
   ``audit_outbox_sent_idx`` (sent rows by ``sent_at``); see ``outbox_health``.
 """
@@ -260,7 +261,7 @@ def outbox_health(*, tenants: Sequence[Tenant]) -> list[OutboxHealth]:
 # --- Events per hour -----------------------------------------------------------------
 
 # The last 24 clock hours, the current one included: one range of
-# audit_event_tenant_created_idx per tenant (an index-only count).
+# audit_event_created_idx per tenant (an index-only count).
 _EVENTS_PER_HOUR = """
 WITH counted AS (
     SELECT date_trunc('hour', created_at) AS hour, count(*) AS n
