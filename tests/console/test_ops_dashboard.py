@@ -161,6 +161,11 @@ def test_a_reviewer_sees_tasks_and_events_of_their_tenant_and_no_outbox(
     assert 'id="dash-outbox"' not in html
     assert other_tenant.slug not in html
     assert re.search(r'data-state="human_required"><a [^>]*>3</a>', html)
+    # The queue's figures open the takeover desk, filtered to the tenant.
+    desk = f"/admin/console/takeoveritem/?state=human_required&amp;tenant={tenant.pk}"
+    assert f'href="{desk}"' in html
+    desk_page = logged_in(reviewer).get(desk.replace("&amp;", "&"))
+    assert desk_page.status_code == 200
     assert "VERSION_CONFLICT" in html
     assert "<svg" in html
     # The app list is still there, below the dashboard.
