@@ -148,6 +148,9 @@ class OutboxState(models.TextChoices):
     PENDING = "pending"
     SENT = "sent"
     DEAD = "dead"
+    # An operator gave up on a dead row (audited): never published, and no longer
+    # holding its task's later rows back.
+    DISMISSED = "dismissed"
 
 
 class Outbox(models.Model):
@@ -190,6 +193,22 @@ class Outbox(models.Model):
                 fields=["available_at", "id"],
                 condition=Q(state="pending"),
                 name="audit_outbox_due_idx",
+            ),
+            # The outbox monitor's pending and dead counts and the oldest pending
+            # row, per tenant: these rows are few, and this index holds only them.
+            models.Index(
+                fields=["tenant", "state", "created_at"],
+                condition=Q(state__in=["pending", "dead"]),
+                name="audit_outbox_unsent_state_idx",
+            ),
+            # Sent rows are nearly the whole table: the monitor reads only the
+            # recent ones (sent in the last hour, delivery lag of the last N), a
+            # backward range of this index; created_at rides along for the lag.
+            models.Index(
+                fields=["tenant", "sent_at"],
+                include=["created_at"],
+                condition=Q(state="sent"),
+                name="audit_outbox_sent_idx",
             ),
         ]
 

@@ -39,7 +39,9 @@ ALLOWED_HOSTS = _env_list("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
 CSRF_TRUSTED_ORIGINS = _env_list("DJANGO_CSRF_TRUSTED_ORIGINS")
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    # First: its templates/admin/ (the dashboard index) override the admin's own.
+    "console",
+    "console.apps.PortalAdminConfig",  # django.contrib.admin with the portal's site
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -47,11 +49,11 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI and Redoc served from static files
     "guardian",
     "portal",
     "tasks",
     "audit",
-    "console",
 ]
 
 MIDDLEWARE = [
@@ -148,6 +150,11 @@ SPECTACULAR_SETTINGS: dict[str, Any] = {
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
     "SCHEMA_PATH_PREFIX": r"/api/v1",
+    # Swagger UI and Redoc from this server's static files, not a CDN: the docs
+    # work offline and the pages name no third-party host.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
     "ENUM_NAME_OVERRIDES": {
         "ReasonCodeEnum": "portal.codes.ReasonCode",
         "TaskStateEnum": "tasks.models.TaskState",

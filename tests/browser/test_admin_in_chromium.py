@@ -40,7 +40,7 @@ def test_a_reviewer_reads_an_event_and_cannot_change_or_delete_it(
             data={"client_task_id": "issue-1042", "api_key": "agp_0123456789ab.x"},
         )
     log_in(page, live_server, tenant)
-    page.click("text=Events")
+    page.click("#content-main a:text-is('Events')")  # the app list's link
     page.wait_for_selector("#result_list")
     assert "task.registered" in page.inner_text("#result_list")
     page.click(f"a[href$='/audit/event/{event_id}/change/']")
