@@ -16,19 +16,12 @@ from portal.codes import ReasonCode
 from portal.management.commands.seed_demo import seed
 from portal.models import Tenant
 from tasks.models import TaskState
+from tests.browser.conftest import log_in
 from tests.conftest import db_now
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 REPORTS = Path(__file__).resolve().parents[2] / "reports"
-
-
-def log_in(page, live_server, username: str, password: str) -> None:
-    page.goto(f"{live_server.url}/admin/login/")
-    page.fill("#id_username", username)
-    page.fill("#id_password", password)
-    page.click("input[type=submit]")
-    page.wait_for_url(f"{live_server.url}/admin/")
 
 
 def add_events(tenant: Tenant, *, per_hour: list[int]) -> None:

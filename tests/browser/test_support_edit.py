@@ -17,6 +17,7 @@ import pytest
 from audit.models import Event, EventCode
 from portal.models import Role
 from tasks.models import Operation, OperationState, Task, TaskState
+from tests.browser.conftest import PASSWORD, log_in
 from tests.conftest import db_now
 from tests.console.test_desk import make_person
 from tests.gateway import conftest as gateway_world
@@ -26,20 +27,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 ROOT = Path(__file__).resolve().parents[2]
 REPORTS = ROOT / "reports"
-PASSWORD = "pw-browser-tests-1"
 
 # The gateway tests' world, fixtures by name.
 ticketdesk_server = gateway_world.ticketdesk_server
 desk = gateway_world.desk
 world = gateway_world.world
-
-
-def log_in(page, live_server, username: str) -> None:
-    page.goto(f"{live_server.url}/admin/login/")
-    page.fill("#id_username", username)
-    page.fill("#id_password", PASSWORD)
-    page.click("input[type=submit]")
-    page.wait_for_url(f"{live_server.url}/admin/")
 
 
 def test_support_edits_a_stale_field_and_the_desk_makes_one_ticket(
