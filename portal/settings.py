@@ -205,6 +205,12 @@ CELERY_BEAT_SCHEDULE: dict[str, Any] = {
         "task": "portal.jobs.purge_idempotent_requests_job",
         "schedule": 3600.0,
     },
+    # Sign every moved chain head (docs/audit-integrity.md).
+    "checkpoint-audit": {
+        "task": "audit.jobs.checkpoint_audit_job",
+        "schedule": 60.0,
+        "options": {"expires": 60.0},
+    },
     # The outbox relay's safety net; commits also nudge it (docs/outbox.md).
     "relay-outbox": {
         "task": "audit.jobs.relay_outbox_job",
@@ -225,6 +231,13 @@ PORTAL_OUTBOX_BACKOFF_CAP_S = 60.0
 PORTAL_OUTBOX_MAX_ATTEMPTS = 25
 PORTAL_OUTBOX_CONFIRM_TIMEOUT_S = 10.0
 PORTAL_OUTBOX_RELAY_BUDGET_S = 20.0
+
+# The audit checkpoints' Ed25519 signing key (docs/audit-integrity.md): PEM text in
+# the environment, or a PEM file. Production refuses to sign without one; development
+# and tests generate PORTAL_AUDIT_DEV_SIGNING_KEY_FILE on first use.
+PORTAL_AUDIT_SIGNING_KEY = os.environ.get("PORTAL_AUDIT_SIGNING_KEY", "")
+PORTAL_AUDIT_SIGNING_KEY_FILE = os.environ.get("PORTAL_AUDIT_SIGNING_KEY_FILE", "")
+PORTAL_AUDIT_DEV_SIGNING_KEY_FILE = VAR_DIR / "audit-signing-key.pem"
 
 # Domain settings.
 PORTAL_EVENT_PAYLOAD_MAX_BYTES = 8192  # copied into audit migration 0002 (R7)

@@ -11,6 +11,7 @@ from drf_spectacular.views import (
     SpectacularSwaggerView,
 )
 
+from audit.api import AuditPublicKeyApi
 from portal.api_root import ApiRootApi
 from tasks.api import agent as agent_api
 from tasks.api import staff as staff_api
@@ -19,6 +20,7 @@ handler404 = "portal.api.not_found_view"
 handler500 = "portal.api.server_error_view"
 
 api_v1 = [
+    path("audit/public-key", AuditPublicKeyApi.as_view()),
     path("tasks", agent_api.TaskCollectionApi.as_view()),
     path("tasks/claim-next", agent_api.TaskClaimNextApi.as_view()),
     path("tasks/<uuid:task_id>", agent_api.TaskDetailApi.as_view()),

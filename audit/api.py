@@ -1,0 +1,39 @@
+"""The audit trail's public API: the checkpoint signing key's public half."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import serializers
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from . import checkpoints
+
+
+class AuditPublicKeyApi(APIView):
+    """The Ed25519 public key that verifies audit checkpoints (anonymous)."""
+
+    authentication_classes = []
+    permission_classes = [AllowAny]
+
+    @extend_schema(
+        responses=inline_serializer(
+            name="AuditPublicKey",
+            fields={
+                "algorithm": serializers.CharField(),
+                "key_id": serializers.CharField(),
+                "public_key_pem": serializers.CharField(),
+            },
+        )
+    )
+    def get(self, request: Request) -> Response:
+        key = checkpoints.signing_key()
+        return Response(
+            {
+                "algorithm": "Ed25519",
+                "key_id": key.key_id,
+                "public_key_pem": checkpoints.public_key_pem(key.public),
+            }
+        )
