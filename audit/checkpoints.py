@@ -46,6 +46,7 @@ class SigningKeyMissing(PortalError):
     """
 
     code = "AUDIT_SIGNING_KEY_MISSING"
+    status = 503
 
 
 @dataclass(frozen=True)
