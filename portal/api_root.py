@@ -36,6 +36,11 @@ RESOURCES: Final = (
         "/api/v1/object-versions/{object_type}/{object_id}",
         "The version of a business object an agent read.",
     ),
+    (
+        "audit_public_key",
+        "/api/v1/audit/public-key",
+        "The Ed25519 key that verifies audit checkpoints (anonymous).",
+    ),
 )
 
 

@@ -20,7 +20,6 @@ handler404 = "portal.api.not_found_view"
 handler500 = "portal.api.server_error_view"
 
 api_v1 = [
-    path("audit/public-key", AuditPublicKeyApi.as_view()),
     path("tasks", agent_api.TaskCollectionApi.as_view()),
     path("tasks/claim-next", agent_api.TaskClaimNextApi.as_view()),
     path("tasks/<uuid:task_id>", agent_api.TaskDetailApi.as_view()),
@@ -76,6 +75,7 @@ urlpatterns = [
     # The front door: people land in the admin, agents at the API root.
     path("", RedirectView.as_view(url="/admin/", permanent=False), name="home"),
     path("api/v1/", ApiRootApi.as_view(), name="api-root"),
+    path("api/v1/audit/public-key", AuditPublicKeyApi.as_view(), name="audit-key"),
     path("admin/", admin.site.urls),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),

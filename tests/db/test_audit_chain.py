@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import importlib
 import io
+import itertools
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -114,7 +115,7 @@ def test_each_chain_is_linked_in_order(trail: dict[str, Any]) -> None:
     events = list(Event.objects.filter(task_id=trail["a"]).order_by("chain_seq"))
     assert [e.chain_seq for e in events] == [1, 2, 3, 4, 5]
     assert events[0].prev_hash is None
-    for before, after in zip(events, events[1:], strict=False):
+    for before, after in itertools.pairwise(events):
         assert after.prev_hash == before.hash
     tenant_chain = Event.objects.filter(tenant=trail["tenant"], task_id=None)
     assert sorted(e.chain_seq for e in tenant_chain) == [1, 2]
@@ -440,7 +441,7 @@ def test_parallel_appends_to_one_task_keep_one_line(tenant: Tenant) -> None:
     # then the 40 events form one line and the trail verifies
     events = list(Event.objects.filter(task_id=task_id).order_by("chain_seq"))
     assert [e.chain_seq for e in events] == list(range(1, 41))
-    assert all(b.prev_hash == a.hash for a, b in zip(events, events[1:], strict=False))
+    assert all(b.prev_hash == a.hash for a, b in itertools.pairwise(events))
     call_command("checkpoint_audit", stdout=io.StringIO())
     assert verify(tenant)[0] == 0
 
