@@ -285,6 +285,19 @@ def test_the_readme_demo_runs_end_to_end_and_stops_cleanly(
         ):
             time.sleep(0.2)
         assert not left, [" ".join(child.cmdline()) for child in left]
+
+        # And: the demo's audit trail, signed, verifies (docs/audit-integrity.md).
+        for command in ("checkpoint_audit", "verify_audit"):
+            done = subprocess.run(
+                [sys.executable, "manage.py", command],
+                cwd=REPO,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert done.returncode == 0, done.stdout + done.stderr
+        assert "ok tenant demo:" in done.stdout and "intact:" in done.stdout
     finally:
         if process.poll() is None:
             process.kill()  # its children follow by their parent-death signal
