@@ -90,11 +90,31 @@ class Event(models.Model):
     trace_id = models.CharField(max_length=32, blank=True, default="")
     span_id = models.CharField(max_length=16, blank=True, default="")
     created_at = models.DateTimeField(db_default=Now(), editable=False)
+    # The hash chain (audit/chain.py, docs/audit-integrity.md): the event's place in
+    # its task's or tenant's chain, its predecessor's hash (NULL for the first) and
+    # its own. Written by event_append only; NULL here means the row did not come
+    # from event_append, which verify_audit reports as inserted.
+    chain_seq = models.BigIntegerField(null=True, blank=True, editable=False)
+    prev_hash = models.CharField(max_length=64, null=True, blank=True, editable=False)
+    hash = models.CharField(max_length=64, null=True, blank=True, editable=False)
 
     class Meta:
         constraints = [
             models.UniqueConstraint(
                 fields=["tenant", "id"], name="audit_event_tenant_id_uniq"
+            ),
+            # A chain is a line: two appends that read the same head cannot both
+            # commit (event_append's lock makes them wait instead). These are also
+            # the indexes that find a chain's head.
+            models.UniqueConstraint(
+                fields=["tenant", "task_id", "chain_seq"],
+                condition=Q(task_id__isnull=False),
+                name="audit_event_task_chain_uniq",
+            ),
+            models.UniqueConstraint(
+                fields=["tenant", "chain_seq"],
+                condition=Q(task_id__isnull=True),
+                name="audit_event_tenant_chain_uniq",
             ),
             models.CheckConstraint(
                 condition=Q(code__in=EventCode.values), name="audit_event_code_check"
@@ -144,10 +164,57 @@ class Event(models.Model):
         return f"{self.code} by {self.actor_type}:{self.actor_id}"
 
 
+class Checkpoint(models.Model):
+    """A signed statement of one chain's head and the tenant's event count.
+
+    ``checkpoint_audit`` writes one row per chain whose head moved since its last
+    checkpoint, all rows of one run with the same ``signed_at`` and ``event_count``
+    (the tenant's chained events at that snapshot). The Ed25519 signature covers
+    every column but ``id`` (audit/checkpoints.py); the private key is never in the
+    database. Rows are append-only (trigger), except the tenant purge path.
+    """
+
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
+    tenant = models.ForeignKey("portal.Tenant", on_delete=models.PROTECT)
+    # The chain: a task's, or the tenant's own (NULL).
+    task_id = models.UUIDField(null=True, blank=True)
+    head_seq = models.BigIntegerField()
+    head_event_id = models.UUIDField()
+    head_hash = models.CharField(max_length=64)
+    event_count = models.BigIntegerField()
+    signed_at = models.DateTimeField()
+    key_id = models.CharField(max_length=16)
+    signature = models.CharField(max_length=128)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "id"], name="audit_checkpoint_tenant_id_uniq"
+            ),
+        ]
+        indexes = [
+            # The latest checkpoint of each chain, and of the tenant.
+            models.Index(
+                fields=["tenant", "task_id", "signed_at"],
+                name="audit_checkpoint_chain_idx",
+            ),
+            models.Index(
+                fields=["tenant", "signed_at"], name="audit_checkpoint_signed_idx"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        chain = f"task {self.task_id}" if self.task_id else "tenant"
+        return f"checkpoint of {chain} at {self.head_seq}"
+
+
 class OutboxState(models.TextChoices):
     PENDING = "pending"
     SENT = "sent"
     DEAD = "dead"
+    # An operator gave up on a dead row (audited): never published, and no longer
+    # holding its task's later rows back.
+    DISMISSED = "dismissed"
 
 
 class Outbox(models.Model):
@@ -190,6 +257,22 @@ class Outbox(models.Model):
                 fields=["available_at", "id"],
                 condition=Q(state="pending"),
                 name="audit_outbox_due_idx",
+            ),
+            # The outbox monitor's pending and dead counts and the oldest pending
+            # row, per tenant: these rows are few, and this index holds only them.
+            models.Index(
+                fields=["tenant", "state", "created_at"],
+                condition=Q(state__in=["pending", "dead"]),
+                name="audit_outbox_unsent_state_idx",
+            ),
+            # Sent rows are nearly the whole table: the monitor reads only the
+            # recent ones (sent in the last hour, delivery lag of the last N), a
+            # backward range of this index; created_at rides along for the lag.
+            models.Index(
+                fields=["tenant", "sent_at"],
+                include=["created_at"],
+                condition=Q(state="sent"),
+                name="audit_outbox_sent_idx",
             ),
         ]
 

@@ -14,7 +14,8 @@ STYLE.md R9, and docs/outbox.md for the operator's view. One relay pass:
    ``PORTAL_OUTBOX_MAX_ATTEMPTS``.
 
 Per-task order. A row is claimable only when no *older* unsent (pending or dead) row
-of the same task exists; the task id is read from the envelope
+of the same task exists (a ``dismissed`` row, given up by an operator, does not
+count); the task id is read from the envelope
 (``payload->>'task_id'``, indexed by migration 0004). The claim takes the oldest due
 row of each task (its "head", locked with ``SKIP LOCKED``) plus the contiguous due
 rows behind it, and the relay publishes them in id order, each after the previous
@@ -140,6 +141,9 @@ class Publisher(Protocol):
 # --- Claim and record ----------------------------------------------------------------
 
 # Heads: the oldest unsent row of each task, when due, locked with SKIP LOCKED.
+# "Unsent" is pending or dead: a dismissed row (an operator gave up on it) is never
+# claimed and holds nothing back. ``<> 'sent'`` stays spelled out so the partial
+# index audit_outbox_task_unsent_idx (WHERE state <> 'sent') still serves the probe.
 # Followers: the task's next pending rows, as long as each is due (the running
 # bool_and stops at the first leased, backing-off or dead row). The window and the
 # lock sit in different CTEs because PostgreSQL refuses FOR UPDATE beside a window.
@@ -152,7 +156,8 @@ WITH heads AS (
           SELECT 1 FROM audit_outbox AS older
           WHERE older.tenant_id = o.tenant_id
             AND older.payload->>'task_id' = o.payload->>'task_id'
-            AND older.state <> 'sent' AND older.id < o.id
+            AND older.state <> 'sent' AND older.state <> 'dismissed'
+            AND older.id < o.id
       )
     ORDER BY o.available_at, o.id
     LIMIT %(limit)s
@@ -166,7 +171,7 @@ followers AS (
     JOIN heads AS h
       ON f.tenant_id = h.tenant_id AND f.payload->>'task_id' = h.task_key
      AND f.id > h.id
-    WHERE f.state <> 'sent'
+    WHERE f.state <> 'sent' AND f.state <> 'dismissed'
 ),
 claimable AS (
     SELECT id FROM heads

@@ -15,16 +15,33 @@ from portal.actors import Actor
 from portal.ids import new_id
 from portal.tracing import NO_TRACE, Trace
 
-from . import relay
+from . import chain, relay
 from .redaction import redact_payload
 
 ENVELOPE_SCHEMA_VERSION: Final = 1
 
-_INSERT_EVENT = """
+# The event with its chain link (audit/chain.py). ``audit_event_chain_head`` (migration
+# 0009) takes the chain's advisory lock and then reads the head with a fresh snapshot,
+# so appends to one chain line up even when their callers hold only a share lock on
+# the task; the partial unique indexes on ``chain_seq`` refuse a fork regardless. The
+# hash is computed here because ``created_at`` is the database's ``now()``.
+_INSERT_EVENT = f"""
 INSERT INTO audit_event (
     id, tenant_id, task_id, operation_id, code, actor_type, actor_id, reason_code,
-    contract_key, contract_version, payload, trace_id, span_id
-) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s)
+    contract_key, contract_version, payload, trace_id, span_id,
+    created_at, chain_seq, prev_hash, hash
+)
+SELECT %(id)s, %(tenant_id)s, %(task_id)s, %(operation_id)s, %(code)s,
+    %(actor_type)s, %(actor_id)s, %(reason_code)s, %(contract_key)s,
+    %(contract_version)s, %(payload)s::jsonb, %(trace_id)s, %(span_id)s,
+    now(), COALESCE(head.head_seq, 0) + 1, head.head_hash,
+    encode(sha256(
+        convert_to(COALESCE(head.head_hash, '{chain.GENESIS}'), 'UTF8')
+        || %(content_before)s::bytea
+        || convert_to({chain.CREATED_AT_SQL.format(column="now()")}, 'UTF8')
+        || %(content_after)s::bytea
+    ), 'hex')
+FROM audit_event_chain_head(%(tenant_id)s, %(task_id)s) AS head
 """
 
 # The event and its outbox row in one statement: one round trip on the hot paths.
@@ -33,9 +50,57 @@ WITH event AS ({_INSERT_EVENT} RETURNING tenant_id, id)
 INSERT INTO audit_outbox (
     id, tenant_id, event_id, topic, key, payload, state, attempts, last_error
 )
-SELECT %s, event.tenant_id, event.id, %s, %s, %s::jsonb, 'pending', 0, ''
+SELECT %(outbox_id)s, event.tenant_id, event.id, %(code)s, %(key)s,
+    %(envelope)s::jsonb, 'pending', 0, ''
 FROM event
 """
+
+
+def event_params(
+    *,
+    event_id: uuid.UUID,
+    tenant_id: uuid.UUID,
+    task_id: uuid.UUID | None,
+    operation_id: uuid.UUID | None,
+    code: str,
+    actor_type: str,
+    actor_id: str,
+    reason_code: str | None,
+    contract_key: str | None,
+    contract_version: int | None,
+    payload_json: str,
+    trace_id: str,
+    span_id: str,
+) -> dict[str, Any]:
+    """Parameters of ``_INSERT_EVENT``, including the canonical content around
+    ``created_at`` that the statement hashes (audit/chain.py)."""
+    columns: dict[str, Any] = {
+        "tenant_id": tenant_id,
+        "task_id": task_id,
+        "operation_id": operation_id,
+        "code": code,
+        "actor_type": actor_type,
+        "actor_id": actor_id,
+        "reason_code": reason_code,
+        "contract_key": contract_key,
+        "contract_version": contract_version,
+        "trace_id": trace_id,
+        "span_id": span_id,
+    }
+    content = chain.event_content(
+        event_id=event_id,
+        payload=chain.stored_payload(payload_json),
+        created_at="",
+        **columns,
+    )
+    before, after = chain.content_pieces(content)
+    return {
+        "id": event_id,
+        "payload": payload_json,
+        "content_before": before,
+        "content_after": after,
+        **columns,
+    }
 
 
 def json_text(value: Any) -> str:
@@ -59,7 +124,11 @@ def event_append(
     """Append one event and, when ``publish``, its outbox row, in the caller's txn.
 
     Guarantee: the payload is redacted and bounded before it is written; the event and
-    its outbox row commit or roll back with the caller's state change.
+    its outbox row commit or roll back with the caller's state change. The event is
+    linked into its chain (the task's, or the tenant's when ``task_id`` is None):
+    appends to one chain wait for each other on a transaction-level advisory lock,
+    released at commit; different chains never wait for each other. Needs READ
+    COMMITTED (the default): the head is read after the lock, with a fresh snapshot.
 
     Raises:
         TransactionRequired: called outside a transaction.
@@ -68,24 +137,24 @@ def event_append(
     payload = redact_payload(data or {})
     event_id = new_id()
     contract_key, contract_version = contract if contract else (None, None)
-    event_params: list[Any] = [
-        event_id,
-        tenant_id,
-        task_id,
-        operation_id,
-        code,
-        actor.type,
-        actor.id,
-        reason,
-        contract_key,
-        contract_version,
-        json_text(payload),
-        trace.trace_id,
-        trace.span_id,
-    ]
+    params = event_params(
+        event_id=event_id,
+        tenant_id=tenant_id,
+        task_id=task_id,
+        operation_id=operation_id,
+        code=code,
+        actor_type=actor.type,
+        actor_id=actor.id,
+        reason_code=reason,
+        contract_key=contract_key,
+        contract_version=contract_version,
+        payload_json=json_text(payload),
+        trace_id=trace.trace_id,
+        span_id=trace.span_id,
+    )
     with connection.cursor() as cursor:
         if not publish:
-            cursor.execute(_INSERT_EVENT, event_params)
+            cursor.execute(_INSERT_EVENT, params)
             return event_id
         envelope = {
             "schema_version": ENVELOPE_SCHEMA_VERSION,
@@ -100,7 +169,12 @@ def event_append(
         }
         cursor.execute(
             _INSERT_EVENT_AND_OUTBOX,
-            [*event_params, new_id(), code, str(event_id), json_text(envelope)],
+            {
+                **params,
+                "outbox_id": new_id(),
+                "key": str(event_id),
+                "envelope": json_text(envelope),
+            },
         )
     if settings.PORTAL_RELAY_NUDGE:
         relay.nudge_relay()  # after commit; beat is the safety net

@@ -27,7 +27,7 @@ from django.db.models import DateTimeField, F, Func
 from django.db.models.functions import Now
 
 from audit import services as audit_services
-from audit.models import Event, EventCode, Outbox
+from audit.models import EventCode, Outbox
 from audit.redaction import redact_payload
 from portal import selectors as portal_selectors
 from portal.actors import Actor, ActorType
@@ -235,9 +235,10 @@ def _event_params(
     task_id: uuid.UUID,
     payload: Mapping[str, Any],
     operation_id: uuid.UUID | None = None,
-) -> list[Any]:
+) -> dict[str, Any]:
     """Parameters of ``EVENT_AND_OUTBOX``, shaped as ``event_append`` shapes them."""
     event_id = new_id()
+    payload_json = _json(payload)
     envelope = {
         "schema_version": audit_services.ENVELOPE_SCHEMA_VERSION,
         "event_id": str(event_id),
@@ -249,11 +250,26 @@ def _event_params(
         "data": payload,
         "trace_id": "",
     }
-    return [
-        event_id, tenant_id, task_id, operation_id, code, actor.type, actor.id, None,
-        None, None, _json(payload), "", "", new_id(), code, str(event_id),
-        _json(envelope),
-    ]  # fmt: skip
+    return {
+        **audit_services.event_params(
+            event_id=event_id,
+            tenant_id=tenant_id,
+            task_id=task_id,
+            operation_id=operation_id,
+            code=code,
+            actor_type=actor.type,
+            actor_id=actor.id,
+            reason_code=None,
+            contract_key=None,
+            contract_version=None,
+            payload_json=payload_json,
+            trace_id="",
+            span_id="",
+        ),
+        "outbox_id": new_id(),
+        "key": str(event_id),
+        "envelope": _json(envelope),
+    }
 
 
 def raw_transition(
@@ -453,23 +469,25 @@ def orm_task_transition(
             "data": {},
         }
     )
-    event = Event.objects.create(
-        tenant=tenant,
+    # The event through event_append (without its outbox row): the hash chain is
+    # computed in its INSERT, which Event.objects.create() cannot do.
+    event_id = audit_services.event_append(
+        tenant_id=tenant.pk,
         task_id=task_id,
         code=EventCode.TASK_TRANSITIONED,
-        actor_type=actor.type,
-        actor_id=actor.id,
-        payload=payload,
+        actor=actor,
+        data=payload,
+        publish=False,
     )
     Outbox.objects.create(
         tenant=tenant,
-        event=event,
-        topic=event.code,
-        key=str(event.pk),
+        event_id=event_id,
+        topic=EventCode.TASK_TRANSITIONED,
+        key=str(event_id),
         payload={
             "schema_version": audit_services.ENVELOPE_SCHEMA_VERSION,
-            "event_id": str(event.pk),
-            "code": event.code,
+            "event_id": str(event_id),
+            "code": EventCode.TASK_TRANSITIONED,
             "tenant_id": str(tenant.pk),
             "task_id": str(task_id),
             "operation_id": None,

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Final
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
+from django.contrib.auth.models import User
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 from django.utils.html import format_html
@@ -149,10 +149,13 @@ class ActorNames:
 
     Actors are ``(actor_type, actor_id)`` pairs as events store them, or lease owners
     such as ``user:4`` (a person's claim). System actors are components and keep
-    their own name.
+    their own name. Agents are looked up only in ``tenant_ids`` (the rows' own
+    tenants); people are accounts, which belong to no tenant.
     """
 
-    def __init__(self, actors: Iterable[tuple[str, str]]) -> None:
+    def __init__(
+        self, actors: Iterable[tuple[str, str]], *, tenant_ids: Iterable[uuid.UUID]
+    ) -> None:
         agent_ids: set[uuid.UUID] = set()
         user_ids: set[int] = set()
         for actor_type, actor_id in actors:
@@ -164,30 +167,41 @@ class ActorNames:
                 user_ids.add(user)
         self.agents: dict[str, str] = {}
         self.users: dict[str, str] = {}
-        if agent_ids:
+        tenants = set(tenant_ids)
+        if agent_ids and tenants:
             self.agents = {
                 str(pk): name
-                for pk, name in Agent.objects.filter(pk__in=agent_ids).values_list(
-                    "pk", "name"
-                )
+                for pk, name in Agent.objects.filter(
+                    tenant_id__in=tenants, pk__in=agent_ids
+                ).values_list("pk", "name")
             }
         if user_ids:
-            user_model = get_user_model()
             self.users = {
                 str(pk): username
-                for pk, username in user_model._default_manager.filter(
-                    pk__in=user_ids
-                ).values_list("pk", user_model.USERNAME_FIELD)
+                for pk, username in User.objects.filter(pk__in=user_ids).values_list(
+                    "pk", "username"
+                )
             }
 
     @staticmethod
     def split_owner(owner: str | None) -> tuple[str, str]:
-        """``"user:4"`` → ``("user", "4")``; a worker's own name stays as it is."""
+        """``"user:4"`` → ``("user", "4")``; a bare agent id (how escalations name
+        their responsible agent) → ``("agent", id)``; a worker's own name stays."""
         if owner and ":" in owner:
             kind, _, rest = owner.partition(":")
             if kind in ActorType.values:
                 return kind, rest
+        if owner and _as_uuid(owner) is not None:
+            return ActorType.AGENT, owner
         return "", owner or ""
+
+    def name(self, actor_type: str, actor_id: str) -> str | None:
+        """The agent's name or the person's username; None when unknown."""
+        if actor_type == ActorType.AGENT:
+            return self.agents.get(actor_id)
+        if actor_type == ActorType.USER:
+            return self.users.get(actor_id)
+        return None
 
     def label(self, actor_type: str, actor_id: str) -> str:
         """``name (agent)``, ``username (person)``, ``component (system)``."""

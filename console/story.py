@@ -123,7 +123,7 @@ def task_story(*, task: Task, event_limit: int = EVENT_LIMIT) -> TaskStory:
         more_events=more_events,
         operations=list(by_operation.values()),
         escalations=escalations,
-        names=ActorNames(actors),
+        names=ActorNames(actors, tenant_ids=[task.tenant_id]),
     )
 
 

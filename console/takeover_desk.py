@@ -5,15 +5,20 @@ row's ``(updated_at, id)``, never OFFSET and never a COUNT of the table), the
 evidence a person needs to decide, and display names for the owners stored as
 ``user:<id>`` or an agent's id.
 
-Writes: :func:`desk_claim`, :func:`desk_release` and :func:`desk_resolve` check
-``TenantPerm.WORK_TAKEOVER`` on the task's tenant (portal/roles.py) and then call
-the services in ``tasks.takeover`` unchanged, with the person as the actor; those
-services check the membership again and write the events.
+Writes: :func:`desk_claim`, :func:`desk_release`, :func:`desk_resolve` and
+:func:`desk_edit` check ``TenantPerm.WORK_TAKEOVER`` on the task's tenant
+(portal/roles.py) and then call the services in ``tasks.takeover`` unchanged, with
+the person as the actor; those services check the membership again and write the
+events.
+
+The resolve and edit forms: which resolutions a task offers (approve only where
+``takeover.APPROVABLE_REASONS`` allows it), their labels and help, the rows of the
+edit form (the pinned contract's required fields) and the sentence that reports
+what an edit came to.
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import json
 import uuid
@@ -21,14 +26,25 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from django.contrib.auth.models import User
-
 from audit.models import Event
 from audit.redaction import redact_payload
-from portal.models import Agent, TenantPerm
+from portal.actors import ActorType
+from portal.codes import ReasonCode
+from portal.models import TenantPerm
 from portal.roles import Person, require_tenant_perm
 from tasks import takeover
-from tasks.models import Escalation, ObjectVersion, Operation, Task
+from tasks.gateway import FieldValue
+from tasks.gateway.common import db_now
+from tasks.models import (
+    Contract,
+    Escalation,
+    ObjectVersion,
+    Operation,
+    OperationState,
+    Task,
+)
+
+from .display import ActorNames
 
 EVENTS_SHOWN: Final = 50
 
@@ -42,36 +58,21 @@ def owner_names(
     """Display names for lease and escalation owners, in two queries at most.
 
     ``user:<pk>`` becomes the username, an agent's id (bare or ``agent:<id>``)
-    its name when the agent belongs to one of ``tenant_ids``; anything else (a
-    worker's own name) is shown as it is.
+    ``agent <name>`` when the agent belongs to one of ``tenant_ids``; anything else
+    (a worker's own name) is shown as it is.
     """
-    user_ids: dict[str, int] = {}
-    agent_ids: dict[str, uuid.UUID] = {}
-    for owner in {o for o in owners if o}:
-        kind, _, rest = owner.partition(":")
-        if kind == "user" and rest.isdigit():
-            user_ids[owner] = int(rest)
-            continue
-        with contextlib.suppress(ValueError):
-            agent_ids[owner] = uuid.UUID(rest if kind == "agent" else owner)
-    names: dict[str, str] = {}
-    if user_ids:
-        usernames = dict(
-            User.objects.filter(pk__in=user_ids.values()).values_list("pk", "username")
-        )
-        for owner, pk in user_ids.items():
-            names[owner] = usernames.get(pk, owner)
-    tenants = list(tenant_ids)
-    if agent_ids and tenants:
-        agents = dict(
-            Agent.objects.filter(
-                tenant_id__in=tenants, pk__in=agent_ids.values()
-            ).values_list("pk", "name")
-        )
-        for owner, agent_pk in agent_ids.items():
-            if agent_pk in agents:
-                names[owner] = f"agent {agents[agent_pk]}"
-    return names
+    parsed = {
+        owner: ActorNames.split_owner(owner) for owner in {o for o in owners if o}
+    }
+    names = ActorNames(
+        [pair for pair in parsed.values() if pair[0]], tenant_ids=tenant_ids
+    )
+    shown: dict[str, str] = {}
+    for owner, (kind, rest) in parsed.items():
+        name = names.name(kind, rest) if kind else None
+        if name is not None:
+            shown[owner] = f"agent {name}" if kind == ActorType.AGENT else name
+    return shown
 
 
 def human_age(delta: dt.timedelta) -> str:
@@ -311,5 +312,252 @@ def desk_release_any(*, task: Task, user: Person, note: str) -> Task:
     return takeover.task_human_release(task=task, user=user, note=note)
 
 
-def resolution_choices() -> Sequence[str]:
-    return takeover.RESOLUTIONS
+# --- the resolve form ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResolutionChoice:
+    value: str
+    label: str
+    help: str
+
+
+# The desk's order: the likely answers first. ``retry`` is the API's older name for
+# approve and is not offered twice; ``edit`` is its own form (desk_edit).
+RESOLUTION_CHOICES: Final[tuple[ResolutionChoice, ...]] = (
+    ResolutionChoice(
+        value="hand_back",
+        label="Hand back for a fresh read",
+        help="The agent reads the fields again and executes under the same key.",
+    ),
+    ResolutionChoice(
+        value="verify",
+        label="Verify: I found the receipt",
+        help="Give the receipt id you found at the provider; nothing is called.",
+    ),
+    ResolutionChoice(
+        value="approve",
+        label="Approve as is",
+        help="Run the same input once more, under the same key.",
+    ),
+    ResolutionChoice(
+        value="cancel",
+        label="Cancel",
+        help="Nobody should do this any more; open operations fail.",
+    ),
+    ResolutionChoice(
+        value="fail",
+        label="Fail",
+        help="It cannot be done; open operations fail and the task fails.",
+    ),
+    ResolutionChoice(
+        value="complete",
+        label="Complete",
+        help="It is done (outside the portal); the task succeeds.",
+    ),
+)
+EDIT_HELP: Final = (
+    "You give the fresh values, with their source and when you read them; the "
+    "gateway checks everything again and calls once, under the operation's own "
+    "key. If it is verified, the task goes back to the agent; if not, it stays "
+    "with you."
+)
+HAND_BACK_NOTE: Final = "what should the agent read again?"
+
+
+def resolution_choices(*, task: Task) -> list[ResolutionChoice]:
+    """The resolutions the desk offers for this task.
+
+    ``approve`` only where the task's reason is in ``takeover.APPROVABLE_REASONS``:
+    elsewhere the same input would be refused again (the service refuses it too).
+    """
+    return [
+        choice
+        for choice in RESOLUTION_CHOICES
+        if choice.value != "approve" or task.reason_code in takeover.APPROVABLE_REASONS
+    ]
+
+
+def resolution_label(resolution: str) -> str:
+    for choice in RESOLUTION_CHOICES:
+        if choice.value == resolution:
+            return choice.label
+    return resolution.replace("_", " ")
+
+
+# --- the edit form -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class EditRow:
+    """One required field of the task's pinned contract."""
+
+    name: str
+    source: str
+    max_age_s: int
+
+    @property
+    def max_age(self) -> str:
+        return human_age(dt.timedelta(seconds=self.max_age_s))
+
+
+def desk_edit_rows(*, task: Task) -> list[EditRow] | None:
+    """The edit form's rows: the pinned contract's ``required_fields``, in order.
+
+    None when the task pins no contract (there is nothing to check values against,
+    and the gateway would refuse to execute).
+    """
+    if task.contract_key is None or task.contract_version is None:
+        return None
+    spec = (
+        Contract.objects.filter(
+            tenant_id=task.tenant_id,
+            key=task.contract_key,
+            version=task.contract_version,
+        )
+        .values_list("spec", flat=True)
+        .first()
+    )
+    if not isinstance(spec, dict):
+        return None
+    return [
+        EditRow(
+            name=str(required["name"]),
+            source=str(required["source"]),
+            max_age_s=int(required["max_age_s"]),
+        )
+        for required in spec.get("required_fields") or []
+    ]
+
+
+def edit_operations(*, operations: Iterable[Operation]) -> list[Operation]:
+    """The operations an edit can execute: those waiting for a person."""
+    return [o for o in operations if o.state == OperationState.HUMAN_REQUIRED]
+
+
+def desk_now() -> dt.datetime:
+    """The clock the gateway measures field ages on (the database's)."""
+    return db_now()
+
+
+def desk_edit(
+    *,
+    task: Task,
+    user: Person,
+    operation_id: uuid.UUID,
+    fields: Sequence[FieldValue],
+    note: str = "",
+) -> takeover.EditOutcome:
+    """Execute with the values a person gives (``takeover.task_human_edit``).
+
+    No transaction may be open: the gateway calls the remote system. The caller
+    (a plain admin view, ``ATOMIC_REQUESTS`` off) opens none.
+
+    Raises:
+        PermissionDenied, TenantNotVisible: no ``work_takeover`` on the tenant.
+        NotYourClaim, IllegalTransition, OperationNotFound, ValidationFailed,
+            TaskNotFound, LeaseExpired: from the service and the gateway.
+    """
+    _require_takeover(task=task, user=user)
+    return takeover.task_human_edit(
+        task=task, user=user, operation_id=operation_id, fields=fields, note=note
+    )
+
+
+def _problem_words(problem: Any) -> str | None:
+    if not isinstance(problem, dict):
+        return None
+    name = problem.get("field", "a field")
+    kind = problem.get("problem")
+    if kind == ReasonCode.FIELD_MISSING:
+        return f"{name} is missing"
+    if kind == ReasonCode.FIELD_SOURCE_MISMATCH:
+        return (
+            f"{name} came from {problem.get('source')}; the contract wants "
+            f"{problem.get('expected_source')}"
+        )
+    if kind == ReasonCode.FIELD_STALE:
+        try:
+            age = float(problem["age_s"])
+            allowed = float(problem["max_age_s"])
+        except (KeyError, TypeError, ValueError):
+            return f"{name} is stale"
+        if age < 0:
+            return f"{name} was read in the future (check the read time)"
+        return (
+            f"{name} was read {human_age(dt.timedelta(seconds=age))} before the "
+            f"check; the contract allows {human_age(dt.timedelta(seconds=allowed))}"
+        )
+    return None
+
+
+def refusal_detail(*, evidence: Any) -> str:
+    """A refusal's evidence in one sentence a person can act on."""
+    if not isinstance(evidence, dict):
+        return "see the new escalation's evidence below"
+    words = [
+        sentence
+        for problem in evidence.get("conflicting_fields") or []
+        if (sentence := _problem_words(problem))
+    ]
+    if words:
+        return "; ".join(words)
+    if evidence.get("current_version") is not None:
+        return (
+            f"the object is at version {evidence['current_version']}, "
+            f"read at {evidence.get('version_read')}"
+        )
+    return "see the new escalation's evidence below"
+
+
+@dataclass(frozen=True, kw_only=True)
+class EditReport:
+    ok: bool
+    text: str
+
+
+def edit_report(*, task: Task, outcome: takeover.EditOutcome) -> EditReport:
+    """What an edit came to, in the sentence the desk shows."""
+    result = outcome.result
+    operation = result.operation
+    if result.outcome == "verified":
+        return EditReport(
+            ok=True,
+            text=(
+                f"Executed: ticket {operation.provider_reference} verified; "
+                "the task went back to the agent."
+            ),
+        )
+    if result.outcome == "refused":
+        evidence = (
+            Escalation.objects.filter(tenant_id=task.tenant_id, pk=result.escalation_id)
+            .values_list("evidence", flat=True)
+            .first()
+            if result.escalation_id
+            else None
+        )
+        return EditReport(
+            ok=False,
+            text=(
+                f"The gateway refused it again: {result.reason} — "
+                f"{refusal_detail(evidence=evidence)}; the task stays with you."
+            ),
+        )
+    if result.outcome == "failed":
+        why = f" ({result.reason})" if result.reason else ""
+        text = (
+            f"The remote system {operation.target} rejected the call{why}: the "
+            "operation failed (fail, cancel or hand back); the task stays with you."
+        )
+    elif result.outcome == "conflict":
+        text = (
+            f"The remote system {operation.target} answered with more than one "
+            "receipt: verify the right one; the task stays with you."
+        )
+    else:
+        text = (
+            f"The call's outcome is in doubt ({result.reason or result.outcome}): "
+            "the gateway looks the receipt up under the same key; the task stays "
+            "with you."
+        )
+    return EditReport(ok=False, text=text)

@@ -39,7 +39,9 @@ ALLOWED_HOSTS = _env_list("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
 CSRF_TRUSTED_ORIGINS = _env_list("DJANGO_CSRF_TRUSTED_ORIGINS")
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    # First: its templates/admin/ (the dashboard index) override the admin's own.
+    "console",
+    "console.apps.PortalAdminConfig",  # django.contrib.admin with the portal's site
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -47,11 +49,11 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI and Redoc served from static files
     "guardian",
     "portal",
     "tasks",
     "audit",
-    "console",
 ]
 
 MIDDLEWARE = [
@@ -148,6 +150,11 @@ SPECTACULAR_SETTINGS: dict[str, Any] = {
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
     "SCHEMA_PATH_PREFIX": r"/api/v1",
+    # Swagger UI and Redoc from this server's static files, not a CDN: the docs
+    # work offline and the pages name no third-party host.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
     "ENUM_NAME_OVERRIDES": {
         "ReasonCodeEnum": "portal.codes.ReasonCode",
         "TaskStateEnum": "tasks.models.TaskState",
@@ -198,6 +205,12 @@ CELERY_BEAT_SCHEDULE: dict[str, Any] = {
         "task": "portal.jobs.purge_idempotent_requests_job",
         "schedule": 3600.0,
     },
+    # Sign every moved chain head (docs/audit-integrity.md).
+    "checkpoint-audit": {
+        "task": "audit.jobs.checkpoint_audit_job",
+        "schedule": 60.0,
+        "options": {"expires": 60.0},
+    },
     # The outbox relay's safety net; commits also nudge it (docs/outbox.md).
     "relay-outbox": {
         "task": "audit.jobs.relay_outbox_job",
@@ -218,6 +231,13 @@ PORTAL_OUTBOX_BACKOFF_CAP_S = 60.0
 PORTAL_OUTBOX_MAX_ATTEMPTS = 25
 PORTAL_OUTBOX_CONFIRM_TIMEOUT_S = 10.0
 PORTAL_OUTBOX_RELAY_BUDGET_S = 20.0
+
+# The audit checkpoints' Ed25519 signing key (docs/audit-integrity.md): PEM text in
+# the environment, or a PEM file. Production refuses to sign without one; development
+# and tests generate PORTAL_AUDIT_DEV_SIGNING_KEY_FILE on first use.
+PORTAL_AUDIT_SIGNING_KEY = os.environ.get("PORTAL_AUDIT_SIGNING_KEY", "")
+PORTAL_AUDIT_SIGNING_KEY_FILE = os.environ.get("PORTAL_AUDIT_SIGNING_KEY_FILE", "")
+PORTAL_AUDIT_DEV_SIGNING_KEY_FILE = VAR_DIR / "audit-signing-key.pem"
 
 # Domain settings.
 PORTAL_EVENT_PAYLOAD_MAX_BYTES = 8192  # copied into audit migration 0002 (R7)

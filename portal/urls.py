@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from django.contrib import admin
 from django.urls import path
+from django.views.generic import RedirectView
 from drf_spectacular.views import (
     SpectacularAPIView,
     SpectacularRedocView,
     SpectacularSwaggerView,
 )
 
+from audit.api import AuditPublicKeyApi
+from portal.api_root import ApiRootApi
 from tasks.api import agent as agent_api
 from tasks.api import staff as staff_api
 
@@ -69,6 +72,10 @@ api_v1 = [
 ]
 
 urlpatterns = [
+    # The front door: people land in the admin, agents at the API root.
+    path("", RedirectView.as_view(url="/admin/", permanent=False), name="home"),
+    path("api/v1/", ApiRootApi.as_view(), name="api-root"),
+    path("api/v1/audit/public-key", AuditPublicKeyApi.as_view(), name="audit-key"),
     path("admin/", admin.site.urls),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),

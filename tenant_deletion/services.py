@@ -28,7 +28,7 @@ from django.db.models import Model
 from guardian.utils import get_group_obj_perms_model, get_user_obj_perms_model
 
 from audit import services as audit_services
-from audit.models import Event, EventCode, Outbox
+from audit.models import Checkpoint, Event, EventCode, Outbox
 from portal import db as portal_db
 from portal.actors import Actor
 from portal.models import (
@@ -83,7 +83,7 @@ DELETION_ORDER: Final[tuple[type[Model], ...]] = (
     AgentKey,  # -> agent
     Agent,
 )
-_PRIVILEGED: Final[frozenset[type[Model]]] = frozenset({Contract, Event})
+_PRIVILEGED: Final[frozenset[type[Model]]] = frozenset({Contract, Event, Checkpoint})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -153,7 +153,7 @@ def _object_permission_models() -> tuple[type[Model], ...]:
 
 
 def _check_policy_covers_registry() -> None:
-    covered = {*DELETION_ORDER, Event}
+    covered = {*DELETION_ORDER, Event, Checkpoint}
     missing = [m for m in tenant_owned_models() if m not in covered]
     if missing:
         raise TenantDeletionPolicyIncomplete(
@@ -328,6 +328,8 @@ def tenant_delete(
         kept: dict[str, int] = {}
         if events_on_delete == EventsOnDelete.PURGE:
             deleted[Event._meta.db_table] = purge.delete(Event)
+            # The checkpoints vouch for the events: they go with them.
+            deleted[Checkpoint._meta.db_table] = purge.delete(Checkpoint)
             tenant_rows = 1
             if not dry_run:
                 cursor.execute("DELETE FROM portal_tenant WHERE id = %s", [tenant.pk])
@@ -335,6 +337,7 @@ def tenant_delete(
             deleted[Tenant._meta.db_table] = tenant_rows
         else:
             kept[Event._meta.db_table] = purge.count(Event)
+            kept[Checkpoint._meta.db_table] = purge.count(Checkpoint)
             kept[Tenant._meta.db_table] = 1
 
         report = TenantDeletionReport(

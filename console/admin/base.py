@@ -71,7 +71,7 @@ class TenantScopedAdmin(admin.ModelAdmin):
     allow_add: ClassVar[bool] = False
     show_full_result_count = False
     # Ids are UUIDv7, so this is newest first; autocomplete needs an order too.
-    ordering = ("-pk",)
+    ordering = ["-pk"]
 
     # --- whose rows -------------------------------------------------------------
 

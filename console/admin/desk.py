@@ -1,10 +1,15 @@
 """The takeover desk: tasks handed to a person, their evidence, and the buttons.
 
 Everyone with ``view_trail`` on a tenant reads its desk (reviewers read-only);
-the Claim, Release and Resolve buttons appear, and their POSTs are accepted, only
-for people with ``work_takeover`` there. Each button calls one wrapper in
+the Claim, Release, Resolve and Edit buttons appear, and their POSTs are accepted,
+only for people with ``work_takeover`` there. Each button calls one wrapper in
 ``console/takeover_desk.py``, which calls the takeover service with the person as
 the actor; a refusal is an admin message, never a 500, and changes nothing.
+
+"Edit the fields and execute" makes a network call (the gateway calls the remote
+system), so its view opens no transaction: ``ATOMIC_REQUESTS`` is off project-wide
+and the view is marked ``non_atomic_requests`` as well, so turning it on later
+cannot wrap the call.
 
 The list pages by keyset on ``(updated_at, id)`` — newest first, or oldest first
 with ``?dir=oldest`` — following ``?after=<cursor>`` links; it never counts the
@@ -20,6 +25,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.db import transaction
 from django.db.models import Exists, OuterRef, QuerySet, Subquery
 from django.db.models.functions import Now
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
@@ -31,6 +37,7 @@ from portal.exceptions import PortalError
 from portal.models import TenantPerm
 from portal.roles import PermissionDenied, TenantNotVisible
 from tasks import keyset, takeover
+from tasks.gateway import FieldValue
 from tasks.models import Escalation, TaskState
 
 from .. import takeover_desk as desk
@@ -132,12 +139,55 @@ class DeskChangeList(ChangeList):
 
 
 class ResolveForm(forms.Form):
+    # Every resolution the service knows is accepted here; the page offers fewer
+    # (desk.resolution_choices) and the service refuses what does not apply.
     resolution = forms.ChoiceField(
         choices=[(r, r.replace("_", " ")) for r in takeover.RESOLUTIONS]
     )
     operation_id = forms.UUIDField(required=False)
     provider_reference = forms.CharField(max_length=200, required=False)
     note = forms.CharField(max_length=2000, required=False)
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if data.get("resolution") == "hand_back" and not data.get("note"):
+            self.add_error("note", f"hand back needs a note: {desk.HAND_BACK_NOTE}")
+        return data
+
+
+class EditFieldForm(forms.Form):
+    """One field's fresh value, with where and when the person read it."""
+
+    name = forms.CharField(max_length=200, widget=forms.HiddenInput)
+    value = forms.CharField(
+        max_length=2000, error_messages={"required": "give the fresh value"}
+    )
+    source = forms.CharField(
+        max_length=200, error_messages={"required": "say where you read it"}
+    )
+    # ISO 8601 with or without an offset, or a datetime-local input's value; a
+    # time without an offset is in the portal's time zone (UTC).
+    observed_at = forms.DateTimeField(
+        error_messages={
+            "required": "say when you read it",
+            "invalid": "read at is not a date and time (e.g. 2025-01-31T14:05:00Z)",
+        }
+    )
+
+
+class EditForm(forms.Form):
+    operation_id = forms.UUIDField(
+        error_messages={"required": "choose the operation to execute"}
+    )
+    note = forms.CharField(max_length=2000, required=False)
+
+
+def _form_problems(form: forms.Form, label: str = "") -> list[str]:
+    return [
+        f"{label}{'' if name == '__all__' else name}: "
+        + " ".join(str(e) for e in errors)
+        for name, errors in form.errors.items()
+    ]
 
 
 @admin.register(TakeoverItem)
@@ -276,13 +326,28 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
                     in tenant_ids(request, TenantPerm.RELEASE_ANY_CLAIM)
                 ),
                 resolve_form=ResolveForm(),
-                resolutions=takeover.RESOLUTIONS,
+                resolutions=desk.resolution_choices(task=task),
+                approvable=task.reason_code in takeover.APPROVABLE_REASONS,
+                hand_back_note=desk.HAND_BACK_NOTE,
+                edit_help=desk.EDIT_HELP,
                 open_operations=[
                     o.operation
                     for o in evidence.operations
                     if o.operation.state in ("human_required", "unknown", "conflict")
                 ],
             )
+            edit_operations = desk.edit_operations(
+                operations=[o.operation for o in evidence.operations]
+            )
+            if context["can_settle"] and edit_operations:
+                context.update(
+                    edit_rows=desk.desk_edit_rows(task=task),
+                    edit_operations=edit_operations,
+                    edit_now=timezone.localtime(desk.desk_now()).strftime(
+                        "%Y-%m-%dT%H:%M:%S"
+                    ),
+                    edit_tz=timezone.get_current_timezone_name(),
+                )
         return super().change_view(request, object_id, form_url, context)
 
     # --- the buttons --------------------------------------------------------------
@@ -310,6 +375,12 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
                 "<uuid:task_id>/resolve/",
                 wrap(require_POST(self.resolve_view)),
                 name="{}_{}_resolve".format(*info),
+            ),
+            path(
+                "<uuid:task_id>/edit/",
+                # The gateway calls out: no request-wide transaction, ever.
+                transaction.non_atomic_requests(wrap(require_POST(self.edit_view))),
+                name="{}_{}_edit".format(*info),
             ),
             *super().get_urls(),
         ]
@@ -350,6 +421,13 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
             owner = str(context.get("claimed_by") or "")
             name = desk.owner_names([owner]).get(owner, owner or "someone")
             return f"{error.detail} It is claimed by {name}."
+        if isinstance(error, takeover.ApprovalNotAllowed):
+            reason = context.get("reason_code") or "this reason"
+            return (
+                f"Not approved: for {reason} the same input would be refused "
+                "again. Edit the fields (fresh values with their source and read "
+                "time) or hand the task back for a fresh read."
+            )
         if "current" in context and "requested" in context:
             return (
                 f"{error.detail} (it is {context['current']}; "
@@ -391,10 +469,7 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
         form = ResolveForm(request.POST)
         if not form.is_valid():
             task = self._desk_task(request, task_id)
-            problems = "; ".join(
-                f"{name}: {' '.join(str(e) for e in errors)}"
-                for name, errors in form.errors.items()
-            )
+            problems = "; ".join(_form_problems(form))
             self.message_user(request, f"Not resolved: {problems}", messages.ERROR)
             return HttpResponseRedirect(
                 reverse("admin:console_takeoveritem_change", args=[task.pk])
@@ -411,5 +486,69 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
                 provider_reference=data["provider_reference"],
                 note=data["note"],
             ),
-            f"Resolved: {data['resolution'].replace('_', ' ')}.",
+            f"Resolved: {data['resolution'].replace('_', ' ')}."
+            + (
+                " The agent reads again and executes under the same key."
+                if data["resolution"] == "hand_back"
+                else ""
+            ),
         )
+
+    def edit_view(self, request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
+        """Execute with the fresh field values a person gives.
+
+        The rows come from the task's pinned contract, not from the POST: a value
+        for a field the contract does not require is ignored, a missing one is a
+        message. Bad input is a message and changes nothing.
+        """
+        task = self._desk_task(request, task_id)
+        back = HttpResponseRedirect(
+            reverse("admin:console_takeoveritem_change", args=[task.pk])
+        )
+        rows = desk.desk_edit_rows(task=task) or []
+        form = EditForm(request.POST)
+        problems = [] if rows else ["the task pins no contract with fields to give"]
+        problems += _form_problems(form)
+        fields: list[FieldValue] = []
+        for index, row in enumerate(rows):
+            field_form = EditFieldForm(request.POST, prefix=f"field-{index}")
+            if not field_form.is_valid():
+                problems += _form_problems(field_form, label=f"{row.name} ")
+                continue
+            data = field_form.cleaned_data
+            if data["name"] != row.name:
+                problems.append(f"{row.name}: the form is out of date; reload it")
+                continue
+            fields.append(
+                FieldValue(
+                    name=row.name,
+                    value=data["value"],
+                    source=data["source"],
+                    observed_at=data["observed_at"],
+                )
+            )
+        if problems:
+            self.message_user(
+                request, "Not executed: " + "; ".join(problems), messages.ERROR
+            )
+            return back
+        try:
+            outcome = desk.desk_edit(
+                task=task,
+                user=request.user,
+                operation_id=form.cleaned_data["operation_id"],
+                fields=fields,
+                note=form.cleaned_data["note"],
+            )
+        except PermissionDenied as error:
+            raise DjangoPermissionDenied(error.detail) from None
+        except TenantNotVisible:
+            raise Http404("No such task on your desk.") from None
+        except PortalError as error:
+            self.message_user(request, self._explain(error), messages.ERROR)
+            return back
+        report = desk.edit_report(task=task, outcome=outcome)
+        self.message_user(
+            request, report.text, messages.SUCCESS if report.ok else messages.ERROR
+        )
+        return back

@@ -64,3 +64,15 @@ def page(browser) -> Iterator[object]:
     page.set_default_timeout(15_000)
     yield page
     context.close()
+
+
+PASSWORD = "pw-browser-tests-1"
+
+
+def log_in(page, live_server, username: str, password: str = PASSWORD) -> None:
+    """Through the admin's login form, as a person would."""
+    page.goto(f"{live_server.url}/admin/login/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", password)
+    page.click("input[type=submit]")
+    page.wait_for_url(f"{live_server.url}/admin/")

@@ -12,21 +12,18 @@ from audit import services as audit_services
 from portal import services as portal_services
 from portal.actors import Actor
 from portal.models import Role
+from tests.browser.conftest import PASSWORD, log_in
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 REPORTS = Path(__file__).resolve().parents[2] / "reports"
 
 
-def log_in(page, live_server, tenant, role: Role = Role.REVIEWER) -> None:
+def log_in_as_member(page, live_server, tenant, role: Role = Role.REVIEWER) -> None:
     """As a member of the tenant with ``role`` (never a superuser)."""
-    ana = User.objects.create_user("ana", password="pw-browser-tests-1", is_staff=True)
+    ana = User.objects.create_user("ana", password=PASSWORD, is_staff=True)
     portal_services.membership_grant(tenant=tenant, user=ana, role=role)
-    page.goto(f"{live_server.url}/admin/login/")
-    page.fill("#id_username", "ana")
-    page.fill("#id_password", "pw-browser-tests-1")
-    page.click("input[type=submit]")
-    page.wait_for_url(f"{live_server.url}/admin/")
+    log_in(page, live_server, "ana")
 
 
 def test_a_reviewer_reads_an_event_and_cannot_change_or_delete_it(
@@ -39,8 +36,8 @@ def test_a_reviewer_reads_an_event_and_cannot_change_or_delete_it(
             actor=Actor.system("browser"),
             data={"client_task_id": "issue-1042", "api_key": "agp_0123456789ab.x"},
         )
-    log_in(page, live_server, tenant)
-    page.click("text=Events")
+    log_in_as_member(page, live_server, tenant)
+    page.click("#content-main a:text-is('Events')")  # the app list's link
     page.wait_for_selector("#result_list")
     assert "task.registered" in page.inner_text("#result_list")
     page.click(f"a[href$='/audit/event/{event_id}/change/']")
@@ -56,7 +53,7 @@ def test_a_reviewer_reads_an_event_and_cannot_change_or_delete_it(
 
 
 def test_an_admin_issues_an_agent_key_and_sees_it_once(page, live_server, agent):
-    log_in(page, live_server, agent.tenant, Role.ADMIN)
+    log_in_as_member(page, live_server, agent.tenant, Role.ADMIN)
     page.goto(f"{live_server.url}/admin/portal/agent/")
     page.check(f"input[name=_selected_action][value='{agent.pk}']")
     page.select_option("select[name=action]", "issue_key")

@@ -11,12 +11,12 @@ from django.urls import reverse
 
 from portal import services as portal_services
 from portal.models import Role
+from tests.browser.conftest import PASSWORD, log_in
 from tests.console.test_registry import scoped_admins
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 REPORTS = Path(__file__).resolve().parents[2] / "reports"
-PASSWORD = "pw-browser-tests-1"
 
 
 def test_a_member_of_another_tenant_sees_nothing_of_it(
@@ -31,11 +31,7 @@ def test_a_member_of_another_tenant_sees_nothing_of_it(
     REPORTS.mkdir(exist_ok=True)
 
     # When she logs in
-    page.goto(f"{live_server.url}/admin/login/")
-    page.fill("#id_username", "bea")
-    page.fill("#id_password", PASSWORD)
-    page.click("input[type=submit]")
-    page.wait_for_url(f"{live_server.url}/admin/")
+    log_in(page, live_server, "bea")
     page.screenshot(path=str(REPORTS / "other-tenant-index.png"), full_page=True)
     assert "acme" not in page.content()
 

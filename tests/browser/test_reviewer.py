@@ -18,6 +18,7 @@ from portal.actors import Actor
 from portal.models import Role
 from portal.tracing import Trace
 from tasks.models import Credential, Escalation, OperationState, Task, TaskState
+from tests.browser.conftest import log_in
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -99,11 +100,7 @@ def log_in_as_reviewer(page, live_server, tenant) -> User:
     reviewer = User.objects.create_user("rita", password=PASSWORD, is_staff=True)
     portal_services.membership_grant(tenant=tenant, user=reviewer, role=Role.REVIEWER)
     assert not reviewer.is_superuser
-    page.goto(f"{live_server.url}/admin/login/")
-    page.fill("#id_username", "rita")
-    page.fill("#id_password", PASSWORD)
-    page.click("input[type=submit]")
-    page.wait_for_url(f"{live_server.url}/admin/")
+    log_in(page, live_server, "rita", PASSWORD)
     return reviewer
 
 

@@ -14,20 +14,12 @@ import pytest
 from audit.models import Event, EventCode
 from portal.models import Role
 from tasks.models import Operation, OperationState, Task, TaskState
+from tests.browser.conftest import PASSWORD, log_in
 from tests.console.test_desk import escalate_task, make_person
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 REPORTS = Path(__file__).resolve().parents[2] / "reports"
-PASSWORD = "pw-browser-tests-1"
-
-
-def log_in(page, live_server, username: str) -> None:
-    page.goto(f"{live_server.url}/admin/login/")
-    page.fill("#id_username", username)
-    page.fill("#id_password", PASSWORD)
-    page.click("input[type=submit]")
-    page.wait_for_url(f"{live_server.url}/admin/")
 
 
 def test_support_claims_reads_evidence_and_resolves_with_a_receipt(

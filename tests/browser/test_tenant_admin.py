@@ -13,20 +13,12 @@ from audit.models import Event
 from portal import services as portal_services
 from portal.models import Agent, AgentKey, Role
 from tasks.models import Contract
+from tests.browser.conftest import PASSWORD, log_in
 from tests.gateway.conftest import SPEC
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 REPORTS = Path(__file__).resolve().parents[2] / "reports"
-PASSWORD = "pw-browser-tests-1"
-
-
-def log_in(page, live_server, username: str) -> None:
-    page.goto(f"{live_server.url}/admin/login/")
-    page.fill("#id_username", username)
-    page.fill("#id_password", PASSWORD)
-    page.click("input[type=submit]")
-    page.wait_for_url(f"{live_server.url}/admin/")
 
 
 def test_a_tenant_admin_issues_and_revokes_a_key_and_publishes_a_contract(

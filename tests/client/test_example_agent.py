@@ -4,10 +4,13 @@ ledger is the evidence of how many tickets exist."""
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+from django.core.management import call_command
 
 from audit.models import Event
 from portal import services as portal_services
@@ -117,6 +120,14 @@ def test_example_agent_makes_tickets_once_and_hands_the_stale_issue_to_a_person(
         assert f"issue-{n}: already done; ticket TCK-" in second.stdout
     assert f"issue-{STALE}: with a person (FIELD_STALE); left alone" in second.stdout
     assert "already registered" in second.stdout
+
+    # And: the demo's audit trail, once signed, verifies (docs/audit-integrity.md).
+    call_command("checkpoint_audit", stdout=io.StringIO())
+    verified = io.StringIO()
+    call_command("verify_audit", tenant=demo.tenant.slug, stdout=verified)
+    assert f"ok tenant {demo.tenant.slug}: {events_after_first} events" in (
+        verified.getvalue()
+    )
 
 
 def test_example_agent_with_no_stale_issue_makes_every_ticket(

@@ -177,3 +177,40 @@ def test_autocomplete_offers_only_the_persons_tenants(world, persona):
     assert (str(rows_b[Agent].pk) in offered) == person.may(
         agent_admin.view_perm, cast.b
     )
+
+
+@pytest.mark.parametrize("persona", PERSONAS)
+def test_exports_and_desk_buttons_per_person(world, persona):
+    """The admin's own URLs outside the registry's views: the event export (CSV and
+    JSON Lines) and the takeover desk's buttons."""
+    from audit.models import Event
+    from tasks.models import Task
+
+    cast, rows_a, _ = world
+    person = cast.people[persona]
+    client = _client(cast, persona)
+    from portal.models import TenantPerm
+
+    # export: readers with export_trail get their own tenants' rows only
+    for fmt in ("csv", "jsonl"):
+        url = reverse("admin:audit_event_export", args=[fmt])
+        response = client.get(url)
+        if not person.may_anywhere(TenantPerm.EXPORT_TRAIL):
+            assert response.status_code == 403, (persona, fmt)
+            continue
+        assert response.status_code == 200, (persona, fmt)
+        body = b"".join(response.streaming_content).decode()
+        event_a = rows_a[Event]
+        assert (str(event_a.pk) in body) == person.may(TenantPerm.EXPORT_TRAIL, cast.a)
+
+    # desk: claiming A's waiting task works only for A's people with work_takeover
+    task = rows_a[Task]
+    before = Task.objects.get(pk=task.pk).state_version
+    response = client.post(reverse("admin:console_takeoveritem_claim", args=[task.pk]))
+    claimed = Task.objects.get(pk=task.pk)
+    if person.may(TenantPerm.WORK_TAKEOVER, cast.a):
+        assert claimed.state == "human_claimed"
+        assert claimed.lease_owner == f"user:{person.user.pk}"
+    else:
+        assert response.status_code in (403, 404), persona
+        assert claimed.state_version == before

@@ -36,7 +36,7 @@ POLICY = {
     "tasks.escalation": (V, None),
     "tasks.approval": (V, None),
     "audit.event": (V, None),
-    "audit.outbox": (OUT, None),
+    "audit.outbox": (OUT, OUT),  # retry/dismiss dead rows (audited actions)
     "console.takeoveritem": (V, TenantPerm.WORK_TAKEOVER),
 }
 

@@ -23,7 +23,8 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Model
 from guardian.shortcuts import assign_perm
 
-from audit.models import Event, EventCode, Outbox
+from audit import checkpoints
+from audit.models import Checkpoint, Event, EventCode, Outbox
 from portal import selectors as portal_selectors
 from portal import services as portal_services
 from portal.actors import Actor, ActorType
@@ -212,6 +213,9 @@ def populate(
         assign_perm("tasks.view_task", user, task)
         assign_perm("portal.view_tenant", user, tenant)
         assign_perm("tasks.view_contract", group, contract)
+        checkpoints.tenant_checkpoint(
+            tenant_id=tenant.pk, key=checkpoints.signing_key()
+        )
         return {"task": task, "contract": contract}
 
     return fill
@@ -238,16 +242,22 @@ def test_keep_policy_empties_every_table_but_events_and_leaves_a_tombstone(
     populate(keep_tenant)
     _assert_seeded(keep_tenant)
     events_before = Event.objects.filter(tenant=keep_tenant).count()
+    signed = Checkpoint.objects.filter(tenant=keep_tenant).count()
 
     # when it is deleted
     report = deletion.tenant_delete(tenant=keep_tenant, actor=SYSTEM)
 
-    # then every tenant-owned table is empty for it, except the kept events
+    # then every tenant-owned table is empty for it, except the kept events and
+    # the checkpoints that vouch for them
     left = {table: n for table, n in rows_of(keep_tenant.pk).items() if n}
-    assert left == {"audit_event": events_before + 1}
+    assert left == {"audit_event": events_before + 1, "audit_checkpoint": signed}
     keep_tenant.refresh_from_db()
     assert keep_tenant.deleted_at is not None
-    assert report.kept == {"audit_event": events_before, "portal_tenant": 1}
+    assert report.kept == {
+        "audit_event": events_before,
+        "audit_checkpoint": signed,
+        "portal_tenant": 1,
+    }
     assert "audit_event" not in report.deleted
     # and one tenant.deleted event records the counts, with no outbox row
     event = Event.objects.get(tenant=keep_tenant, code=EventCode.TENANT_DELETED)

@@ -30,6 +30,7 @@ from django.conf import settings
 from psycopg import sql
 
 from launcher import embedded_db
+from portal.management.commands.seed_demo import USERS
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "examples" / "customer_issue_agent.py"
@@ -161,6 +162,33 @@ def _run_agent(portal: str, key: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _logged_in_pages(
+    portal: str, username: str, password: str, task_id: str
+) -> tuple[str, str, str]:
+    """The admin index, the takeover desk and one task's evidence page, as a person
+    logged in through the login form (CSRF and all)."""
+    with httpx.Client(base_url=portal, trust_env=False, timeout=30) as http:
+        login = http.get("/admin/login/")
+        token = http.cookies["csrftoken"]
+        assert "csrfmiddlewaretoken" in login.text
+        done = http.post(
+            "/admin/login/?next=/admin/",
+            data={
+                "csrfmiddlewaretoken": token,
+                "username": username,
+                "password": password,
+                "next": "/admin/",
+            },
+            headers={"Referer": f"{portal}/admin/login/"},
+            follow_redirects=True,
+        )
+        assert done.status_code == 200 and done.url.path == "/admin/", username
+        desk = http.get("/admin/console/takeoveritem/")
+        evidence = http.get(f"/admin/console/takeoveritem/{task_id}/change/")
+        assert desk.status_code == evidence.status_code == 200, username
+        return done.text, desk.text, evidence.text
+
+
 def _rows(database_url: str, query: LiteralString) -> list[tuple[Any, ...]]:
     with psycopg.connect(database_url) as conn:
         return conn.execute(query).fetchall()
@@ -229,6 +257,21 @@ def test_the_readme_demo_runs_end_to_end_and_stops_cleanly(
             scratch_database_url, "SELECT reason_code FROM tasks_escalation"
         ) == [("FIELD_STALE",)]
 
+        # And: each README login lands on a useful portal with this demo's data.
+        stale = _rows(  # issue-3, the last one
+            scratch_database_url,
+            "SELECT id::text FROM tasks_task ORDER BY client_task_id DESC LIMIT 1",
+        )[0][0]
+        for username, password, role in USERS:
+            pages = _logged_in_pages(portal, username, password, stale)
+            index, desk, evidence = pages
+            assert "You don't have permission" not in index, username
+            assert "Takeover queue" in index and "demo" in index, username
+            assert f"issue-{ISSUES}" in desk, username  # the stale one waits there
+            assert "FIELD_STALE" in evidence, username
+            may_act = role in ("support", "admin")
+            assert ('id="desk-claim"' in evidence) == may_act, username
+
         # When: Ctrl-C.
         process.send_signal(signal.SIGINT)
         returncode = process.wait(STOP_TIMEOUT_S)
@@ -242,6 +285,19 @@ def test_the_readme_demo_runs_end_to_end_and_stops_cleanly(
         ):
             time.sleep(0.2)
         assert not left, [" ".join(child.cmdline()) for child in left]
+
+        # And: the demo's audit trail, signed, verifies (docs/audit-integrity.md).
+        for command in ("checkpoint_audit", "verify_audit"):
+            done = subprocess.run(
+                [sys.executable, "manage.py", command],
+                cwd=REPO,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert done.returncode == 0, done.stdout + done.stderr
+        assert "ok tenant demo:" in done.stdout and "intact:" in done.stdout
     finally:
         if process.poll() is None:
             process.kill()  # its children follow by their parent-death signal

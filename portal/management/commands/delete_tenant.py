@@ -27,10 +27,14 @@ def _policy_lines(events_on_delete: str) -> list[str]:
         model._meta.db_table for model in deletion.DELETION_ORDER
     ]
     if events_on_delete == EventsOnDelete.PURGE:
-        events = "the audit events are deleted, then the tenant row itself"
+        events = (
+            "the audit events and their signed checkpoints are deleted, then the "
+            "tenant row itself"
+        )
     else:
         events = (
-            "the audit events stay, one tenant.deleted event is appended and the "
+            "the audit events and their signed checkpoints stay, one "
+            "tenant.deleted event is appended and the "
             "tenant row stays as a tombstone (deleted_at set)"
         )
     return [

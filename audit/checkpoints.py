@@ -1,0 +1,252 @@
+"""Signed checkpoints of the event chains (docs/audit-integrity.md).
+
+A checkpoint row says "this chain's head was event N with hash H, and the tenant had
+C chained events" and carries an Ed25519 signature over exactly that. The private key
+lives outside the database (``PORTAL_AUDIT_SIGNING_KEY_FILE`` or
+``PORTAL_AUDIT_SIGNING_KEY``), so someone who can write the database can cut or
+rewrite events but cannot make a matching checkpoint.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import os
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+    Ed25519PrivateKey,
+    Ed25519PublicKey,
+)
+from django.conf import settings
+from django.db import connection, transaction
+
+from portal.exceptions import PortalError
+from portal.models import Tenant
+
+from . import chain
+from .models import Checkpoint
+
+SIGNATURE_FORMAT_VERSION: Final = 1
+
+
+class SigningKeyMissing(PortalError):
+    """No audit signing key is configured.
+
+    If you're hitting this in production: set ``PORTAL_AUDIT_SIGNING_KEY_FILE`` to a
+    PEM file with an Ed25519 private key (or ``PORTAL_AUDIT_SIGNING_KEY`` to its PEM
+    text); docs/audit-integrity.md shows how to make one. Only development and tests
+    generate a key under var/ by themselves.
+    """
+
+    code = "AUDIT_SIGNING_KEY_MISSING"
+    status = 503
+
+
+@dataclass(frozen=True)
+class SigningKey:
+    private: Ed25519PrivateKey
+    key_id: str
+
+    @property
+    def public(self) -> Ed25519PublicKey:
+        return self.private.public_key()
+
+
+def key_id_of(public: Ed25519PublicKey) -> str:
+    """16 hex digits of the SHA-256 of the raw public key: names the key in rows."""
+    raw = public.public_bytes(
+        encoding=serialization.Encoding.Raw, format=serialization.PublicFormat.Raw
+    )
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
+def public_key_pem(public: Ed25519PublicKey) -> str:
+    return public.public_bytes(
+        encoding=serialization.Encoding.PEM,
+        format=serialization.PublicFormat.SubjectPublicKeyInfo,
+    ).decode("ascii")
+
+
+def _load_private(pem: bytes) -> Ed25519PrivateKey:
+    key = serialization.load_pem_private_key(pem, password=None)
+    if not isinstance(key, Ed25519PrivateKey):
+        raise SigningKeyMissing("The audit signing key is not an Ed25519 key.")
+    return key
+
+
+def _development_key(path: Path) -> bytes:
+    """The development key file, made on first use (0600, never overwritten)."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pem = Ed25519PrivateKey.generate().private_bytes(
+            encoding=serialization.Encoding.PEM,
+            format=serialization.PrivateFormat.PKCS8,
+            encryption_algorithm=serialization.NoEncryption(),
+        )
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # another process made it first: use theirs
+            pass
+        else:
+            with os.fdopen(fd, "wb") as file:
+                file.write(pem)
+    return path.read_bytes()
+
+
+def signing_key() -> SigningKey:
+    """The configured signing key: the environment's PEM, its file, or (development
+    and tests only) var/audit-signing-key.pem, generated on first use.
+
+    Raises:
+        SigningKeyMissing: production without a configured key, or not Ed25519.
+    """
+    if settings.PORTAL_AUDIT_SIGNING_KEY:
+        pem = settings.PORTAL_AUDIT_SIGNING_KEY.encode("ascii")
+    elif settings.PORTAL_AUDIT_SIGNING_KEY_FILE:
+        pem = Path(settings.PORTAL_AUDIT_SIGNING_KEY_FILE).read_bytes()
+    elif settings.PRODUCTION:
+        raise SigningKeyMissing()
+    else:
+        pem = _development_key(Path(settings.PORTAL_AUDIT_DEV_SIGNING_KEY_FILE))
+    private = _load_private(pem)
+    return SigningKey(private=private, key_id=key_id_of(private.public_key()))
+
+
+def signed_at_text(value: dt.datetime) -> str:
+    return value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def signed_message(
+    *,
+    tenant_id: uuid.UUID | str,
+    task_id: uuid.UUID | str | None,
+    head_seq: int,
+    head_event_id: uuid.UUID | str,
+    head_hash: str,
+    event_count: int,
+    signed_at: dt.datetime,
+    key_id: str,
+) -> bytes:
+    """The bytes a checkpoint's signature covers: RFC 8785 JSON of its columns."""
+    return chain.canonical(
+        {
+            "v": SIGNATURE_FORMAT_VERSION,
+            "tenant_id": str(tenant_id),
+            "task_id": str(task_id) if task_id is not None else None,
+            "head_seq": head_seq,
+            "head_event_id": str(head_event_id),
+            "head_hash": head_hash,
+            "event_count": event_count,
+            "signed_at": signed_at_text(signed_at),
+            "key_id": key_id,
+        }
+    )
+
+
+def checkpoint_message(checkpoint: Checkpoint) -> bytes:
+    return signed_message(
+        tenant_id=checkpoint.tenant_id,
+        task_id=checkpoint.task_id,
+        head_seq=checkpoint.head_seq,
+        head_event_id=checkpoint.head_event_id,
+        head_hash=checkpoint.head_hash,
+        event_count=checkpoint.event_count,
+        signed_at=checkpoint.signed_at,
+        key_id=checkpoint.key_id,
+    )
+
+
+def signature_valid(
+    checkpoint: Checkpoint, *, public_keys: Mapping[str, Ed25519PublicKey]
+) -> bool:
+    """True when a known key signed exactly this checkpoint's columns."""
+    public = public_keys.get(checkpoint.key_id)
+    if public is None:
+        return False
+    try:
+        public.verify(
+            bytes.fromhex(checkpoint.signature), checkpoint_message(checkpoint)
+        )
+    except (InvalidSignature, ValueError):
+        return False
+    return True
+
+
+# The heads that moved since each chain's last checkpoint and the tenant's count of
+# chained events, in one statement: one snapshot, so the count and the heads agree.
+_MOVED_HEADS: Final = """
+WITH heads AS (
+    SELECT DISTINCT ON (task_id) task_id, chain_seq, id, hash FROM audit_event
+    WHERE tenant_id = %(tenant_id)s AND chain_seq IS NOT NULL
+    ORDER BY task_id, chain_seq DESC
+), checkpointed AS (
+    SELECT DISTINCT ON (task_id) task_id, head_seq FROM audit_checkpoint
+    WHERE tenant_id = %(tenant_id)s
+    ORDER BY task_id, signed_at DESC, head_seq DESC
+), total AS (
+    SELECT count(*) AS n FROM audit_event
+    WHERE tenant_id = %(tenant_id)s AND chain_seq IS NOT NULL
+)
+SELECT heads.task_id, heads.chain_seq, heads.id, heads.hash, total.n,
+    clock_timestamp()
+FROM heads CROSS JOIN total
+LEFT JOIN checkpointed ON checkpointed.task_id IS NOT DISTINCT FROM heads.task_id
+WHERE checkpointed.head_seq IS DISTINCT FROM heads.chain_seq
+"""
+
+
+@transaction.atomic(durable=True)
+def tenant_checkpoint(*, tenant_id: uuid.UUID, key: SigningKey) -> int:
+    """Sign every chain head of one tenant that moved since its last checkpoint.
+
+    Guarantee: one run per tenant at a time (a second one returns 0 at once); all
+    rows of a run carry the same snapshot's event count and ``signed_at``. Idempotent:
+    a run with nothing new writes nothing. Returns the number of rows written.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))",
+            [f"audit.checkpoint:{tenant_id}"],
+        )
+        if not cursor.fetchone()[0]:
+            return 0
+        cursor.execute(_MOVED_HEADS, {"tenant_id": tenant_id})
+        rows = cursor.fetchall()
+    checkpoints = []
+    for task_id, head_seq, head_event_id, head_hash, count, signed_at in rows:
+        fields: dict[str, Any] = {
+            "tenant_id": tenant_id,
+            "task_id": task_id,
+            "head_seq": head_seq,
+            "head_event_id": head_event_id,
+            "head_hash": head_hash,
+            "event_count": count,
+            "signed_at": signed_at,
+            "key_id": key.key_id,
+        }
+        signature = key.private.sign(signed_message(**fields)).hex()
+        checkpoints.append(Checkpoint(signature=signature, **fields))
+    Checkpoint.objects.bulk_create(checkpoints)
+    return len(checkpoints)
+
+
+def unscoped_checkpoint_all(*, key: SigningKey | None = None) -> dict[str, int]:
+    """Checkpoint every tenant that has events, one transaction per tenant.
+
+    Returns rows written per tenant id (tenants with nothing new are left out).
+    """
+    key = key or signing_key()
+    tenant_ids = list(Tenant.objects.order_by("pk").values_list("pk", flat=True))
+    written: dict[str, int] = {}
+    for tenant_id in tenant_ids:
+        rows = tenant_checkpoint(tenant_id=tenant_id, key=key)
+        if rows:
+            written[str(tenant_id)] = rows
+    return written

@@ -1,0 +1,264 @@
+"""Recompute the event chains against the signed checkpoints (``verify_audit``).
+
+The checks, per tenant, stop at the first break and name its kind:
+
+- ``forged checkpoint``: a checkpoint whose signature does not verify with a known
+  public key (altered columns, another key, an unknown key id);
+- ``altered``: an event whose stored hash is not the hash of its content and its
+  predecessor's hash, or a chain whose event at a checkpoint's position is not the
+  signed one (the chain was rewritten consistently after it was signed);
+- ``deleted``: an event whose predecessor is missing, a chain that ends before its
+  checkpoint (tail cut), a checkpointed chain that is gone, or fewer checkpointed
+  events than the tenant's signed count (a chain and its checkpoints removed);
+- ``inserted``: a row not written by ``event_append`` (no chain link), two events in
+  one place of a chain, an event whose predecessor is further back than the event
+  before it, or an event older than the last checkpoint that no checkpoint covers;
+- ``reordered``: an event that links to an event after it, or chain numbers that
+  disagree with the links.
+
+Events after a chain's last checkpoint are checked for their links and content too,
+but a cut of that tail cannot be seen until the next checkpoint signs it: the window
+(docs/audit-integrity.md).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from django.db import connection, transaction
+
+from . import chain
+from .checkpoints import signature_valid
+from .models import Checkpoint
+
+# An event that a checkpoint run could not see yet: its transaction began (its
+# created_at) before the run but committed after it. Older uncovered events are
+# reported as inserted.
+IN_FLIGHT_GRACE: Final = dt.timedelta(minutes=10)
+
+ALTERED: Final = "altered"
+DELETED: Final = "deleted"
+INSERTED: Final = "inserted"
+REORDERED: Final = "reordered"
+FORGED_CHECKPOINT: Final = "forged checkpoint"
+
+_EVENTS: Final = f"""
+SELECT id, task_id, operation_id, code, actor_type, actor_id, reason_code,
+    contract_key, contract_version, payload::text, trace_id, span_id,
+    {chain.CREATED_AT_SQL.format(column="created_at")}, created_at,
+    chain_seq, prev_hash, hash
+FROM audit_event WHERE tenant_id = %s
+ORDER BY task_id NULLS FIRST, chain_seq NULLS LAST, id
+"""
+
+
+@dataclass(frozen=True)
+class Break:
+    """The first place where the trail and its checkpoints disagree."""
+
+    kind: str
+    chain: str
+    detail: str
+    event_id: uuid.UUID | None = None
+    seq: int | None = None
+
+    def __str__(self) -> str:
+        where = f"chain {self.chain}"
+        if self.seq is not None:
+            where += f" at #{self.seq}"
+        if self.event_id is not None:
+            where += f" (event {self.event_id})"
+        return f"{self.kind}: {where}: {self.detail}"
+
+
+@dataclass
+class Report:
+    """What one tenant's verification saw."""
+
+    events: int = 0
+    chains: int = 0
+    checkpoints: int = 0
+    unsigned_tail: int = 0  # events after their chain's last checkpoint
+    last_signed_at: dt.datetime | None = None
+    broken: Break | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Row:
+    id: uuid.UUID
+    task_id: uuid.UUID | None
+    content: dict[str, Any]
+    created_at: dt.datetime
+    seq: int | None
+    prev_hash: str | None
+    hash: str | None
+
+
+def _chain_name(task_id: uuid.UUID | None) -> str:
+    return f"task:{task_id}" if task_id is not None else "tenant"
+
+
+def _rows(cursor: Any, tenant_id: uuid.UUID) -> Iterator[_Row]:
+    cursor.execute(_EVENTS, [tenant_id])
+    while batch := cursor.fetchmany(2000):
+        for r in batch:
+            content = chain.event_content(
+                event_id=r[0],
+                tenant_id=tenant_id,
+                task_id=r[1],
+                operation_id=r[2],
+                code=r[3],
+                actor_type=r[4],
+                actor_id=r[5],
+                reason_code=r[6],
+                contract_key=r[7],
+                contract_version=r[8],
+                payload=chain.stored_payload(r[9]),
+                trace_id=r[10],
+                span_id=r[11],
+                created_at=r[12],
+            )
+            yield _Row(r[0], r[1], content, r[13], r[14], r[15], r[16])
+
+
+def _chains(rows: Iterator[_Row]) -> Iterator[list[_Row]]:
+    current: list[_Row] = []
+    for row in rows:
+        if current and row.task_id != current[0].task_id:
+            yield current
+            current = []
+        current.append(row)
+    if current:
+        yield current
+
+
+def _walk(events: Sequence[_Row], name: str) -> Break | None:
+    """Check one chain's links and contents, in stored order."""
+    position = {row.hash: i for i, row in enumerate(events) if row.hash}
+    expected_prev: str | None = None
+    for i, row in enumerate(events):
+        if row.seq is None or row.hash is None:
+            return Break(
+                INSERTED, name, "no chain link: not written by event_append", row.id
+            )
+        if i and row.seq == events[i - 1].seq:
+            return Break(INSERTED, name, "two events in one place", row.id, row.seq)
+        if chain.event_hash(prev_hash=row.prev_hash, content=row.content) != row.hash:
+            return Break(
+                ALTERED, name, "content does not match its hash", row.id, row.seq
+            )
+        if row.prev_hash != expected_prev:
+            found = position.get(row.prev_hash or "")
+            if found is not None and found > i:
+                detail = "links to an event stored after it"
+                return Break(REORDERED, name, detail, row.id, row.seq)
+            if found is not None:
+                detail = "the event before it is not the one it links to"
+                return Break(INSERTED, name, detail, row.id, row.seq)
+            detail = "the event it links to is missing"
+            return Break(DELETED, name, detail, row.id, row.seq)
+        if row.seq != i + 1:
+            detail = f"numbered #{row.seq} but linked as #{i + 1}"
+            return Break(REORDERED, name, detail, row.id, row.seq)
+        expected_prev = row.hash
+    return None
+
+
+def _against_checkpoint(
+    events: Sequence[_Row],
+    checkpoint: Checkpoint | None,
+    name: str,
+    newest_run: dt.datetime | None,
+) -> tuple[Break | None, int]:
+    """Compare a chain with its last checkpoint; returns (break, unsigned events)."""
+    covered = 0
+    if checkpoint is not None:
+        covered = checkpoint.head_seq
+        if len(events) < covered:
+            detail = f"ends at #{len(events)}, signed up to #{covered}"
+            return Break(DELETED, name, detail, checkpoint.head_event_id), 0
+        head = events[covered - 1]
+        if head.id != checkpoint.head_event_id or head.hash != checkpoint.head_hash:
+            detail = "not the event and hash the checkpoint signed"
+            return Break(ALTERED, name, detail, head.id, head.seq), 0
+    tail = events[covered:]
+    if newest_run is not None:
+        for row in tail:
+            if row.created_at < newest_run - IN_FLIGHT_GRACE:
+                detail = "older than the last checkpoint, which does not cover it"
+                return Break(INSERTED, name, detail, row.id, row.seq), 0
+    return None, len(tail)
+
+
+def verify_tenant(
+    *,
+    tenant_id: uuid.UUID,
+    public_keys: Mapping[str, Ed25519PublicKey],
+    progress: Callable[[int], None] | None = None,
+) -> Report:
+    """Verify one tenant's chains against its checkpoints; read-only."""
+    report = Report()
+    last: dict[uuid.UUID | None, Checkpoint] = {}
+    newest: Checkpoint | None = None
+    for checkpoint in Checkpoint.objects.filter(tenant_id=tenant_id).order_by(
+        "signed_at", "head_seq", "id"
+    ):
+        report.checkpoints += 1
+        if not signature_valid(checkpoint, public_keys=public_keys):
+            name = _chain_name(checkpoint.task_id)
+            detail = f"checkpoint {checkpoint.pk}: signature does not verify"
+            report.broken = Break(
+                FORGED_CHECKPOINT,
+                name,
+                detail,
+                checkpoint.head_event_id,
+                checkpoint.head_seq,
+            )
+            return report
+        last[checkpoint.task_id] = checkpoint
+        newest = checkpoint
+    newest_run = newest.signed_at if newest else None
+    if newest is not None:
+        signed = sum(checkpoint.head_seq for checkpoint in last.values())
+        if signed != newest.event_count:
+            kind = DELETED if signed < newest.event_count else INSERTED
+            detail = (
+                f"checkpoints cover {signed} events, the tenant's signed count "
+                f"is {newest.event_count}"
+            )
+            report.broken = Break(kind, "tenant (all chains)", detail)
+            return report
+    seen: set[uuid.UUID | None] = set()
+    with transaction.atomic(), connection.chunked_cursor() as cursor:
+        for events in _chains(_rows(cursor, tenant_id)):
+            task_id = events[0].task_id
+            name = _chain_name(task_id)
+            seen.add(task_id)
+            report.chains += 1
+            report.events += len(events)
+            broken = _walk(events, name)
+            if broken is None:
+                broken, unsigned = _against_checkpoint(
+                    events, last.get(task_id), name, newest_run
+                )
+                report.unsigned_tail += unsigned
+            if broken is not None:
+                report.broken = broken
+                return report
+            if progress is not None:
+                progress(report.events)
+    for task_id, checkpoint in last.items():
+        if task_id not in seen:
+            detail = f"signed up to #{checkpoint.head_seq}, no events left"
+            report.broken = Break(
+                DELETED, _chain_name(task_id), detail, checkpoint.head_event_id
+            )
+            return report
+    report.last_signed_at = newest_run
+    return report

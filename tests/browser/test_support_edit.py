@@ -1,0 +1,118 @@
+"""Support fixes a stale field at the desk, in Chromium, against the real ticket desk.
+
+Never a superuser: a support member of the tenant claims a task the gateway refused
+``FIELD_STALE``, types the fresh e-mail into the edit form (source and read time
+come prefilled from the pinned contract) and executes; the ticket desk makes one
+ticket and the page says which.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from pathlib import Path
+
+import pytest
+
+from audit.models import Event, EventCode
+from portal.models import Role
+from tasks.models import Operation, OperationState, Task, TaskState
+from tests.browser.conftest import PASSWORD, log_in
+from tests.conftest import db_now
+from tests.console.test_desk import make_person
+from tests.gateway import conftest as gateway_world
+from tests.gateway.conftest import World, minutes_ago
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ROOT = Path(__file__).resolve().parents[2]
+REPORTS = ROOT / "reports"
+
+# The gateway tests' world, fixtures by name.
+ticketdesk_server = gateway_world.ticketdesk_server
+desk = gateway_world.desk
+world = gateway_world.world
+
+
+def test_support_edits_a_stale_field_and_the_desk_makes_one_ticket(
+    page, live_server, world: World
+):
+    # Given the gateway refused the agent's 10-minute-old e-mail
+    started = world.start_task()
+    refused = world.execute(
+        started, world.fields(email={"observed_at": minutes_ago(10)})
+    )
+    assert refused.json()["code"] == "FIELD_STALE", refused.text
+    task_id = started["task"]["id"]
+    sam = make_person("sam", {world.tenant: Role.SUPPORT}, password=PASSWORD)
+    assert not sam.is_superuser
+    REPORTS.mkdir(exist_ok=True)
+    page.set_viewport_size({"width": 1366, "height": 900})
+
+    # When sam opens the task from the desk and claims it
+    log_in(page, live_server, "sam")
+    page.click("text=Takeover desk")
+    page.wait_for_selector("#result_list")
+    page.click("text=issue-1042")
+    page.wait_for_selector("#desk-evidence")
+    assert "FIELD_STALE" in page.inner_text("#desk-conflicting-fields")
+    page.click("#desk-claim")
+    page.wait_for_selector("ul.messagelist")
+
+    # the edit form has the contract's fields, sources prefilled, approve not offered
+    form = page.locator("#desk-edit-form")
+    assert form.locator("tr[data-field]").count() == 2
+    assert page.input_value("#desk-edit-0-source") == "crm"
+    assert page.input_value("#desk-edit-1-source") == "billing"
+    assert "read at most 5 min before the check" in form.inner_text()
+    assert page.input_value("#desk-edit-0-observed-at")  # now, prefilled
+    options = page.locator("#desk-resolution option").all_inner_texts()
+    assert "Approve as is" not in options
+    assert "Hand back for a fresh read" in options
+
+    # When sam first types a read time of a quarter of an hour ago
+    quarter_ago = db_now().astimezone(dt.UTC) - dt.timedelta(minutes=15)
+    page.fill("#desk-edit-0-value", "ana.new@example.com")
+    page.fill("#desk-edit-0-observed-at", quarter_ago.strftime("%Y-%m-%dT%H:%M:%S"))
+    page.fill("#desk-edit-1-value", "pro")
+    page.click("#desk-edit-submit")
+    page.wait_for_selector("ul.messagelist li.error")
+
+    # Then the gateway refuses it again, says why, and the task stays with sam
+    assert (
+        "The gateway refused it again: FIELD_STALE — email was read 15 min before "
+        "the check; the contract allows 5 min; the task stays with you."
+    ) in page.inner_text("ul.messagelist")
+    assert world.tickets() == 0
+    assert "Claimed by sam" in page.inner_text("#desk-status")
+    page.screenshot(path=str(REPORTS / "desk-edit-refused.png"))
+
+    # When sam gives the values read in the CRM and in billing just now
+    page.fill("#desk-edit-0-value", "ana.new@example.com")
+    page.fill("#desk-edit-1-value", "pro")
+    page.fill("#desk-edit-note", "Called Ana; the CRM has her new address.")
+    page.locator("#desk-edit").scroll_into_view_if_needed()
+    page.screenshot(path=str(REPORTS / "desk-edit-form.png"))
+    page.click("#desk-edit-submit")
+    page.wait_for_selector("ul.messagelist li.success")
+
+    # Then the desk made one ticket and the message names it
+    message = page.inner_text("ul.messagelist")
+    found = re.search(r"Executed: ticket (\S+) verified; the task went back", message)
+    assert found, message
+    operation = Operation.objects.get(pk=started["operation"]["id"])
+    assert operation.state == OperationState.VERIFIED
+    assert found.group(1) == operation.provider_reference
+    assert world.tickets() == 1
+    assert Task.objects.get(pk=task_id).state == TaskState.PENDING
+    edits = Event.objects.filter(
+        task_id=task_id, code=EventCode.OPERATION_FIELDS_EDITED
+    ).values_list("actor_type", "actor_id")
+    assert list(edits) == [("user", str(sam.pk))] * 2  # the refused one and this
+    first_rows = page.locator("#desk-timeline tr").nth(1).inner_text()
+    assert "task.resolved" in first_rows and "sam" in first_rows
+    assert "settled: hand_back by sam" in page.inner_text("#desk-evidence-settled")
+    page.screenshot(path=str(REPORTS / "desk-edit-done.png"))
+    page.locator("#desk-timeline").screenshot(
+        path=str(REPORTS / "desk-edit-timeline.png")
+    )
