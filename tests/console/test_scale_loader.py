@@ -146,6 +146,10 @@ def test_small_load_keeps_every_invariant(loaded: tuple[str, str]) -> None:
         assert task.registration_hash == input_hash(details)
     for operation in Operation.objects.order_by("?")[:50]:
         assert operation.input_hash == input_hash(operation.input)
+    # and every event is linked into its chain: the project's verifier agrees
+    verified = io.StringIO()
+    call_command("verify_audit", stdout=verified, stderr=io.StringIO())
+    assert f"intact: {EVENTS} events" in verified.getvalue()
     # and the reviewer of a tenant holds its reviewer permissions
     tenant = Tenant.objects.get(slug="scale-t01")
     reviewer = get_user_model().objects.get(username="reviewer-t01")

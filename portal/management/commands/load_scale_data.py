@@ -58,6 +58,7 @@ from django.contrib.auth.hashers import make_password
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection, transaction
 
+from audit import chain
 from portal import services
 from portal.models import Agent, Role, Tenant
 from tasks import services as task_services
@@ -149,7 +150,7 @@ ESCALATION_COLUMNS: Final = (
 EVENT_COLUMNS: Final = (
     "id", "tenant_id", "task_id", "operation_id", "code", "actor_type", "actor_id",
     "reason_code", "contract_key", "contract_version", "payload", "trace_id",
-    "span_id", "created_at",
+    "span_id", "created_at", "chain_seq", "prev_hash", "hash",
 )  # fmt: skip
 OUTBOX_COLUMNS: Final = (
     "id", "tenant_id", "event_id", "topic", "key", "payload", "state", "attempts",
@@ -186,6 +187,20 @@ def _hash(value: dict[str, str | int | None]) -> str:
     tests check the two agree on loaded rows.
     """
     return hashlib.sha256(_SORTED_JSON.encode(value).encode()).hexdigest()
+
+
+def _chain_hash(prev_hash: str | None, content: dict[str, Any]) -> str:
+    """``audit.chain.event_hash`` for the loader's own event content.
+
+    The content here holds ASCII strings, small ints, booleans, None, lists and
+    dicts with ASCII keys, whose RFC 8785 form is sorted compact JSON: the standard
+    encoder writes it many times faster than the pure-Python rfc8785 package. Each
+    chunk proves one story against ``chain.event_hash`` itself, and the tests run
+    ``verify_audit`` over a load.
+    """
+    digest = hashlib.sha256((prev_hash or chain.GENESIS).encode("ascii"))
+    digest.update(_SORTED_JSON.encode(content).encode())
+    return digest.hexdigest()
 
 
 def _quoted(value: str | None) -> str:
@@ -420,6 +435,10 @@ class _Story:
     lease_token: int = 0
     operation_id: str | None = None
     events: int = 0
+    # The task's hash chain (audit/chain.py): its head, and whether to prove this
+    # story's hashes against audit.chain's own (once per chunk).
+    prev_hash: str | None = None
+    check_chain: bool = False
 
     def tick(self, low_ms: float = 5, high_ms: float = 1500) -> dt.datetime:
         self.at += dt.timedelta(milliseconds=self.rng.uniform(low_ms, high_ms))
@@ -447,15 +466,32 @@ class _Story:
         )
         payload = _dumps(data)
         tenant_id = self.tenant.id
+        span_id = self.ids.hex(16)
+        content = chain.event_content(
+            event_id=event_id, tenant_id=tenant_id, task_id=self.task_id,
+            operation_id=operation_id, code=code, actor_type=actor_type,
+            actor_id=actor_id, reason_code=reason, contract_key=contract_key,
+            contract_version=contract_version, payload=data, trace_id=self.trace_id,
+            span_id=span_id, created_at=at.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        )  # fmt: skip
+        digest = _chain_hash(self.prev_hash, content)
+        if self.check_chain and digest != chain.event_hash(
+            prev_hash=self.prev_hash, content=content
+        ):
+            raise CommandError(
+                "the loader's event hash differs from audit.chain's: "
+                "update _chain_hash to the chain's current format"
+            )
+        self.events += 1
         self.chunk.add(
             "audit_event",
             (
                 event_id, tenant_id, self.task_id, operation_id, code, actor_type,
                 actor_id, reason, contract_key, contract_version, payload,
-                self.trace_id, self.ids.hex(16), at,
+                self.trace_id, span_id, at, self.events, self.prev_hash, digest,
             ),
         )  # fmt: skip
-        self.events += 1
+        self.prev_hash = digest
         if code not in UNPUBLISHED and self.rng.random() < self.outbox_share:
             self._outbox(event_id, code, operation_id, reason, payload, at)
         return event_id
@@ -506,8 +542,12 @@ def task_story(
     events: int,
     created_at: dt.datetime,
     outbox_share: float,
+    check_chain: bool = False,
 ) -> None:
-    """Add one task of ``state`` with exactly ``events`` events (5-15) to ``chunk``."""
+    """Add one task of ``state`` with exactly ``events`` events (5-15) to ``chunk``.
+
+    ``check_chain`` proves its event hashes against ``audit.chain`` itself.
+    """
     agent_id, agent_name = rng.choice(tenant.agents)
     owner = f"{agent_name}/worker-{rng.randint(1, 4)}"
     pinned = rng.random() < 0.9
@@ -537,6 +577,7 @@ def task_story(
         agent_id=agent_id,
         at=created_at,
         outbox_share=outbox_share,
+        check_chain=check_chain,
     )
     story.at -= dt.timedelta(milliseconds=5)  # the first tick lands on created_at
     via_person = (
@@ -1126,6 +1167,7 @@ def load(
                         rng, state=state, slot=done + offset, slots=new_tasks, now=now
                     ),
                     outbox_share=share,
+                    check_chain=offset == 0,
                 )
                 chunk.events += count
             done += size
