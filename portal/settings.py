@@ -239,6 +239,12 @@ PORTAL_MAX_LEASE_SECONDS = 3600
 PORTAL_EXECUTION_DEADLINE_S = int(os.environ.get("PORTAL_EXECUTION_DEADLINE_S", "60"))
 PORTAL_RECOVERY_MAX_LOOKUPS = 5
 PORTAL_RECOVERY_BACKOFF_S = 5
+# A credential that expired while the remote held the call (401, and past its expiry
+# on the database clock): fresh credentials under the same key at most this many
+# times in the same execution, then a person (CREDENTIAL_EXPIRED).
+PORTAL_CREDENTIAL_EXPIRED_RETRIES = int(
+    os.environ.get("PORTAL_CREDENTIAL_EXPIRED_RETRIES", "2")
+)
 
 LOGGING: dict[str, Any] = {
     "version": 1,
