@@ -106,8 +106,16 @@ def _bootstrap() -> None:
     os.execv(VENV_PYTHON, [str(VENV_PYTHON), *sys.argv])  # noqa: S606 (our venv)
 
 
+# Commands that run the development setup: they choose development mode themselves,
+# so the settings (which refuse to start without DJANGO_SECRET_KEY or an explicit
+# PORTAL_DEV_MODE=1) let them run; their child processes inherit it.
+DEV_COMMANDS = ("up", "test")
+
+
 def main() -> None:
     _bootstrap()
+    if len(sys.argv) > 1 and sys.argv[1] in DEV_COMMANDS:
+        os.environ.setdefault("PORTAL_DEV_MODE", "1")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
     from django.core.management import execute_from_command_line
 

@@ -215,6 +215,7 @@ def client_main(
 ) -> None:
     """Serve runs from the coordinator until it sends ``None``."""
     os.environ["DJANGO_SETTINGS_MODULE"] = "portal.settings"
+    os.environ.setdefault("PORTAL_DEV_MODE", "1")  # benchmarks run the dev setup
     os.environ["DATABASE_URL"] = database_url
     import django
 

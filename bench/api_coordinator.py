@@ -143,6 +143,7 @@ def server_environment(database_url: str, var_dir: Path) -> dict[str, str]:
         DJANGO_SECURE_SSL_REDIRECT="0",  # matters only with DJANGO_SECRET_KEY set
         PORTAL_AGENT_RATE_LIMIT=RATE_LIMIT,
         PORTAL_VAR_DIR=str(var_dir),
+        PORTAL_DEV_MODE="1",  # the development setup, on purpose
     )
     for folder in ("queue", "control", "processed"):
         (var_dir / "broker" / folder).mkdir(parents=True, exist_ok=True)
@@ -622,7 +623,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The coordinator's own requests (in-process) see the server's settings.
         os.environ.update(
             {k: env[k] for k in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE")}
-            | {k: env[k] for k in ("PORTAL_AGENT_RATE_LIMIT", "PORTAL_VAR_DIR")}
+            | {
+                k: env[k]
+                for k in (
+                    "PORTAL_AGENT_RATE_LIMIT",
+                    "PORTAL_VAR_DIR",
+                    "PORTAL_DEV_MODE",
+                )
+            }
         )
         os.environ.pop("DJANGO_DEBUG", None)
         import django

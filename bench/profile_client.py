@@ -199,6 +199,7 @@ def main() -> int:
         parser.error(f"--profile must be one of {flavours}")
     migrate(args.database_url)  # the code may have moved on since bench/run.py
     os.environ["DJANGO_SETTINGS_MODULE"] = "portal.settings"
+    os.environ.setdefault("PORTAL_DEV_MODE", "1")  # benchmarks run the dev setup
     os.environ["DATABASE_URL"] = args.database_url
     import django
 

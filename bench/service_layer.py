@@ -145,6 +145,7 @@ def migrate(database_url: str) -> None:
             "DATABASE_URL": database_url,
             "DJANGO_SETTINGS_MODULE": "portal.settings",
             "PORTAL_NO_BOOTSTRAP": "1",
+            "PORTAL_DEV_MODE": "1",
         },
         check=True,
     )
@@ -366,6 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     recreate_database(args.database_url)
 
     os.environ["DJANGO_SETTINGS_MODULE"] = "portal.settings"
+    os.environ.setdefault("PORTAL_DEV_MODE", "1")  # benchmarks run the dev setup
     os.environ["DATABASE_URL"] = args.database_url
     import django
 

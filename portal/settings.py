@@ -1,7 +1,9 @@
 """Django settings, driven by environment variables (see README, "Configuration").
 
-Development defaults need no environment at all; production refuses to start without
-``DJANGO_SECRET_KEY`` and ``DJANGO_ALLOWED_HOSTS``.
+Fail closed: without ``DJANGO_SECRET_KEY`` the portal refuses to start unless
+development mode is explicit (``PORTAL_DEV_MODE=1``, which ``manage.py up``,
+``manage.py test``, pytest and ``.ci/run`` set). Production also needs
+``DJANGO_ALLOWED_HOSTS``.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 # Project-local, git-ignored state: embedded PostgreSQL data, broker folders, logs.
@@ -29,6 +32,16 @@ def _env_list(name: str, default: str = "") -> list[str]:
 
 
 DEBUG = _env_bool("DJANGO_DEBUG", default=False)
+# Development mode is a decision, never a default: without it and without a secret
+# key the portal would run on the public development key with insecure cookies.
+DEV_MODE = _env_bool("PORTAL_DEV_MODE", default=False)
+if "DJANGO_SECRET_KEY" not in os.environ and not DEV_MODE:
+    raise ImproperlyConfigured(
+        "DJANGO_SECRET_KEY is not set, so the portal will not start. Either set "
+        "DJANGO_SECRET_KEY (and DJANGO_ALLOWED_HOSTS) to run it for real, or set "
+        "PORTAL_DEV_MODE=1 to run the development setup on its public, insecure "
+        "key (manage.py up and manage.py test set it for you)."
+    )
 PRODUCTION = not DEBUG and "DJANGO_SECRET_KEY" in os.environ
 
 # Development runs get a fixed, clearly insecure key; production must bring its own.
@@ -252,6 +265,12 @@ PORTAL_MAX_LEASE_SECONDS = 3600
 PORTAL_EXECUTION_DEADLINE_S = int(os.environ.get("PORTAL_EXECUTION_DEADLINE_S", "60"))
 PORTAL_RECOVERY_MAX_LOOKUPS = 5
 PORTAL_RECOVERY_BACKOFF_S = 5
+# A credential that expired while the remote held the call (401, and past its expiry
+# on the database clock): fresh credentials under the same key at most this many
+# times in the same execution, then a person (CREDENTIAL_EXPIRED).
+PORTAL_CREDENTIAL_EXPIRED_RETRIES = int(
+    os.environ.get("PORTAL_CREDENTIAL_EXPIRED_RETRIES", "2")
+)
 
 LOGGING: dict[str, Any] = {
     "version": 1,

@@ -77,6 +77,13 @@ class TaskNotLeasable(PortalError):
     status = 409
 
 
+class GatewayGoverned(PortalError):
+    """The gateway executes and records this target's operations; report nothing."""
+
+    code = "GATEWAY_GOVERNED"
+    status = 409
+
+
 class GatewayRefused(PortalError):
     """The gateway refused the action; the task now waits for a person."""
 

@@ -237,8 +237,20 @@ class Operation(models.Model):
     # SHA-256 of the input in RFC 8785 canonical JSON (tasks/hashing.py).
     input_hash = models.CharField(max_length=64)
     input = models.JSONField()
-    # The agent that reserved it: its grant is re-checked at every execution.
+    # The agent that reserved it (its grant was checked at the reservation).
     agent = models.ForeignKey(
+        "portal.Agent",
+        on_delete=models.PROTECT,
+        db_constraint=False,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
+    # The agent whose own grant authorised the execution (it may differ from the
+    # agent that reserved: whoever holds the task's lease executes under its own
+    # grant). A queued run executes for it and re-checks its grant. NULL: not yet
+    # authorised, or executed by a person (the events name the person).
+    executed_by_agent = models.ForeignKey(
         "portal.Agent",
         on_delete=models.PROTECT,
         db_constraint=False,

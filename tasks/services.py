@@ -48,6 +48,7 @@ from .exceptions import (
     ActionNotGranted,
     ContractNotFound,
     ContractRetired,
+    GatewayGoverned,
     LeaseHeld,
     OperationNotFound,
     TaskIdReused,
@@ -765,12 +766,15 @@ def operation_move(
     check_in: dt.timedelta | None = None,
     lookup: bool = False,
     data: Mapping[str, Any] | None = None,
+    sources: tuple[str, ...] | None = None,
 ) -> Operation:
     """Move an operation and append its event, in the caller's transaction.
 
     Guarded either by the task's live lease (``lease_token``, agents) or by the
     operation's ``state_version`` (``expected_version``, the portal and people).
     ``check_in`` schedules the next recovery look (None: no look is due).
+    ``sources`` narrows the states the move may start from (never widens them
+    beyond ``OPERATION_TRANSITIONS``).
 
     Raises:
         TransactionRequired: called outside a transaction.
@@ -797,7 +801,11 @@ def operation_move(
             "provider_reference": provider_reference,
             "result": audit_services.json_text(redacted) if redacted else None,
             "check_in": check_in,
-            "sources": _OPERATION_SOURCES[to],
+            "sources": [
+                source
+                for source in _OPERATION_SOURCES[to]
+                if sources is None or source in sources
+            ],
         },
     )
     if row is None:
@@ -864,6 +872,40 @@ def _operation_refusal(
     )
 
 
+# What an agent may move itself, on a target without a connector: start a reserved
+# operation or retry one in doubt, report the outcome of its own call, or give up on
+# one it never started. Never out of ``human_required`` or ``conflict``: those are
+# a person's.
+_SELF_REPORTED_SOURCES: Final[dict[str, tuple[str, ...]]] = {
+    OperationState.EXECUTING: (OperationState.RESERVED, OperationState.UNKNOWN),
+    OperationState.VERIFIED: (OperationState.EXECUTING, OperationState.UNKNOWN),
+    OperationState.FAILED: (
+        OperationState.RESERVED,
+        OperationState.EXECUTING,
+        OperationState.UNKNOWN,
+    ),
+    OperationState.UNKNOWN: (OperationState.EXECUTING,),
+}
+
+
+def _require_self_reported(*, tenant: Tenant, operation_id: uuid.UUID) -> None:
+    """Refuse an agent's own report on an operation the gateway governs.
+
+    A target with a connector is executed only through the gateway, which checks
+    contract, fields, grant, version and credential and proves the receipt; a
+    self-reported start or outcome there would skip all of it.
+    """
+    target = (
+        Operation.objects.filter(tenant=tenant, pk=operation_id)
+        .values_list("target", flat=True)
+        .first()
+    )
+    if target is None:
+        raise OperationNotFound(operation_id=str(operation_id))
+    if Connector.objects.filter(tenant=tenant, target=target).exists():
+        raise GatewayGoverned(operation_id=str(operation_id), target=target)
+
+
 @portal_db.translate_integrity_errors
 @transaction.atomic(durable=True)
 def operation_begin_execution(
@@ -876,13 +918,19 @@ def operation_begin_execution(
 ) -> Operation:
     """Mark an operation ``executing`` (one more attempt) just before the remote call.
 
-    Commit this before calling out; the call itself runs with no transaction open.
+    For an operation the agent executes itself, on a target with no connector; the
+    gateway alone starts and records what goes to a connector's target. Starts from
+    ``reserved`` or ``unknown`` (a retry under the same key), never from
+    ``human_required``: that is a person's to release. Commit this before calling
+    out; the call itself runs with no transaction open.
 
     Raises:
         OperationNotFound: no such operation in the tenant.
+        GatewayGoverned: the target has a connector; nothing changed.
         LeaseExpired: the task's lease token is not current or lapsed.
         IllegalTransition: the operation cannot start from its state.
     """
+    _require_self_reported(tenant=tenant, operation_id=operation_id)
     return operation_move(
         tenant=tenant,
         operation_id=operation_id,
@@ -890,6 +938,7 @@ def operation_begin_execution(
         to=OperationState.EXECUTING,
         actor=actor,
         trace=trace,
+        sources=_SELF_REPORTED_SOURCES[OperationState.EXECUTING],
     )
 
 
@@ -914,14 +963,16 @@ def operation_record_outcome(
     reason: ReasonCode | str | None = None,
     trace: Trace = NO_TRACE,
 ) -> Operation:
-    """Record what the remote call did: ``verified``, ``failed`` or ``unknown``.
+    """Record what the agent's own call did: ``verified``, ``failed`` or ``unknown``.
 
-    ``verified`` needs the provider's receipt id. ``unknown`` defaults its reason to
+    Only on a target with no connector (the gateway records the rest). ``verified``
+    needs the provider's receipt id. ``unknown`` defaults its reason to
     ``RESULT_UNKNOWN``. The result is stored redacted.
 
     Raises:
         ValidationFailed: not an outcome, or ``verified`` without a receipt id.
         OperationNotFound: no such operation in the tenant.
+        GatewayGoverned: the target has a connector; nothing changed.
         LeaseExpired: the task's lease token is not current or lapsed.
         IllegalTransition: the operation is not executing (or unknown).
     """
@@ -935,6 +986,7 @@ def operation_record_outcome(
         )
     if state == OperationState.UNKNOWN and reason is None:
         reason = ReasonCode.RESULT_UNKNOWN
+    _require_self_reported(tenant=tenant, operation_id=operation_id)
     return operation_move(
         tenant=tenant,
         operation_id=operation_id,
@@ -945,6 +997,7 @@ def operation_record_outcome(
         reason=reason,
         provider_reference=provider_reference,
         result=result,
+        sources=_SELF_REPORTED_SOURCES[state],
     )
 
 

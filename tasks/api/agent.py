@@ -415,8 +415,11 @@ class OperationStartApi(AgentApi):
             **problem_responses(404, 409, post=True),
         },
         parameters=[LEASE_HEADER, *POST_HEADERS],
-        description="For an operation you execute yourself: mark it executing just "
-        "before your call (one more attempt, same key).",
+        description="For an operation you execute yourself, on a target with no "
+        "connector: mark it executing just before your call (one more attempt, same "
+        "key), from reserved or unknown. 409 GATEWAY_GOVERNED on a target with a "
+        "connector (execute it through the gateway); 409 ILLEGAL_TRANSITION from "
+        "any other state (human_required is a person's to release).",
     )
     def post(self, request: Request, operation_id: Any) -> Response:
         operation = services.operation_begin_execution(
@@ -447,8 +450,10 @@ class OperationOutcomeApi(AgentApi):
             **problem_responses(404, 409, post=True),
         },
         parameters=[LEASE_HEADER, *POST_HEADERS],
-        description="Report what your call did: verified (with the receipt id), "
-        "failed, or unknown (RESULT_UNKNOWN).",
+        description="Report what your own call did, on a target with no connector: "
+        "verified (with the receipt id), failed, or unknown (RESULT_UNKNOWN). 409 "
+        "GATEWAY_GOVERNED on a target with a connector: only the gateway records "
+        "those outcomes.",
     )
     def post(self, request: Request, operation_id: Any) -> Response:
         data = self.validated(self.InputSerializer, request.data)
@@ -525,12 +530,14 @@ class OperationExecuteApi(AgentApi):
         responses={
             200: ExecutionOutputSerializer,
             202: ExecutionOutputSerializer,
-            **problem_responses(404, 409, 422, post=True),
+            **problem_responses(403, 404, 409, 422, post=True),
         },
         parameters=[LEASE_HEADER, PREFER_HEADER, *POST_HEADERS],
         description="Execute through the gateway: contract, fields (value, source, "
         "observed_at), target, permission now, object-version fence, short-lived "
-        "credential, then one call under the operation's key. 200 with the outcome "
+        "credential, then one call under the operation's key. You execute under "
+        "your own grant: 403 ACTION_NOT_GRANTED if you hold none for the action and "
+        "target (holding the lease is not enough). 200 with the outcome "
         "(verified, failed, or unknown while recovery looks the receipt up); 422 "
         "with the reason code (FIELD_STALE, VERSION_CONFLICT, …) when refused: the "
         "task then waits for a person.",

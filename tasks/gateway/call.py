@@ -16,25 +16,26 @@ from django.db import connection, transaction
 from audit import services as audit_services
 from audit.models import EventCode
 from portal import db as portal_db
-from portal.actors import Actor
+from portal.actors import Actor, ActorType
 from portal.codes import ReasonCode
 from portal.models import Tenant
 from portal.tracing import Trace
 
-from .. import services
+from .. import services, takeover
 from ..connectors import RemoteSystem, connector_for
 from ..credentials import credential_fingerprint, credential_mint
 from ..models import (
     Connector,
     Contract,
+    ContractStatus,
     Credential,
     ObjectVersion,
     Operation,
     OperationState,
     Task,
 )
-from .checks import checked, refuse, version_conflict_evidence
-from .common import TestHook, lock
+from .checks import caller_may_execute, checked, refuse, version_conflict_evidence
+from .common import TestHook, db_now, lock, plan
 from .results import Authorized, Refused, record_call, standing
 
 
@@ -201,6 +202,7 @@ def begin_call(
         actor=actor,
         trace=trace,
         check_in=deadline,
+        data={"executed_by": {"type": actor.type, "id": actor.id}},
     )
 
 
@@ -214,31 +216,166 @@ def call(
     hook: TestHook,
     remote: RemoteSystem | None = None,
 ) -> Operation:
-    """Call with no transaction open, then record the answer."""
+    """Call with no transaction open, then record the answer.
+
+    A credential that expired while the remote held the call (``CREDENTIAL_EXPIRED``)
+    gets a fresh one under the same key, at most
+    ``PORTAL_CREDENTIAL_EXPIRED_RETRIES`` times; then a person, with every call's
+    evidence (``credential_renew``).
+    """
     portal_db.forbid_transaction("the gateway calls the remote system")
     remote = remote or connector_for(authorized.connector)
-    result = remote.execute(
-        idempotency_key=operation.idempotency_key,
-        credential=authorized.token,
-        payload=authorized.payload,
-    )
-    hook("after_call")
-    confirmation = None
-    if (
-        result.kind == "succeeded"
-        and remote.supports_lookup
-        and (receipt_required(operation))
-    ):
-        confirmation = remote.lookup(
-            idempotency_key=operation.idempotency_key, credential=authorized.token
+    expired_calls: list[dict[str, Any]] = []
+    while True:
+        result = remote.execute(
+            idempotency_key=operation.idempotency_key,
+            credential=authorized.token,
+            payload=authorized.payload,
         )
-    return record_call(
+        hook("after_call")
+        confirmation = None
+        if (
+            result.kind == "succeeded"
+            and remote.supports_lookup
+            and (receipt_required(operation))
+        ):
+            confirmation = remote.lookup(
+                idempotency_key=operation.idempotency_key, credential=authorized.token
+            )
+        operation = record_call(
+            tenant=tenant,
+            operation=operation,
+            result=result,
+            confirmation=confirmation,
+            actor=actor,
+            trace=trace,
+            credential_id=authorized.credential_id,
+        )
+        if not (
+            operation.state == OperationState.UNKNOWN
+            and operation.reason_code == ReasonCode.CREDENTIAL_EXPIRED
+        ):
+            return operation
+        expired_calls.append(
+            {
+                "jti": str(authorized.credential_id),
+                "status": result.status,
+                "error": result.error[:200],
+                "duration_ms": result.duration_ms,
+            }
+        )
+        renewed = credential_renew(
+            tenant=tenant,
+            authorized=authorized,
+            operation=operation,
+            expired_calls=expired_calls,
+            actor=actor,
+            trace=trace,
+        )
+        if isinstance(renewed, Operation):
+            return renewed
+        authorized, operation = renewed, renewed.operation
+
+
+@transaction.atomic(durable=True)
+def credential_renew(
+    *,
+    tenant: Tenant,
+    authorized: Authorized,
+    operation: Operation,
+    expired_calls: list[dict[str, Any]],
+    actor: Actor,
+    trace: Trace,
+) -> Authorized | Operation:
+    """After ``CREDENTIAL_EXPIRED``: a fresh credential under the same key, or a person.
+
+    The remote refused the credential, so nothing happened and the same key may run
+    again, while the retries (``PORTAL_CREDENTIAL_EXPIRED_RETRIES``) and the
+    connector's ``max_attempts`` last, the pinned contract is in force and the
+    executor's authority holds. Otherwise the task goes to a person with the
+    evidence: each expired call's credential, status and duration, and the TTL.
+    Returns the operation as it stands when someone else moved it on first.
+    """
+    locked = lock(tenant=tenant, operation_id=operation.pk)
+    assert locked is not None  # operations are never deleted while in doubt
+    task, current = locked
+    if current.state_version != operation.state_version:
+        return current  # recovery (or a person) got here first
+    # The gateway runs only under a pinned contract (ContractRequired otherwise).
+    assert task.contract_key is not None
+    assert task.contract_version is not None
+    contract = Contract.objects.get(
+        tenant=tenant, key=task.contract_key, version=task.contract_version
+    )
+    ttl_s = contract.spec["policy"]["credential_ttl_s"]
+    # Recovery retries as the portal; the authority is still the executing agent's.
+    executor_id = current.executed_by_agent_id or current.agent_id
+    executor = (
+        Actor(type=ActorType.AGENT, id=str(executor_id))
+        if actor.type == ActorType.SYSTEM and executor_id is not None
+        else actor
+    )
+    problem: ReasonCode | None = None
+    why = ""
+    if len(expired_calls) > settings.PORTAL_CREDENTIAL_EXPIRED_RETRIES or (
+        current.attempts >= authorized.connector.max_attempts
+    ):
+        problem, why = ReasonCode.CREDENTIAL_EXPIRED, "retries spent"
+    elif contract.status == ContractStatus.RETIRED:
+        problem, why = ReasonCode.CONTRACT_RETIRED, "no retry under a retired contract"
+    elif not caller_may_execute(tenant=tenant, operation=current, actor=executor):
+        problem, why = ReasonCode.PERMISSION_REVOKED, "the executor lost its authority"
+    if problem is not None:
+        takeover.escalate(
+            tenant=tenant,
+            task=task,
+            operation=current,
+            reason=problem,
+            actor=actor,
+            trace=trace,
+            evidence={
+                "plan": plan(current, task),
+                "why": why,
+                "attempts": current.attempts,
+                "ttl_s": ttl_s,
+                "calls": expired_calls,
+            },
+        )
+        current.refresh_from_db()
+        return current
+    token, credential = issue_credential(
         tenant=tenant,
-        operation=operation,
-        result=result,
-        confirmation=confirmation,
+        task=task,
+        operation=current,
+        connector=authorized.connector,
+        ttl_s=ttl_s,
+        field_names=sorted(current.call_fields or {}),
+        action=current.action,
+        now=db_now(),
         actor=actor,
         trace=trace,
+    )
+    moved = services.operation_move(
+        tenant=tenant,
+        operation_id=current.pk,
+        to=OperationState.EXECUTING,
+        expected_version=current.state_version,
+        actor=actor,
+        trace=trace,
+        check_in=dt.timedelta(seconds=settings.PORTAL_EXECUTION_DEADLINE_S),
+        data={
+            "retry": True,
+            "cause": ReasonCode.CREDENTIAL_EXPIRED,
+            "jti": str(credential.pk),
+            "executed_by": {"type": actor.type, "id": actor.id},
+        },
+    )
+    return Authorized(
+        operation=moved,
+        connector=authorized.connector,
+        credential_id=credential.pk,
+        token=token,
+        payload=authorized.payload,
     )
 
 

@@ -9,7 +9,8 @@ event). The first refusal hands the task to a person (``refuse``).
 2. ``fields``: every required field is present, from the contract's source and fresh
    enough (``FIELD_MISSING``, ``FIELD_SOURCE_MISMATCH``, ``FIELD_STALE``);
 3. ``target``: a contract write target with a connector (``TARGET_FORBIDDEN``);
-4. ``permission``: the agent's grant still holds *now* (``PERMISSION_REVOKED``);
+4. ``permission``: the *caller's* own grant (an agent) or ``work_takeover`` role (a
+   person) still holds *now* (``PERMISSION_REVOKED``);
 5. ``version``: the object version the task read is current (``VERSION_CONFLICT``);
 6. ``approval``: a connector without idempotency keys and lookup needs a person's
    one-time approval of this exact input (``APPROVAL_REQUIRED``).
@@ -25,13 +26,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from django.contrib.auth.models import User
+
 from audit import services as audit_services
 from audit.models import EventCode
 from portal import selectors as portal_selectors
-from portal.actors import Actor
+from portal.actors import Actor, ActorType
 from portal.codes import ReasonCode
 from portal.exceptions import ValidationFailed
-from portal.models import Tenant
+from portal.models import Tenant, TenantPerm
+from portal.roles import has_tenant_perm
 from portal.tracing import Trace
 
 from .. import takeover
@@ -257,20 +261,46 @@ def check_target(context: CheckContext) -> Verdict:
     return Passed({"target": operation.target})
 
 
+def caller_may_execute(*, tenant: Tenant, operation: Operation, actor: Actor) -> bool:
+    """Whether the caller's *own* authority covers this execution, now.
+
+    An agent needs its own grant for the action and target (not the grant of the
+    agent that reserved: whoever holds the lease executes under its own authority).
+    A person executes under their ``work_takeover`` role in the tenant. The portal
+    itself holds no authority to start a call.
+    """
+    if actor.type == ActorType.AGENT:
+        return portal_selectors.agent_may(
+            tenant=tenant,
+            agent_id=actor.id,
+            action=operation.action,
+            target=operation.target,
+        )
+    if actor.type == ActorType.USER:
+        user = User.objects.filter(pk=actor.id, is_active=True).first()
+        return user is not None and has_tenant_perm(
+            user=user, perm=TenantPerm.WORK_TAKEOVER, tenant=tenant
+        )
+    return False
+
+
 def check_permission(context: CheckContext) -> Verdict:
-    """4. The agent's grant, re-checked now."""
+    """4. The caller's own grant (an agent) or role (a person), re-checked now."""
     operation = context.operation
-    if operation.agent_id is None or not portal_selectors.agent_may(
-        tenant=context.tenant,
-        agent_id=operation.agent_id,
-        action=operation.action,
-        target=operation.target,
-    ):
+    actor = context.actor
+    if not caller_may_execute(tenant=context.tenant, operation=operation, actor=actor):
+        who = "agent_id" if actor.type == ActorType.AGENT else f"{actor.type}_id"
         return Refusal(
             ReasonCode.PERMISSION_REVOKED,
-            {"agent_id": str(operation.agent_id), "action": operation.action},
+            {
+                who: actor.id,
+                "actor_type": actor.type,
+                "action": operation.action,
+                "target": operation.target,
+                "reserved_by_agent_id": str(operation.agent_id),
+            },
         )
-    return Passed()
+    return Passed({"executed_by": {"type": actor.type, "id": actor.id}})
 
 
 def version_conflict_evidence(

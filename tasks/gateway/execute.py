@@ -24,8 +24,8 @@ from portal.exceptions import LeaseExpired
 from portal.models import Tenant
 from portal.tracing import NO_TRACE, Trace
 
-from ..exceptions import OperationNotFound
-from ..models import Contract, Operation, OperationState, TaskState
+from ..exceptions import ActionNotGranted, OperationNotFound
+from ..models import Contract, Escalation, Operation, OperationState, TaskState
 from .call import begin_call, call, issue_credential, payload
 from .checks import (
     CHECKS,
@@ -33,6 +33,7 @@ from .checks import (
     ContractRequired,
     FieldValue,
     Refusal,
+    caller_may_execute,
     checked,
     refuse,
 )
@@ -91,6 +92,17 @@ def authorize(
             operation=operation,
             reason=ReasonCode.LEASE_EXPIRED,
         )
+    if (
+        lease_token is not None
+        and actor.type == ActorType.AGENT
+        and actor.id not in _agents_of(operation)
+        and not caller_may_execute(tenant=tenant, operation=operation, actor=actor)
+    ):
+        # Holding the task's lease is no authority: an agent with no grant of its own
+        # is refused as at reserve, before anything is written (no confused deputy).
+        # An agent that reserved or executed it and lost its grant since is refused
+        # by the permission check below, and the task goes to a person.
+        raise ActionNotGranted(action=operation.action, target=operation.target)
     if operation.state in _SETTLED_OR_UNDER_WAY:
         # Executing the same operation again is idempotent: report where it stands.
         return standing(operation)
@@ -144,9 +156,15 @@ def authorize(
         operation.call_fields = {
             name: given[name] for name in read_fields if name in given
         }
-        Operation.objects.filter(tenant=tenant, pk=operation.pk).update(
-            call_fields=operation.call_fields
-        )
+    # Whose authority this execution runs under: the calling agent (a queued run
+    # executes for it), or None for a person (the events name the person).
+    operation.executed_by_agent_id = (
+        uuid.UUID(actor.id) if actor.type == ActorType.AGENT else None
+    )
+    Operation.objects.filter(tenant=tenant, pk=operation.pk).update(
+        call_fields=operation.call_fields,
+        executed_by_agent_id=operation.executed_by_agent_id,
+    )
     if queue:
         Operation.objects.filter(tenant=tenant, pk=operation.pk).update(
             authorized_at=now,
@@ -185,6 +203,15 @@ def authorize(
     )
 
 
+def _agents_of(operation: Operation) -> set[str]:
+    """The agents that already acted on the operation: who reserved, who executed."""
+    return {
+        str(agent_id)
+        for agent_id in (operation.agent_id, operation.executed_by_agent_id)
+        if agent_id is not None
+    }
+
+
 def operation_execute(
     *,
     tenant: Tenant,
@@ -206,9 +233,14 @@ def operation_execute(
     With ``queue``, the checks run now and their verdict commits (outcome
     ``queued``); ``operation_run_queued`` on a worker makes the call later.
 
+    The caller executes under its own authority: an agent's own grant, a person's
+    ``work_takeover`` role. Holding the task's lease is not enough.
+
     Raises:
         OperationNotFound: no such operation in the tenant.
         LeaseExpired: the caller's lease token is not current.
+        ActionNotGranted: the calling agent holds no grant for the action and target
+            (and did not reserve or execute the operation); nothing was written.
         ContractRequired: the task pins no contract.
     """
     portal_db.forbid_transaction("the gateway calls the remote system")
@@ -241,7 +273,8 @@ def operation_run_queued(
     """Make the call of an execution that was queued, on a worker; safe to repeat.
 
     Everything time can change is checked again first: the contract, the fields'
-    age (from the recorded provenance), the target, the agent's grant, the object
+    age (from the recorded provenance), the target, the grant of the agent that
+    queued it (``executed_by_agent``, not the one that reserved), the object
     version, and that nobody took the task over since it was queued. A second run of
     the same message finds the operation no longer ``reserved`` and does nothing;
     a run killed after the call is settled by the receipt lookup, never by a call.
@@ -260,11 +293,11 @@ def operation_run_queued(
         )
         for item in operation.field_provenance or []
     ]
-    actor = (
-        Actor(type=ActorType.AGENT, id=str(operation.agent_id))
-        if operation.agent_id
-        else SYSTEM
-    )
+    # The run executes for the agent that queued it, under that agent's own grant
+    # (re-checked by the permission check); rows queued before the executor was
+    # recorded fall back to the agent that reserved.
+    executor = operation.executed_by_agent_id or operation.agent_id
+    actor = Actor(type=ActorType.AGENT, id=str(executor)) if executor else SYSTEM
     plan = authorize(
         tenant=tenant,
         operation_id=operation_id,
@@ -325,4 +358,17 @@ def run(
         )
         operation = recovered.operation
     operation.refresh_from_db()
+    if operation.state == OperationState.HUMAN_REQUIRED:
+        # Handed to a person after the call (e.g. CREDENTIAL_EXPIRED, retries spent).
+        escalation = (
+            Escalation.objects.filter(tenant=tenant, operation=operation)
+            .order_by("-created_at")
+            .first()
+        )
+        return GatewayResult(
+            outcome="refused",
+            operation=operation,
+            reason=operation.reason_code,
+            escalation_id=escalation.pk if escalation else None,
+        )
     return standing(operation)

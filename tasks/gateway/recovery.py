@@ -278,13 +278,18 @@ def recovery_decide(
             why="no retry under a retired contract version",
             receipts=[],
         )
-    if operation.agent_id is None or not portal_selectors.agent_may(
+    # The retry runs under the authority of the agent that executed (a person's
+    # execution has none recorded: the agent that reserved stands in).
+    executor = operation.executed_by_agent_id or operation.agent_id
+    if executor is None or not portal_selectors.agent_may(
         tenant=tenant,
-        agent_id=operation.agent_id,
+        agent_id=executor,
         action=operation.action,
         target=operation.target,
     ):
-        return to_person(ReasonCode.PERMISSION_REVOKED, receipts=[])
+        return to_person(
+            ReasonCode.PERMISSION_REVOKED, agent_id=str(executor), receipts=[]
+        )
     if operation.attempts >= claim.connector.max_attempts:
         return to_person(
             ReasonCode.RESULT_UNKNOWN,

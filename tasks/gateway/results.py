@@ -12,7 +12,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from django.db import transaction
+from django.conf import settings
+from django.db import connection, transaction
 
 from audit import services as audit_services
 from audit.models import EventCode
@@ -79,6 +80,18 @@ def standing(operation: Operation) -> GatewayResult:
     )
 
 
+def credential_expired(*, tenant: Tenant, credential_id: uuid.UUID) -> bool:
+    """Whether the credential's expiry has passed on the database clock."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT expires_at <= app_now() FROM tasks_credential "
+            "WHERE tenant_id = %s AND id = %s",
+            [tenant.pk, credential_id],
+        )
+        row = cursor.fetchone()
+    return bool(row and row[0])
+
+
 @transaction.atomic(durable=True)
 def record_call(
     *,
@@ -88,12 +101,16 @@ def record_call(
     confirmation: LookupResult | None,
     actor: Actor,
     trace: Trace,
+    credential_id: uuid.UUID | None = None,
 ) -> Operation:
     """Write what the call did, in a new transaction; one event for the call itself.
 
     A success is ``verified`` only when its receipt stands alone: if the receipt
     lookup (``confirmation``) shows several receipts for the key, or none that match,
     the answer is not evidence and the operation goes to ``conflict`` or recovery.
+    A 401 for a credential (``credential_id``) that has expired by now on the
+    database clock is not a rejection of the request: it goes to ``unknown`` with
+    ``CREDENTIAL_EXPIRED``, for a fresh credential under the same key.
     """
     lock(tenant=tenant, operation_id=operation.pk)
     audit_services.event_append(
@@ -181,6 +198,22 @@ def record_call(
             data={
                 "confirmed": confirmation is not None and confirmation.kind == "found"
             },
+            **common,
+        )
+    if (
+        result.kind == "rejected"
+        and result.status == 401
+        and credential_id is not None
+        and credential_expired(tenant=tenant, credential_id=credential_id)
+    ):
+        # The remote refused the credential, not the request: nothing happened.
+        # In doubt until a fresh credential runs it; if this process dies here,
+        # recovery looks the receipt up and retries under the same key.
+        return services.operation_move(
+            to=OperationState.UNKNOWN,
+            reason=ReasonCode.CREDENTIAL_EXPIRED,
+            check_in=dt.timedelta(seconds=settings.PORTAL_EXECUTION_DEADLINE_S),
+            data={"call": "credential_expired", "jti": str(credential_id)},
             **common,
         )
     if result.kind == "rejected":

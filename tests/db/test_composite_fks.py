@@ -213,7 +213,7 @@ def _child_and_foreign_parent(
         )
         other_operation = make_operation(task=make_task(tenant=other))
         return "tasks_approval", approval, other_operation.pk
-    if relation == "tasks_operation.agent_id":
+    if relation in ("tasks_operation.agent_id", "tasks_operation.executed_by_agent_id"):
         operation = make_operation()
         other_agent = portal_services.agent_create(tenant=other, name="b")
         return "tasks_operation", operation, other_agent.pk

@@ -1,0 +1,81 @@
+"""Settings fail closed (issue 10 §2): no secret key and no explicit development mode
+means no portal, rather than one on the public development key.
+
+Each case starts a fresh interpreter, since settings load once per process.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from django.conf import settings
+
+# Loads the settings the way every process does (web server, worker, command).
+LOAD = "import django; django.setup(); from django.conf import settings; print(settings.PRODUCTION)"
+
+
+def _env(**overrides: str) -> dict[str, str]:
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in ("DJANGO_SECRET_KEY", "PORTAL_DEV_MODE", "DJANGO_DEBUG")
+    }
+    env.update(
+        DJANGO_SETTINGS_MODULE="portal.settings", PORTAL_NO_BOOTSTRAP="1", **overrides
+    )
+    return env
+
+
+def _run(args: list[str], **overrides: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=settings.BASE_DIR,
+        env=_env(**overrides),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_without_a_secret_key_or_development_mode_nothing_starts():
+    loaded = _run(["-c", LOAD])
+    assert loaded.returncode != 0
+    assert "ImproperlyConfigured" in loaded.stderr
+    # the message names both ways out
+    assert "DJANGO_SECRET_KEY" in loaded.stderr
+    assert "PORTAL_DEV_MODE=1" in loaded.stderr
+
+
+def test_seed_demo_is_refused_without_development_mode():
+    # A database that does not exist: were the refusal missing, nothing is seeded.
+    seeded = _run(
+        ["manage.py", "seed_demo"],
+        DATABASE_URL="postgres://postgres@127.0.0.1:5432/no_such_database_seed_test",
+    )
+    assert seeded.returncode != 0
+    assert "PORTAL_DEV_MODE=1" in seeded.stderr
+    assert "no_such_database" not in seeded.stderr  # refused before any connection
+
+
+@pytest.mark.parametrize(
+    ("overrides", "production"),
+    [
+        ({"PORTAL_DEV_MODE": "1"}, "False"),
+        ({"DJANGO_SECRET_KEY": "a-real-secret-for-this-test-only-0123456789"}, "True"),
+    ],
+    ids=["development-mode", "secret-key"],
+)
+def test_either_way_out_starts(overrides: dict[str, str], production: str):
+    loaded = _run(["-c", LOAD], **overrides)
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.strip().splitlines()[-1] == production
+
+
+@pytest.mark.parametrize("command", ["up", "test"])
+def test_manage_py_up_and_test_choose_development_mode_themselves(command: str):
+    helped = _run(["manage.py", command, "--help"])
+    assert helped.returncode == 0, helped.stderr
