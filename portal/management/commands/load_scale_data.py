@@ -135,7 +135,8 @@ TASK_COLUMNS: Final = (
 )  # fmt: skip
 OPERATION_COLUMNS: Final = (
     "id", "tenant_id", "task_id", "idempotency_key", "action", "target",
-    "input_hash", "input", "agent_id", "call_fields", "state", "state_version",
+    "input_hash", "input", "agent_id", "executed_by_agent_id", "call_fields",
+    "state", "state_version",
     "reason_code", "attempts", "lookups", "next_check_at", "provider_reference",
     "result", "trace_id", "span_id", "created_at", "updated_at",
 )  # fmt: skip
@@ -813,7 +814,7 @@ def task_story(
         "tasks_operation",
         (
             story.operation_id, tenant.id, task_id, idempotency_key, ACTION, TARGET,
-            digest, _dumps(operation_input), agent_id,
+            digest, _dumps(operation_input), agent_id, agent_id if calls else None,
             _dumps({"email": "c***@example.com"}) if calls else None,
             operation_state, OPERATION_VERSIONS[operation_state] + 2 * via_person,
             operation_reason, attempts, lookups, next_check_at, provider_reference,
