@@ -409,6 +409,8 @@ def _setting(conn: psycopg.Connection[Any], name: str) -> str:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     os.environ["DATABASE_URL"] = args.database_url
     os.environ["PORTAL_NO_BOOTSTRAP"] = "1"
+    # The loaded data set is a development one: its users have published passwords.
+    os.environ["PORTAL_DEV_MODE"] = "1"
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
     import django
 
