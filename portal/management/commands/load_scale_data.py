@@ -1188,9 +1188,19 @@ def load(
             summary.credentials += len(chunk.rows["tasks_credential"])
             bar.advance(chunk.events, final=summary.tasks >= new_tasks)
 
+    next_analyze = 1
+
+    def analyze_when_grown() -> None:
+        # After the first chunk and whenever the load has doubled since.
+        nonlocal next_analyze
+        if summary.tasks >= next_analyze:
+            _analyze()
+            next_analyze = 2 * summary.tasks
+
     if writers < 1:
         for chunk in chunks():
             commit(chunk)
+            analyze_when_grown()
     else:
         # Build chunks here while ``writers`` threads COPY earlier ones, each on
         # its own connection and in its own transactions: the server's work
@@ -1202,6 +1212,7 @@ def load(
                 for chunk in chunks():
                     if len(in_flight) >= writers:
                         in_flight.popleft().result()
+                    analyze_when_grown()
                     in_flight.append(pool.submit(commit, chunk))
                 while in_flight:
                     in_flight.popleft().result()
@@ -1220,11 +1231,21 @@ def load(
                 for closed in closing:
                     closed.result()
     summary.seconds = time.monotonic() - started
+    _analyze()
+    return summary
+
+
+def _analyze() -> None:
+    """Fresh statistics for the loaded tables.
+
+    Not only for the pages afterwards: every foreign-key check is a cached plan,
+    and planned against a table the statistics call empty it is a sequential scan,
+    which makes each COPY slower the more rows are in (with autovacuum off, nothing
+    else analyses them). ANALYZE invalidates those plans.
+    """
     with connection.cursor() as cursor:
-        # Fresh statistics, so the planner sees the new sizes at once.
         for table, _ in TABLES:
             cursor.execute(f"ANALYZE {table}")
-    return summary
 
 
 class Command(BaseCommand):
