@@ -418,3 +418,34 @@ def test_transport_errors_are_retried_then_raised_as_portal_unavailable() -> Non
     assert (unavailable.value.status, unavailable.value.code) == (0, "UNAVAILABLE")
     assert len(attempts) == 3
     assert len({r.headers[IDEMPOTENCY_HEADER] for r in attempts}) == 1
+
+
+def test_a_self_reported_outcome_on_a_governed_target_is_a_typed_refusal(
+    api: PortalClient, identity: AgentIdentity
+) -> None:
+    """On a target with a connector only the gateway records outcomes: the client
+    raises GatewayGoverned (409) and the operation stays reserved."""
+    from portal_client import GatewayGoverned
+    from tasks.models import Connector
+
+    Connector.objects.create(
+        tenant=identity.tenant,
+        target="ticket-desk",
+        base_url="http://127.0.0.1:9/",
+        signing_key="k-client-tests",
+    )
+    task = register(api, 7)
+    claimed = api.claim_next(owner="worker-1", ttl_s=60)
+    assert claimed is not None
+    operation, _ = api.reserve_operation(
+        task.id,
+        lease_token=claimed.lease.token,
+        idempotency_key="ticket-for-issue-7",
+        action="create_ticket",
+        target="ticket-desk",
+        input=ticket_input(7),
+    )
+    with pytest.raises(GatewayGoverned) as refused:
+        api.start_operation(operation.id, lease_token=claimed.lease.token)
+    assert (refused.value.status, refused.value.code) == (409, "GATEWAY_GOVERNED")
+    assert OperationRow.objects.get(pk=operation.id).state == "reserved"

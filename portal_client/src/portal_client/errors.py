@@ -74,6 +74,11 @@ class IllegalTransition(Conflict):
     """The state machine does not allow that move from the current state."""
 
 
+class GatewayGoverned(Conflict):
+    """Only the gateway records outcomes on this target: execute the operation
+    through ``execute_operation`` instead of reporting start and outcome."""
+
+
 class RequestInFlight(Conflict):
     """A request with this Idempotency-Key is still running; the client retries it."""
 
@@ -222,6 +227,7 @@ ERRORS_BY_CODE: Final[Mapping[str, type[PortalError]]] = {
     "LEASE_HELD": LeaseHeld,
     "TASK_NOT_LEASABLE": TaskNotLeasable,
     "ILLEGAL_TRANSITION": IllegalTransition,
+    "GATEWAY_GOVERNED": GatewayGoverned,
     "INTEGRITY_VIOLATION": Conflict,
     "CONTRACT_IMMUTABLE": Conflict,
     "REQUEST_IN_FLIGHT": RequestInFlight,
