@@ -16,8 +16,9 @@ What it makes:
   evidence, a few of them claimed), their operations and credentials, and 5-15
   events per task with the codes, actors (agent, user, system), payloads and reason
   codes the services write. A task's events share its trace id; each has its own
-  span id. Terminal tasks are spread over the last 90 days; unfinished ones are
-  recent, escalations from the last two weeks.
+  span id. Finished tasks are spread over the last 90 days; unfinished ones over
+  the time they plausibly stay so (running: the last hour; pending: two days;
+  waiting: a week; escalations: two weeks).
 - One outbox row per published event, as ``event_append`` writes them (``gateway.
   checked`` and ``credential.issued`` are not published), mostly sent, a few
   pending or dead; ``--outbox N`` keeps only about N of them.
@@ -86,15 +87,16 @@ MAX_EVENTS_PER_TASK: Final = 15
 HISTORY: Final = dt.timedelta(days=90)
 CHUNK_TASKS: Final = 2000
 
-# The state mix of loaded tasks, by weight; a share of the succeeded ones went
+# The state mix of loaded tasks, by weight (unfinished ones spread over the time
+# they plausibly stay so: see _created_at); a share of the succeeded ones went
 # through a person (escalated, claimed, completed with a receipt) when long enough.
 STATE_MIX: Final = (
-    ("succeeded", 0.855),
-    ("failed", 0.03),
-    ("cancelled", 0.01),
-    ("pending", 0.04),
-    ("running", 0.03),
-    ("waiting", 0.03),
+    ("succeeded", 0.885),
+    ("failed", 0.04),
+    ("cancelled", 0.015),
+    ("pending", 0.015),
+    ("running", 0.002),
+    ("waiting", 0.038),
     ("human_required", 0.004),
     ("human_claimed", 0.001),
 )
@@ -1013,7 +1015,10 @@ def _task_row(
     elif state == "human_claimed":
         lease = (owner, story.at, story.at + dt.timedelta(hours=HUMAN_LEASE_HOURS))
     elif state == "waiting":
-        wake_at = story.at + dt.timedelta(minutes=story.rng.randint(5, 240))
+        # Due in the future: a steady portal's waker has woken the overdue ones.
+        wake_at = max(story.at, dt.datetime.now(dt.UTC)) + dt.timedelta(
+            minutes=story.rng.randint(5, 240)
+        )
     step = {"succeeded": "done", "waiting": "await-crm", "pending": ""}.get(
         state, "create-ticket"
     )
@@ -1047,13 +1052,23 @@ def _counts() -> tuple[int, int]:
 def _created_at(
     rng: random.Random, *, state: str, slot: int, slots: int, now: dt.datetime
 ) -> dt.datetime:
-    """Finished tasks in time order over 90 days; unfinished ones recent."""
-    if state in ("pending", "running", "waiting"):
-        return now - dt.timedelta(seconds=rng.uniform(600, 6 * 3600))
-    if state in ("human_required", "human_claimed"):
-        return now - dt.timedelta(seconds=rng.uniform(3600, 14 * 86400))
-    span = HISTORY.total_seconds() - 6 * 3600
-    offset = (slot + rng.random()) * span / slots
+    """When the task was registered.
+
+    Finished tasks in time order over 90 days. Unfinished ones over the time they
+    plausibly stay unfinished: running within the hour (their leases are live),
+    pending within two days, waiting within a week, escalations within two weeks;
+    so the last day holds about twice the average day's events, not a burst.
+    """
+    recent = {
+        "running": 3600,
+        "pending": 2 * 86400,
+        "waiting": 7 * 86400,
+        "human_required": 14 * 86400,
+        "human_claimed": 14 * 86400,
+    }.get(state)
+    if recent is not None:
+        return now - dt.timedelta(seconds=rng.uniform(60, recent))
+    offset = (slot + rng.random()) * (HISTORY.total_seconds() - 60) / slots
     return now - HISTORY + dt.timedelta(seconds=offset)
 
 
