@@ -310,7 +310,7 @@ class TaskTransitionApi(AgentApi):
         to = serializers.ChoiceField(
             choices=[s for s in TaskState.values if s != TaskState.WAITING]
         )
-        wake_at = None  # only with to: waiting
+        wake_at = None  # type: ignore[assignment]  # DRF drops it: only with waiting
 
     @extend_schema(
         operation_id="tasks_transition",

@@ -59,7 +59,7 @@ def before_call(
     case: schemathesis.Case,
     kwargs: dict[str, Any],
 ) -> None:
-    key = (case.headers or {}).get("Idempotency-Key")
+    key = case.headers.get("Idempotency-Key")
     if isinstance(key, str) and _VALID_KEY.fullmatch(key):
         case.headers["Idempotency-Key"] = f"{key}.{_RUN}{next(_COUNTER)}"
     if case.method.upper() == "POST" and isinstance(case.body, dict):
@@ -69,5 +69,5 @@ def before_call(
                 case.body = {**case.body, member: f"{value}.{_RUN}{next(_COUNTER)}"}
     csrf = os.environ.get("PORTAL_SCHEMATHESIS_CSRF")
     if csrf:
-        case.cookies = {**(case.cookies or {}), "csrftoken": csrf}
-        case.headers = {**(case.headers or {}), "X-CSRFToken": csrf}
+        case.cookies = {**case.cookies, "csrftoken": csrf}
+        case.headers["X-CSRFToken"] = csrf
