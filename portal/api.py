@@ -422,7 +422,8 @@ class AgentApi(PortalApi):
     def lease_token(self, request: Request) -> int:
         """The ``Lease-Token`` header: the fencing token of the caller's lease."""
         raw = request.headers.get(LEASE_TOKEN_HEADER, "")
-        if not raw.isdigit() or len(raw) > 18:
+        # isdigit() alone admits "²" (int() refuses it) and "٣" (int() reads 3).
+        if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
             raise ValidationFailed(
                 f"Send the fencing token of your lease in the {LEASE_TOKEN_HEADER} "
                 "header (a non-negative integer).",

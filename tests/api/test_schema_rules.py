@@ -260,3 +260,15 @@ def test_an_unknown_list_cursor_is_a_documented_404(api):
     assert query_parameter(api, "tasks_list", "page_size")["maximum"] == 200
     assert api.get("/api/v1/tasks?cursor=garbage").status_code == 404
     assert api.get("/api/v1/tasks?page_size=abc").status_code == 400
+
+
+@pytest.mark.parametrize("token", ["\u00b2", "\u0663"])  # superscript two, Arabic three
+def test_a_lease_token_of_other_digits_is_refused(api, token):
+    # The schema says an integer; str.isdigit() also admits these, and int("²")
+    # then raised: a 500 for a header the schema calls invalid.
+    task = register_and_claim(api)
+    answer = api.post(
+        f"/api/v1/tasks/{task['id']}/lease/renew", {}, **{"Lease-Token": token}
+    )
+    assert answer.status_code == 400, answer.content
+    assert answer.json()["field"] == "Lease-Token"
