@@ -249,9 +249,7 @@ def test_the_verifier_exits_1_with_the_kind_and_2_without_a_usable_key(
 # --- Who may export ------------------------------------------------------------------
 
 
-def test_another_tenants_agent_gets_404(
-    story: Task, other_api: AgentClient
-) -> None:
+def test_another_tenants_agent_gets_404(story: Task, other_api: AgentClient) -> None:
     response = other_api.get(url(story))
     assert response.status_code == 404
     assert response["Content-Type"] == "application/problem+json"
