@@ -295,3 +295,25 @@ def test_nobody_signed_in_gets_401(story: Task) -> None:
 
 def test_an_unknown_task_is_404(api: AgentClient) -> None:
     assert api.get(url(uuid.uuid4())).status_code == 404
+
+
+def test_the_schema_documents_the_endpoint(client) -> None:
+    document = client.get("/api/schema/", {"format": "json"}).json()
+    spec = document["paths"]["/api/v1/tasks/{task_id}/evidence"]["get"]
+    assert spec["operationId"] == "tasks_evidence"
+    assert {"200", "401", "403", "404", "503"} <= set(spec["responses"])
+    bundle = spec["responses"]["200"]["content"]["application/json"]["schema"]
+    assert bundle["$ref"].endswith("/EvidenceBundle")
+
+
+def test_production_without_a_key_answers_503_when_a_checkpoint_is_needed(
+    story: Task, api: AgentClient, settings
+) -> None:
+    settings.PRODUCTION = True
+    settings.PORTAL_AUDIT_SIGNING_KEY = ""
+    settings.PORTAL_AUDIT_SIGNING_KEY_FILE = ""
+    response = api.get(url(story))
+    assert response.status_code == 503
+    assert response["Content-Type"] == "application/problem+json"
+    assert response.json()["code"] == "AUDIT_SIGNING_KEY_MISSING"
+    assert not exports(story.tenant)

@@ -156,3 +156,19 @@ def test_a_task_of_another_tenant_cannot_be_slipped_into_the_action(
     assert response.status_code == 200
     assert response["Content-Type"].startswith("text/html")
     assert not exported(cast)
+
+
+def test_without_a_signing_key_the_page_says_so(cast: Cast, task: Task, settings):
+    settings.PRODUCTION = True
+    settings.PORTAL_AUDIT_SIGNING_KEY = ""
+    settings.PORTAL_AUDIT_SIGNING_KEY_FILE = ""
+    client = client_of(cast, "reviewer_a")
+    response = client.get(
+        reverse("admin:tasks_task_evidence", args=[task.pk]), follow=True
+    )
+    assert response.status_code == 200
+    assert response.redirect_chain[-1][0] == reverse(
+        "admin:tasks_task_change", args=[task.pk]
+    )
+    assert "No audit signing key is configured" in response.content.decode()
+    assert not exported(cast)

@@ -161,7 +161,7 @@ def test_both_refuse_what_rfc8785_cannot_represent(value: Any) -> None:
 
 def test_the_tool_imports_only_the_standard_library_and_cryptography() -> None:
     tree = ast.parse(TOOL.read_text())
-    roots = set()
+    roots: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             roots.update(alias.name.split(".")[0] for alias in node.names)
