@@ -23,7 +23,10 @@ What is checked, in this order, stopping at the first failure:
    one), ``not covered`` (no checkpoint, one of another chain, or events after the
    signed head that nobody signed).
 
-A bundle that is not the expected JSON at all is ``malformed``. The canonical JSON
+A bundle that is not the expected JSON at all is ``malformed``. The walk mirrors
+``manage.py verify_audit``'s (audit/verify.py) on purpose: this file must stand
+alone, so it cannot import it; a test pins the names and formats they share. The
+canonical JSON
 here is a second, standard-library implementation of RFC 8785 that must agree byte
 for byte with the ``rfc8785`` package the portal hashes with (audit/chain.py);
 tests/unit/audit/test_verify_bundle_canonical.py compares the two.

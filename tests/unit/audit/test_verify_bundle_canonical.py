@@ -10,6 +10,7 @@ after the JSON round trip a bundle makes. The tool's imports are checked too.
 from __future__ import annotations
 
 import ast
+import datetime as dt
 import json
 import math
 import random
@@ -193,3 +194,26 @@ def test_the_tool_runs_without_django_or_the_repository() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "Verify a task's evidence bundle offline" in done.stdout
+
+
+def test_the_tool_names_breaks_and_signs_as_the_portal_does() -> None:
+    """The kinds match verify_audit's; the signed fields and formats match the
+    portal's (the tool cannot import them: it stands alone)."""
+    from audit import checkpoints, verify
+
+    for kind in ("ALTERED", "DELETED", "INSERTED", "REORDERED", "FORGED_CHECKPOINT"):
+        assert getattr(tool, kind) == getattr(verify, kind)
+    assert tool.GENESIS == chain.GENESIS
+    assert {chain.FORMAT_VERSION} == tool.CHAIN_FORMAT_VERSIONS
+    assert {checkpoints.SIGNATURE_FORMAT_VERSION} == tool.SIGNATURE_FORMAT_VERSIONS
+    message = checkpoints.signed_message(
+        tenant_id=uuid.UUID(int=1),
+        task_id=uuid.UUID(int=2),
+        head_seq=3,
+        head_event_id=uuid.UUID(int=4),
+        head_hash="a" * 64,
+        event_count=5,
+        signed_at=dt.datetime(2026, 12, 1, tzinfo=dt.UTC),
+        key_id="0123456789abcdef",
+    )
+    assert list(json.loads(message)) == sorted(tool.SIGNED_FIELDS)
