@@ -37,6 +37,7 @@ from portal.models import TenantPerm
 from portal.roles import Person, require_tenant_perm, tenant_ids_with_perm
 
 from .exceptions import TaskNotFound
+from .gateway.common import db_now
 from .models import Approval, Credential, Escalation, Operation, Task
 
 FORMAT: Final = "agent-governance-portal/evidence-bundle"
@@ -307,11 +308,12 @@ def task_evidence_bundle(*, task: Task, by: Actor) -> dict[str, Any]:
         )
         operations, receipts = _operations_json(task, chain.events)
         escalations = _escalations_json(task)
+        exported_at = db_now()  # the portal's one clock, as on every other row
     head = chain.events[-1] if chain.events else None
     bundle = {
         "format": FORMAT,
         "version": FORMAT_VERSION,
-        "exported_at": _when(dt.datetime.now(dt.UTC)),
+        "exported_at": _when(exported_at),
         "exported_by": {"actor_type": by.type.value, "actor_id": by.id},
         "tenant": {"id": str(task.tenant_id), "slug": task.tenant.slug},
         "task": _task_json(task),
