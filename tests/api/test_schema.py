@@ -64,10 +64,14 @@ def test_the_schema_validates_without_warnings(tmp_path: Path):
         assert {"400", "401", "429"} <= set(spec["responses"]), (method, path)
         problem = spec["responses"]["401"]["content"]
         assert list(problem) == ["application/problem+json"], (method, path)
-        # Agents use their key; the takeover endpoints are for people (session).
+        # Agents use their key; the takeover endpoints are for people (session);
+        # a task's evidence bundle is for both.
         for_people = "/takeover/" in path or "/tenants/" in path
         scheme = "cookieAuth" if for_people else "agentKey"
-        assert spec["security"] == [{scheme: []}], (method, path)
+        if path.endswith("/evidence"):
+            assert spec["security"] == [{"agentKey": []}, {"cookieAuth": []}]
+        else:
+            assert spec["security"] == [{scheme: []}], (method, path)
         if "{" in path and method != "put":  # PUT object-versions is an upsert
             assert "404" in spec["responses"], (method, path)
 
