@@ -13,7 +13,6 @@ import os
 import sys
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,21 +129,6 @@ def write_report(name: str, figures: dict[str, Any]) -> None:
     REPORTS.mkdir(exist_ok=True)
     (REPORTS / f"{name}.json").write_text(json.dumps(figures, indent=2, default=str))
     print(f"\n{name}: " + json.dumps(figures, default=str))
-
-
-@contextmanager
-def db_clock_offset(seconds: float) -> Iterator[None]:
-    """Move ``app_now()`` for this thread's connection (RELIABILITY.md D.2)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT set_config('portal.clock_offset', %s, false)",
-            [f"{seconds} seconds"],
-        )
-    try:
-        yield
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute("RESET portal.clock_offset")
 
 
 def database_url() -> str:
