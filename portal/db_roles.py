@@ -1,4 +1,4 @@
-"""The two database roles: the owner migrates, the app role runs (docs/database-roles.md).
+"""Two database roles: the owner migrates, the app role runs (docs/database-roles.md).
 
 The **owner** owns every table, function and trigger; ``manage.py migrate`` (and the
 test suite's ``flush``) run as it, through ``DATABASE_OWNER_URL``. The **app role**
@@ -14,6 +14,7 @@ create roles) and make both roles themselves with ``ensure_roles``.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Final
@@ -86,7 +87,8 @@ def can_create_roles(url: str) -> bool:
     """Whether ``url``'s user is an administrator that may make the two roles."""
     with psycopg.connect(**_conninfo(url, dbname="postgres")) as conn:
         row = conn.execute(
-            "SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user"
+            "SELECT rolsuper OR rolcreaterole FROM pg_roles"
+            " WHERE rolname = current_user"
         ).fetchone()
     return bool(row and row[0])
 
@@ -108,10 +110,9 @@ def ensure_roles(admin_url: str) -> None:
                 "SELECT 1 FROM pg_roles WHERE rolname = %s", [role]
             ).fetchone()
             if exists is None:
-                try:
+                # A parallel run may make it first.
+                with contextlib.suppress(psycopg.errors.DuplicateObject):
                     conn.execute(sql.SQL("CREATE ROLE {}").format(sql.Identifier(role)))
-                except psycopg.errors.DuplicateObject:
-                    pass  # a parallel run made it first
             conn.execute(
                 sql.SQL("ALTER ROLE {} " + attributes).format(sql.Identifier(role))
             )

@@ -53,9 +53,7 @@ def django_db_modify_db_settings(django_db_modify_db_settings: None) -> None:
 
 
 @pytest.fixture(scope="session")
-def django_db_setup(
-    django_db_setup: None, django_db_blocker: Any
-) -> Iterator[None]:
+def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
     """After the owner migrated: the test clock for the app role, then connect as it.
 
     Fails the run when the tests' connection is not the app role, so no test can

@@ -15,7 +15,6 @@ from audit.models import Event, Outbox
 from portal.exceptions import IntegrityViolation
 from tasks import services
 from tasks.models import Task, TaskState
-
 from tests.support.db import connect_as
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -17,10 +17,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from psycopg.errors import IntegrityConstraintViolation
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.core.management import call_command
 from django.db import connection, transaction
+from psycopg.errors import IntegrityConstraintViolation
 
 from audit import chain, checkpoints
 from audit import services as audit_services
@@ -387,9 +387,11 @@ def test_checkpoints_are_append_only(trail: dict[str, Any]) -> None:
             "UPDATE audit_checkpoint SET event_count = 0",
             "DELETE FROM audit_checkpoint",
         ):
-            with pytest.raises(IntegrityConstraintViolation) as refused:
-                with conn.transaction():  # a savepoint
-                    conn.execute(statement)
+            with (
+                pytest.raises(IntegrityConstraintViolation) as refused,
+                conn.transaction(),  # a savepoint
+            ):
+                conn.execute(statement)
             assert refused.value.diag.constraint_name == (
                 "audit_checkpoint_append_only_trg"
             )

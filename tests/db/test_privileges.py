@@ -57,7 +57,9 @@ def test_the_app_role_is_no_owner_superuser_or_bypass(db):
         " WHERE rolname = current_user"
     )
     assert not (superuser or bypass or createrole or createdb)
-    ((member_of_owner,),) = _rows("SELECT pg_has_role(current_user, %s, 'MEMBER')", [OWNER])
+    ((member_of_owner,),) = _rows(
+        "SELECT pg_has_role(current_user, %s, 'MEMBER')", [OWNER]
+    )
     assert not member_of_owner
     owned = _rows(
         """
@@ -261,12 +263,10 @@ def test_the_event_trigger_refuses_even_with_the_privilege(
     tenant, privilege, statement
 ):
     event = _event(tenant)
-    with (
-        app_role_granted(privilege) as conn,
-        pytest.raises(psycopg.errors.IntegrityConstraintViolation) as caught,
-    ):
+    with app_role_granted(privilege) as conn:
         conn.execute("SET LOCAL portal.purge = 'on'")  # the old key opens nothing
         conn.execute("DELETE FROM audit_outbox WHERE event_id = %s", [event.pk])
-        conn.execute(statement, [event.pk])
+        with pytest.raises(psycopg.errors.IntegrityConstraintViolation) as caught:
+            conn.execute(statement, [event.pk])
     assert caught.value.diag.constraint_name == "audit_event_append_only_trg"
     assert Event.objects.filter(pk=event.pk, actor_id="t").exists()

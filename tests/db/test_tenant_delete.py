@@ -19,7 +19,7 @@ from django.apps import apps
 from django.contrib.auth.models import Group, User
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import IntegrityError, ProgrammingError, connection, transaction
+from django.db import ProgrammingError, connection, transaction
 from django.db.models import Model
 from guardian.shortcuts import assign_perm
 
