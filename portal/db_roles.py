@@ -51,12 +51,13 @@ GRANT EXECUTE ON FUNCTION portal_reset_clock_offset() TO {app};
 
 
 def app_role() -> str:
-    """The app role's name: DATABASE_URL's user, or the one tests and ``up`` chose."""
-    return str(getattr(settings, "DATABASE_APP_ROLE", "") or _default_user())
+    """The app role's name: DATABASE_URL's user, or the one tests and ``up`` chose.
 
-
-def _default_user() -> str:
-    return str(settings.DATABASES["default"].get("USER") or "")
+    From the URL, not the connection's settings: while migrating, those are the
+    owner's.
+    """
+    chosen = getattr(settings, "DATABASE_APP_ROLE", "")
+    return str(chosen or dj_database_url.parse(settings.DATABASE_URL).get("USER") or "")
 
 
 def owner_url() -> str:

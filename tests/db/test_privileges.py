@@ -140,6 +140,16 @@ def test_a_new_table_gets_the_app_grants_and_no_more(db):
         owner.rollback()
 
 
+def test_migrate_grants_database_urls_user_while_connected_as_the_owner(settings):
+    """Production: DATABASE_URL is the app role's, DATABASE_OWNER_URL the owner's."""
+    settings.DATABASE_APP_ROLE = ""
+    settings.DATABASE_URL = "postgres://portal_app@127.0.0.1:5432/portal"
+    settings.DATABASE_OWNER_URL = "postgres://portal_owner@127.0.0.1:5432/portal"
+    with db_roles.connected_as("default", db_roles.owner_url()) as connection:
+        assert connection.settings_dict["USER"] == OWNER
+        assert db_roles.app_role() == APP
+
+
 def test_the_privileged_functions_are_not_executable_by_public(db):
     """EXECUTE on the definer functions goes to the app role alone, by name."""
     rows = _rows(
