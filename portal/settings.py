@@ -76,6 +76,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # After authentication: a person's tenants are the request's scope.
+    "portal.scope_middleware.TenantScopeMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -112,6 +114,8 @@ DATABASE_APP_ROLE = ""  # DATABASE_URL's user unless ``up`` or the tests say oth
 _database: dict[str, Any] = dict(
     dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)
 )
+# Django's PostgreSQL backend, plus the tenant scope of row-level security.
+_database["ENGINE"] = "portal.dbbackend"
 _database["OPTIONS"] = {
     # Fail fast rather than queue behind a stuck lock; services retry where it is safe.
     "options": "-c lock_timeout=10000 -c statement_timeout=60000",

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from django.db.models.signals import post_save
 
-from portal import db_roles
+from portal import db_roles, scope
 from portal.actors import Actor
 from portal.models import Agent, AgentGrant, Tenant
 from tasks.models import Operation, OperationState, Task, TaskState
@@ -74,6 +75,28 @@ def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[N
     with django_db_blocker.unblock():
         # Dropping the test database is the owner's.
         db_roles.use_role("default", user=db_roles.OWNER_ROLE)
+
+
+@pytest.fixture(autouse=True)
+def tenant_scope_of_the_test() -> Iterator[None]:
+    """Each test works in the tenants it makes (row-level security, portal/scope.py).
+
+    Every tenant created during the test joins the test's scope, whatever made it;
+    the scope ends with the test, so none leaks into the next one.
+    """
+
+    def include(
+        sender: type[Tenant], instance: Tenant, created: bool, **_: Any
+    ) -> None:
+        if created:
+            scope.include(instance.pk)
+
+    post_save.connect(include, sender=Tenant, dispatch_uid="tenant_scope_of_the_test")
+    try:
+        with scope.unit_of_work():
+            yield
+    finally:
+        post_save.disconnect(sender=Tenant, dispatch_uid="tenant_scope_of_the_test")
 
 
 def _unique(prefix: str) -> str:
