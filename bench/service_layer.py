@@ -35,6 +35,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from portal import db_roles
+
 from . import report
 from .spec import FLAVOURS, WORKLOADS, ClientResult, RunSpec
 from .worker import BARRIER_TIMEOUT_S, worker_main
@@ -118,8 +120,13 @@ def say(message: str) -> None:
 # --- Database --------------------------------------------------------------------
 
 
-def recreate_database(database_url: str) -> None:
-    """DROP and CREATE the benchmark database, then migrate it with manage.py."""
+def recreate_database(database_url: str) -> str:
+    """DROP and CREATE the benchmark database, then migrate it with manage.py.
+
+    With an administrator's URL the database is the owner role's and migrated as it,
+    and the URL returned is the app role's, which the services run as (README,
+    "Database roles"); otherwise ``database_url`` itself.
+    """
     params = psycopg.conninfo.conninfo_to_dict(database_url)
     name = str(params.get("dbname", ""))
     if "bench" not in name:
@@ -132,10 +139,17 @@ def recreate_database(database_url: str) -> None:
             )
         )
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    migrate(database_url)
+    if not db_roles.can_create_roles(database_url):
+        migrate(database_url)
+        return database_url
+    db_roles.ensure_roles(database_url)
+    db_roles.adopt_database(database_url)
+    app_url = db_roles.url_as(database_url, user=db_roles.APP_ROLE)
+    migrate(app_url, owner_url=db_roles.url_as(database_url, user=db_roles.OWNER_ROLE))
+    return app_url
 
 
-def migrate(database_url: str) -> None:
+def migrate(database_url: str, *, owner_url: str = "") -> None:
     """Bring the benchmark database up to the current migrations."""
     subprocess.run(
         [sys.executable, "manage.py", "migrate", "--no-input", "--verbosity", "0"],
@@ -143,6 +157,7 @@ def migrate(database_url: str) -> None:
         env={
             **os.environ,
             "DATABASE_URL": database_url,
+            "DATABASE_OWNER_URL": owner_url,
             "DJANGO_SETTINGS_MODULE": "portal.settings",
             "PORTAL_NO_BOOTSTRAP": "1",
             "PORTAL_DEV_MODE": "1",
@@ -151,11 +166,20 @@ def migrate(database_url: str) -> None:
     )
 
 
+# The URL given on the command line: VACUUM is the tables' owner's (or a superuser's).
+_MAINTENANCE_URL: list[str] = []
+
+
 def tidy(raw: psycopg.Connection[Any]) -> None:
     """Fresh statistics and no dead rows from earlier runs (autovacuum may be off)."""
-    raw.execute(
+    statement = (
         "VACUUM (ANALYZE) tasks_task, tasks_operation, audit_event, audit_outbox"
     )
+    if not _MAINTENANCE_URL:
+        raw.execute(statement)
+        return
+    with psycopg.connect(_MAINTENANCE_URL[0], autocommit=True) as conn:
+        conn.execute(statement)
 
 
 def server_facts(raw: psycopg.Connection[Any]) -> tuple[str, dict[str, str]]:
@@ -364,7 +388,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.monotonic()
     say(f"bench: recreating and migrating {args.database_url.rsplit('/', 1)[-1]}")
-    recreate_database(args.database_url)
+    _MAINTENANCE_URL[:] = [args.database_url]
+    args.database_url = recreate_database(args.database_url)
+    say(f"bench: the services connect as {args.database_url.split('@')[0]}")
 
     os.environ["DJANGO_SETTINGS_MODULE"] = "portal.settings"
     os.environ.setdefault("PORTAL_DEV_MODE", "1")  # benchmarks run the dev setup

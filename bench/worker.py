@@ -71,6 +71,8 @@ def worker_main(
     django.setup()
     from django.db import connection
 
+    from portal import scope
+
     from . import workloads
 
     ctx = workloads.WorkerContext(
@@ -83,22 +85,25 @@ def worker_main(
         assert isinstance(spec, RunSpec)
         barrier = barriers[spec.clients]
         try:
-            what_ifs.apply(spec.flavour)
-            flavour = runner_flavour(spec.flavour)
-            runner = workloads.RUNNERS[spec.workload, flavour](spec, ctx)
-            warmed = 0
-            while warmed < spec.warmup:
-                try:
-                    runner.op()
-                    warmed += 1
-                except workloads.PoolEmpty:
-                    runner.refill()
-            server_before = ctx.server_cpu_s()
-            barrier.wait(BARRIER_TIMEOUT_S)
-            latencies, elapsed, cpu_s, refills = _timed_loop(
-                runner, spec.duration_s, workloads.PoolEmpty
-            )
-            server_cpu_s = ctx.server_cpu_s() - server_before
+            # As an API request does: the services work in the tenant's scope,
+            # one set_config per transaction (docs/database-roles.md).
+            with scope.tenant_scope([spec.tenant_id]):
+                what_ifs.apply(spec.flavour)
+                flavour = runner_flavour(spec.flavour)
+                runner = workloads.RUNNERS[spec.workload, flavour](spec, ctx)
+                warmed = 0
+                while warmed < spec.warmup:
+                    try:
+                        runner.op()
+                        warmed += 1
+                    except workloads.PoolEmpty:
+                        runner.refill()
+                server_before = ctx.server_cpu_s()
+                barrier.wait(BARRIER_TIMEOUT_S)
+                latencies, elapsed, cpu_s, refills = _timed_loop(
+                    runner, spec.duration_s, workloads.PoolEmpty
+                )
+                server_cpu_s = ctx.server_cpu_s() - server_before
         except BaseException:
             barrier.abort()
             pipe.send(("error", f"client {index}:\n{traceback.format_exc()}"))

@@ -29,6 +29,7 @@ from django.db.models.functions import Now
 from audit import services as audit_services
 from audit.models import EventCode, Outbox
 from audit.redaction import redact_payload
+from portal import scope
 from portal import selectors as portal_selectors
 from portal.actors import Actor, ActorType
 from portal.exceptions import IllegalTransition, StaleState
@@ -202,10 +203,11 @@ def owner_of(index: int) -> str:
 def make_tenant(slug: str) -> tuple[Tenant, Agent]:
     """A tenant and its agent, granted the reservation's action on any target."""
     tenant = Tenant.objects.create(slug=slug, name=slug)
-    agent = Agent.objects.create(tenant=tenant, name="bench-agent")
-    AgentGrant.objects.create(
-        tenant=tenant, agent=agent, action=RESERVATION_ACTION, target="*"
-    )
+    with scope.tenant_scope([tenant.pk]):
+        agent = Agent.objects.create(tenant=tenant, name="bench-agent")
+        AgentGrant.objects.create(
+            tenant=tenant, agent=agent, action=RESERVATION_ACTION, target="*"
+        )
     return tenant, agent
 
 
@@ -335,7 +337,12 @@ def raw_reserve(
     actor: Actor,
     grant: tuple[str, list[Any]],
 ) -> None:
-    """``operation_reserve``'s three statements (new key); the caller holds the txn."""
+    """``operation_reserve``'s three statements (new key); the caller holds the txn.
+
+    First the tenant scope, as the service's transaction sets it (row-level
+    security on the grants, docs/database-roles.md).
+    """
+    cursor.execute("SELECT set_config(%s, %s, true)", [scope.SETTING, str(tenant_id)])
     cursor.execute(*grant)
     if cursor.fetchone() is None:
         raise RuntimeError("raw reservation: no grant")
@@ -856,6 +863,13 @@ def captured_statements() -> Iterator[list[tuple[str, Any]]]:
 def check_same_statements(raw: psycopg.Connection[Any], slug: str) -> None:
     """Fail unless each service executes exactly the statements its raw twin does."""
     tenant, agent = make_tenant(slug)
+    with scope.tenant_scope([tenant.pk]):
+        _check_same_statements(raw, tenant=tenant, agent=agent)
+
+
+def _check_same_statements(
+    raw: psycopg.Connection[Any], *, tenant: Tenant, agent: Agent
+) -> None:
     actor = Actor.of_agent(agent)
     leased = insert_tasks(raw, tenant_id=tenant.pk, count=2, owner="bench-check")
     insert_tasks(raw, tenant_id=tenant.pk, count=1, owner=None)

@@ -77,9 +77,16 @@ class ConsumeStats:
 
 
 def ensure_schema() -> None:
-    """Create this example's own business table (a real consumer migrates it)."""
+    """Create this example's own business table (a real consumer migrates it).
+
+    Only when it is missing: the portal's app role may not create tables
+    (docs/database-roles.md), so against the portal's database the owner makes it
+    first, as ``tests/worker/conftest.py`` does.
+    """
     with connection.cursor() as cursor:
-        cursor.execute(_SCHEMA)
+        cursor.execute("SELECT to_regclass('example_topic_count') IS NOT NULL")
+        if not cursor.fetchone()[0]:
+            cursor.execute(_SCHEMA)
 
 
 def count_by_topic(*, consumer: str, topic: str) -> None:

@@ -32,6 +32,7 @@ from django.core.management import call_command
 from django.core.management.base import OutputWrapper
 from django.db import connections
 
+from portal import db_roles
 from portal.management.commands.seed_demo import TICKETDESK_DEMO_KEY, USERS, seed
 
 from . import embedded_db
@@ -143,6 +144,7 @@ class Up:
                 self._say(f"starting PostgreSQL on {embedded_db.HOST}:{server.port}…")
                 server.start()
                 database_url = server.url
+            database_url = self._two_roles(database_url)
             desk_url = None
             if demo:
                 desk_url = self._start_ticketdesk(children, port=ticketdesk_port)
@@ -169,6 +171,30 @@ class Up:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
         return code
+
+    def _two_roles(self, database_url: str) -> str:
+        """Make the owner and the app role from an administrator's URL; the app's URL.
+
+        With an administrator's URL (the embedded server's, or DATABASE_URL naming a
+        role that may create roles) both roles are made and given the database;
+        migrations then run as the owner and everything else as the app role. Any
+        other DATABASE_URL is the app role's already, with DATABASE_OWNER_URL beside
+        it (README, "Database roles").
+        """
+        if not db_roles.can_create_roles(database_url):
+            return database_url
+        self._say(
+            f"database roles: {db_roles.OWNER_ROLE} owns the schema, "
+            f"{db_roles.APP_ROLE} runs the portal…"
+        )
+        db_roles.ensure_roles(database_url)
+        db_roles.adopt_database(database_url)
+        settings.DATABASE_OWNER_URL = db_roles.url_as(
+            database_url, user=db_roles.OWNER_ROLE
+        )
+        settings.DATABASE_APP_ROLE = db_roles.APP_ROLE
+        db_roles.use_role("default", user=db_roles.APP_ROLE)
+        return db_roles.url_as(database_url, user=db_roles.APP_ROLE)
 
     def _prepare(self, *, verbosity: int, desk_url: str | None) -> str | None:
         """Migrate, collect static files, seed; return the demo agent's key."""
@@ -354,7 +380,11 @@ class Up:
         if desk_url is not None:
             lines.append(f"  Ticket desk: {desk_url}  (demo target 'ticket-desk')")
         if server is not None:
-            lines.append(f"  Database:   {server.url} (embedded, {server.data_dir})")
+            app_url = db_roles.url_as(server.url, user=db_roles.APP_ROLE)
+            lines.append(
+                f"  Database:   {app_url} (embedded, {server.data_dir}; "
+                f"migrations as {db_roles.OWNER_ROLE})"
+            )
         if secret is not None and desk_url is not None:
             lines.append(
                 "  Try:        .venv/bin/python examples/customer_issue_agent.py "

@@ -29,7 +29,7 @@ from rest_framework.response import Response
 from rest_framework.throttling import SimpleRateThrottle
 from rest_framework.views import APIView
 
-from . import api_input, idempotency, selectors, services
+from . import api_input, idempotency, scope, selectors, services
 from .actors import Actor
 from .exceptions import PortalError, ValidationFailed
 from .models import Agent, Tenant
@@ -62,6 +62,8 @@ class AgentKeyAuthentication(BaseAuthentication):
         key = selectors.agent_key_authenticate(secret=secret.strip())
         if key is None:
             raise drf_exceptions.AuthenticationFailed("Invalid or revoked API key.")
+        # The request's tenant scope (row-level security) until it ends.
+        scope.enter([key.agent.tenant_id])
         services.agent_key_mark_used(key=key)
         return key.agent, None
 

@@ -3,11 +3,23 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
-from celery import Celery
+from celery import Celery, Task
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 
-app = Celery("portal")
+
+class ScopedTask(Task):
+    """Each job starts with no tenant scope and leaves none (portal/scope.py)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from portal import scope
+
+        with scope.unit_of_work():
+            return super().__call__(*args, **kwargs)
+
+
+app = Celery("portal", task_cls=ScopedTask)
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(related_name="jobs")

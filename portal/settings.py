@@ -76,6 +76,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # After authentication: a person's tenants are the request's scope.
+    "portal.scope_middleware.TenantScopeMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -104,9 +106,16 @@ EMBEDDED_DATABASE_URL = "postgres://postgres@127.0.0.1:{port}/portal".format(
     port=os.environ.get("PORTAL_EMBEDDED_PG_PORT", "54329")
 )
 DATABASE_URL = os.environ.get("DATABASE_URL") or EMBEDDED_DATABASE_URL
+# Two roles (portal/db_roles.py): DATABASE_URL is the app role's, which runs web,
+# workers, beat and commands; ``manage.py migrate`` connects as the schema owner of
+# DATABASE_OWNER_URL. ``up`` and the test suite set both from an administrator's URL.
+DATABASE_OWNER_URL = os.environ.get("DATABASE_OWNER_URL", "")
+DATABASE_APP_ROLE = ""  # DATABASE_URL's user unless ``up`` or the tests say otherwise
 _database: dict[str, Any] = dict(
     dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)
 )
+# Django's PostgreSQL backend, plus the tenant scope of row-level security.
+_database["ENGINE"] = "portal.dbbackend"
 _database["OPTIONS"] = {
     # Fail fast rather than queue behind a stuck lock; services retry where it is safe.
     "options": "-c lock_timeout=10000 -c statement_timeout=60000",

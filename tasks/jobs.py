@@ -8,6 +8,7 @@ import uuid
 from celery import shared_task
 from django.db import InterfaceError, OperationalError
 
+from portal import scope
 from portal import selectors as portal_selectors
 
 from . import gateway, services
@@ -29,8 +30,11 @@ logger = logging.getLogger(__name__)
 )
 def run_operation_job(*, tenant_id: str, operation_id: str) -> None:
     """Make the call of a queued execution; redelivery-safe (operation_run_queued)."""
-    tenant = portal_selectors.tenant_get(tenant_id=tenant_id)
-    gateway.operation_run_queued(tenant=tenant, operation_id=uuid.UUID(operation_id))
+    with scope.tenant_scope([tenant_id]):  # row-level security: this tenant
+        tenant = portal_selectors.tenant_get(tenant_id=tenant_id)
+        gateway.operation_run_queued(
+            tenant=tenant, operation_id=uuid.UUID(operation_id)
+        )
 
 
 @shared_task(acks_late=True, ignore_result=True)
@@ -51,7 +55,8 @@ def check_receipts_job(*, limit: int = 100) -> int:
             else gateway.operation_recover
         )
         try:
-            settle(tenant=tenant, operation_id=operation_id)
+            with scope.tenant_scope([tenant_id]):  # each settles in its own tenant
+                settle(tenant=tenant, operation_id=operation_id)
         except Exception:  # one bad operation must not stop the others
             logger.exception("recovery of operation %s failed", operation_id)
             continue

@@ -1,10 +1,11 @@
 """Tenant deletion: the one privileged purge path (docs/tenant-deletion.md).
 
 The audit trail is append-only and published contract versions are immutable
-(DESIGN.md invariants 5 and 8); their triggers let a row go only while the
-transaction has ``portal.purge`` set. This module is the only code that sets it, with
-``SET LOCAL`` and for one statement at a time, so the privilege can never outlive
-the statement that needs it, let alone the transaction.
+(DESIGN.md invariants 5 and 8); their triggers let a row go only when the current
+user owns the table. The app role owns nothing: it deletes those rows through the
+owner's ``SECURITY DEFINER`` function ``tasks_purge_tenant_rows`` (tasks migration
+0011), which it alone may execute and which purges one tenant's rows of one guarded
+table once the tenant's tasks are gone. This module is its only caller.
 
 The policy is declared once, here, as data: what is revoked, in which order tables are
 emptied, and what happens to events. ``tenant_delete`` refuses to run when the model
@@ -16,8 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -161,19 +161,6 @@ def _check_policy_covers_registry() -> None:
         )
 
 
-@contextmanager
-def _purge_privilege(cursor: CursorWrapper) -> Iterator[None]:
-    """Open ``portal.purge`` for the statements inside, then close it again.
-
-    ``SET LOCAL`` alone would last until the end of the outermost transaction, which
-    in tests (and under any caller's savepoint) is longer than this one step. On an
-    error nothing is reset here: the transaction rolls back, and ``SET LOCAL`` with it.
-    """
-    cursor.execute("SET LOCAL portal.purge = 'on'")
-    yield
-    cursor.execute("SET LOCAL portal.purge = 'off'")
-
-
 @dataclass(frozen=True, kw_only=True)
 class _Purge:
     """One tenant's statements: counted on a dry run, executed otherwise."""
@@ -217,10 +204,11 @@ class _Purge:
         if model not in _PRIVILEGED:
             self.cursor.execute(sql, params)
             return self.cursor.rowcount
-        with _purge_privilege(self.cursor):
-            self.cursor.execute(sql, params)
-            # Read now: closing the privilege is a statement too and resets rowcount.
-            return self.cursor.rowcount
+        # The owner's function: the app role may not delete these rows itself.
+        return self._count(
+            "SELECT tasks_purge_tenant_rows(%(table)s::regclass, %(tenant)s)",
+            {"table": table, "tenant": self.tenant_id},
+        )
 
     def delete_object_permissions(self, permission_model: type[Model]) -> int:
         """Guardian grants on the tenant and on every object it owns.
@@ -299,8 +287,8 @@ def tenant_delete(
     deleted; ``purge`` deletes them and then the tenant row.
 
     Guarantee: with ``dry_run`` only counts are read (the tenant row is still locked
-    for a consistent answer) and nothing changes. The purge privilege is open only
-    around the statements that need it.
+    for a consistent answer) and nothing changes. Published contracts, events and
+    checkpoints go through the owner's purge function, nothing else does.
 
     Raises:
         TenantAlreadyDeleted: the tenant row is a tombstone already.

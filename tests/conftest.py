@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.db import connection
+from django.db.models.signals import post_save
 
+from portal import db_roles, scope
 from portal.actors import Actor
 from portal.models import Agent, AgentGrant, Tenant
 from tasks.models import Operation, OperationState, Task, TaskState
@@ -27,6 +29,74 @@ def pytest_configure(config: pytest.Config) -> None:
     # No worker consumes the tests' broker: commits need not nudge a relay run
     # (tests/worker/ exercises the nudge itself).
     settings.PORTAL_RELAY_NUDGE = False
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings: None) -> None:
+    """Make both roles from DATABASE_URL (an administrator's); create as the owner.
+
+    The owner creates and migrates the test database (``portal/db_roles.py``); the
+    ``django_db_setup`` below then turns the tests' connection into the app role's.
+    """
+    from django.conf import settings
+
+    if not db_roles.can_create_roles(settings.DATABASE_URL):
+        raise pytest.UsageError(
+            "the tests make their two database roles: DATABASE_URL must name a role "
+            "that may create roles (e.g. postgres)"
+        )
+    db_roles.ensure_roles(settings.DATABASE_URL)
+    settings.DATABASE_OWNER_URL = db_roles.url_as(
+        settings.DATABASE_URL, user=db_roles.OWNER_ROLE
+    )
+    settings.DATABASE_APP_ROLE = db_roles.APP_ROLE
+    db_roles.use_role("default", user=db_roles.OWNER_ROLE)
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
+    """After the owner migrated: the test clock for the app role, then connect as it.
+
+    Fails the run when the tests' connection is not the app role, so no test can
+    pass by the owner's or a superuser's power (RELIABILITY.md S01).
+    """
+    with django_db_blocker.unblock():
+        with (
+            db_roles.connected_as("default", db_roles.owner_url()) as owner,
+            owner.cursor() as cursor,
+        ):
+            db_roles.grant_app_role(cursor, test_clock=True)
+        db_roles.use_role("default", user=db_roles.APP_ROLE)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT current_user")
+            (current,) = cursor.fetchone()
+        assert current == db_roles.APP_ROLE, f"tests connect as {current}"
+    yield
+    with django_db_blocker.unblock():
+        # Dropping the test database is the owner's.
+        db_roles.use_role("default", user=db_roles.OWNER_ROLE)
+
+
+@pytest.fixture(autouse=True)
+def tenant_scope_of_the_test() -> Iterator[None]:
+    """Each test works in the tenants it makes (row-level security, portal/scope.py).
+
+    Every tenant created during the test joins the test's scope, whatever made it;
+    the scope ends with the test, so none leaks into the next one.
+    """
+
+    def include(
+        sender: type[Tenant], instance: Tenant, created: bool, **_: Any
+    ) -> None:
+        if created:
+            scope.include(instance.pk)
+
+    post_save.connect(include, sender=Tenant, dispatch_uid="tenant_scope_of_the_test")
+    try:
+        with scope.unit_of_work():
+            yield
+    finally:
+        post_save.disconnect(sender=Tenant, dispatch_uid="tenant_scope_of_the_test")
 
 
 def _unique(prefix: str) -> str:

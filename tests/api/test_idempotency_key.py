@@ -13,6 +13,7 @@ from audit.models import Event
 from tasks import services
 from tasks.models import Task
 from tests.support.concurrency import run_in_threads
+from tests.support.db import db_clock_offset
 
 from .conftest import REGISTRATION, register_and_claim
 
@@ -83,18 +84,10 @@ def test_malformed_keys_are_400(api, key):
 def test_a_key_expires_after_the_window(api):
     api.post("/api/v1/tasks", REGISTRATION, **KEY)
     window = settings.PORTAL_IDEMPOTENCY_WINDOW_S
-    with connection.cursor() as cursor:  # the one SQL clock moves past the window
-        cursor.execute(
-            "SELECT set_config('portal.clock_offset', %s, false)",
-            [f"{window + 1} seconds"],
-        )
-    try:
+    with db_clock_offset(window + 1):  # the one SQL clock moves past the window
         response = api.post(
             "/api/v1/tasks", {**REGISTRATION, "client_task_id": "y"}, **KEY
         )
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute("RESET portal.clock_offset")
     assert response.status_code == 201
     assert Task.objects.count() == 2
 

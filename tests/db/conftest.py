@@ -4,7 +4,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, ProgrammingError, connection, transaction
 
 
 @contextmanager
@@ -14,6 +14,14 @@ def refused_by(name: str) -> Iterator[None]:
         yield
     diag = caught.value.__cause__.diag  # type: ignore[union-attr]
     assert diag.constraint_name == name, diag.message_primary
+
+
+@contextmanager
+def refused_for_privilege() -> Iterator[None]:
+    """Expect PostgreSQL to refuse the statement for want of a privilege (42501)."""
+    with pytest.raises(ProgrammingError) as caught, transaction.atomic():
+        yield
+    assert caught.value.__cause__.sqlstate == "42501", caught.value  # type: ignore[union-attr]
 
 
 def execute(sql: str, params: list | tuple | None = None) -> int:

@@ -9,38 +9,46 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from psycopg import sql
 
 from audit.models import Event, Outbox
 from portal.exceptions import IntegrityViolation
 from tasks import services
 from tasks.models import Task, TaskState
-
-from .conftest import execute
+from tests.support.db import connect_as
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture(params=["audit_event", "audit_outbox"])
 def failing_insert(request) -> Iterator[str]:
+    """The fault trigger, made and dropped by the owner (DDL is not the app's)."""
     table = request.param
-    execute(
-        """
-        CREATE FUNCTION test_fail_insert() RETURNS trigger LANGUAGE plpgsql AS $$
-        BEGIN
-            RAISE EXCEPTION 'injected fault' USING ERRCODE = 'check_violation',
-                CONSTRAINT = 'test_injected_fault';
-        END $$
-        """
-    )
-    execute(
-        f"CREATE TRIGGER test_fail_insert BEFORE INSERT ON {table} "
-        "FOR EACH ROW EXECUTE FUNCTION test_fail_insert()"
-    )
-    try:
-        yield table
-    finally:
-        execute(f"DROP TRIGGER test_fail_insert ON {table}")
-        execute("DROP FUNCTION test_fail_insert()")
+    with connect_as("owner", autocommit=True) as owner:
+        owner.execute(
+            """
+            CREATE FUNCTION test_fail_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                RAISE EXCEPTION 'injected fault' USING ERRCODE = 'check_violation',
+                    CONSTRAINT = 'test_injected_fault';
+            END $$
+            """
+        )
+        owner.execute(
+            sql.SQL(
+                "CREATE TRIGGER test_fail_insert BEFORE INSERT ON {} "
+                "FOR EACH ROW EXECUTE FUNCTION test_fail_insert()"
+            ).format(sql.Identifier(table))
+        )
+        try:
+            yield table
+        finally:
+            owner.execute(
+                sql.SQL("DROP TRIGGER test_fail_insert ON {}").format(
+                    sql.Identifier(table)
+                )
+            )
+            owner.execute("DROP FUNCTION test_fail_insert()")
 
 
 def test_a_failed_event_write_rolls_the_transition_back(

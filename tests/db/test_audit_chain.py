@@ -16,19 +16,21 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import psycopg
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.core.management import call_command
 from django.db import connection, transaction
+from psycopg.errors import IntegrityConstraintViolation
 
 from audit import chain, checkpoints
 from audit import services as audit_services
 from audit.jobs import checkpoint_audit_job
 from audit.models import Checkpoint, Event, EventCode
+from portal import db_roles
 from portal.actors import Actor
 from portal.models import Tenant
 from tests.support.concurrency import run_in_threads
+from tests.support.db import connect_as
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -78,14 +80,7 @@ def kind_of(output: str) -> str:
 @pytest.fixture
 def superuser() -> Iterator[Callable[..., None]]:
     """Run statements as the superuser with triggers off, in one transaction."""
-    settings = connection.settings_dict
-    raw = psycopg.connect(
-        dbname=settings["NAME"],
-        user=settings["USER"],
-        host=settings["HOST"],
-        port=settings["PORT"] or 5432,
-        password=settings["PASSWORD"] or None,
-    )
+    raw = connect_as("admin")  # the tests' own connection is the app role's
 
     def run(*statements: tuple[str, list[Any]]) -> None:
         with raw.transaction():
@@ -378,13 +373,29 @@ def test_checkpoint_signed_with_another_key_is_forged(
 
 
 def test_checkpoints_are_append_only(trail: dict[str, Any]) -> None:
-    from django.db import IntegrityError
+    """The app role holds no UPDATE or DELETE on them; as a superuser that lends it
+    both, the trigger still refuses."""
+    from django.db import ProgrammingError
 
-    with pytest.raises(IntegrityError) as caught, transaction.atomic():
+    with pytest.raises(ProgrammingError) as caught, transaction.atomic():
         Checkpoint.objects.filter(tenant=trail["tenant"]).update(event_count=0)
-    assert caught.value.__cause__.diag.constraint_name == (  # type: ignore[union-attr]
-        "audit_checkpoint_append_only_trg"
-    )
+    assert caught.value.__cause__.sqlstate == "42501"  # type: ignore[union-attr]
+    with connect_as("admin") as conn:
+        conn.execute("GRANT UPDATE, DELETE ON audit_checkpoint TO portal_app")
+        conn.execute("SET LOCAL ROLE portal_app")
+        for statement in (
+            "UPDATE audit_checkpoint SET event_count = 0",
+            "DELETE FROM audit_checkpoint",
+        ):
+            with (
+                pytest.raises(IntegrityConstraintViolation) as refused,
+                conn.transaction(),  # a savepoint
+            ):
+                conn.execute(statement)
+            assert refused.value.diag.constraint_name == (
+                "audit_checkpoint_append_only_trg"
+            )
+        conn.rollback()
 
 
 def test_checkpoint_job_signs_only_moved_heads(trail: dict[str, Any]) -> None:
@@ -413,7 +424,10 @@ def test_the_migration_backfill_chains_old_events(
     )
     # when the migration's backfill runs
     migration = importlib.import_module("audit.migrations.0009_event_hash_chain")
-    with connection.schema_editor() as editor:
+    with (  # as migrations run: as the owner
+        db_roles.connected_as("default", db_roles.owner_url()),
+        connection.schema_editor() as editor,
+    ):
         migration.chain_existing_events(None, editor)
     call_command("checkpoint_audit", stdout=io.StringIO())
     # then the trail verifies as one written through event_append

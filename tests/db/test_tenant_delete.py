@@ -19,7 +19,7 @@ from django.apps import apps
 from django.contrib.auth.models import Group, User
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import IntegrityError, connection, transaction
+from django.db import ProgrammingError, connection, transaction
 from django.db.models import Model
 from guardian.shortcuts import assign_perm
 
@@ -361,25 +361,25 @@ def test_the_report_names_every_tenant_owned_table(make_tenant, populate):
         assert {m._meta.db_table for m in tenant_owned_models()} <= named
 
 
-def test_the_purge_privilege_is_closed_afterwards(purge_tenant, other_tenant, populate):
-    """``portal.purge`` is off again once the deletion returns, even in a savepoint."""
-    populate(purge_tenant)
-    populate(other_tenant)
-
-    deletion.tenant_delete(tenant=purge_tenant, actor=SYSTEM)
-
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT current_setting('portal.purge', true)")
-        assert cursor.fetchone()[0] != "on"
-    event = Event.objects.filter(tenant=other_tenant).first()
-    assert event is not None
+def test_the_purge_function_deletes_nothing_of_a_tenant_that_keeps_its_events(
+    keep_tenant, populate
+):
+    """The owner's purge function refuses what a tenant deletion would not do."""
+    populate(keep_tenant)
+    deletion.tenant_delete(tenant=keep_tenant, actor=SYSTEM)
+    kept = Event.objects.filter(tenant=keep_tenant).count()
+    assert kept > 0
     with (
-        pytest.raises(IntegrityError) as caught,
+        pytest.raises(ProgrammingError) as caught,
         transaction.atomic(),
         connection.cursor() as cursor,
     ):
-        cursor.execute("DELETE FROM audit_event WHERE id = %s", [event.pk])
-    assert caught.value.__cause__.diag.constraint_name == "audit_event_append_only_trg"
+        cursor.execute(
+            "SELECT tasks_purge_tenant_rows('audit_event'::regclass, %s)",
+            [keep_tenant.pk],
+        )
+    assert caught.value.__cause__.sqlstate == "42501"
+    assert Event.objects.filter(tenant=keep_tenant).count() == kept
 
 
 def test_a_forgotten_model_stops_the_deletion(keep_tenant, populate, monkeypatch):

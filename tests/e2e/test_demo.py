@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, LiteralString
 
+import dj_database_url
 import httpx
 import psutil
 import psycopg
@@ -51,7 +52,8 @@ def _free_port() -> int:
 
 def _server_params() -> dict[str, Any]:
     """How to reach the test run's PostgreSQL server (system or embedded)."""
-    db = settings.DATABASES["default"]
+    # The administrator's URL: ``up`` makes its two roles from it, as in the README.
+    db = dj_database_url.parse(settings.DATABASE_URL)
     return {
         "host": db["HOST"] or "127.0.0.1",
         "port": int(db["PORT"] or 5432),

@@ -13,6 +13,7 @@ from portal.models import Role
 from tasks import takeover
 from tasks.jobs import check_receipts_job, run_operation_job
 from tasks.models import Operation, Task
+from tests.support.db import db_clock_offset
 
 from .conftest import World
 
@@ -81,13 +82,8 @@ def test_a_grant_revoked_while_queued_stops_the_call(world: World):
 def test_fields_that_grew_stale_in_the_queue_stop_the_call(world: World):
     started = world.start_task()
     queue(world, started)
-    with connection.cursor() as cursor:  # six minutes in the queue; email allows five
-        cursor.execute("SELECT set_config('portal.clock_offset', '6 minutes', false)")
-    try:
+    with db_clock_offset("6 minutes"):  # six minutes in the queue; email allows five
         run(world, started)
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute("RESET portal.clock_offset")
     assert operation(started).reason_code == "FIELD_STALE"
     assert world.tickets() == 0
 

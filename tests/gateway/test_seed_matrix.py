@@ -238,9 +238,7 @@ def test_4_an_expired_credential_is_caught_at_the_call(world: World):
     def pass_the_credential_ttl(point: str) -> None:
         if point == "before_call":  # the one SQL clock moves past the 60 s TTL
             with connection.cursor() as cursor:
-                cursor.execute(
-                    "SELECT set_config('portal.clock_offset', '61 s', false)"
-                )
+                cursor.execute("SELECT portal_set_clock_offset('61 s')")
 
     try:
         result = gateway.operation_execute(
@@ -253,7 +251,7 @@ def test_4_an_expired_credential_is_caught_at_the_call(world: World):
         )
     finally:
         with connection.cursor() as cursor:
-            cursor.execute("RESET portal.clock_offset")
+            cursor.execute("SELECT portal_reset_clock_offset()")
     assert (result.outcome, result.reason) == ("refused", "CREDENTIAL_EXPIRED")
     assert world.tickets() == 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -13,7 +14,8 @@ def run_in_threads(*functions: Callable[[], Any], timeout: float = 60) -> list[A
     """Run each function in its own thread; return each result or raised exception.
 
     Every thread uses its own database connection (Django's are per thread), and closes
-    it in ``finally`` so no connection outlives the test. Callers line the threads up
+    it in ``finally`` so no connection outlives the test. Each runs in a copy of the
+    caller's context, so it works in the test's tenant scope (portal/scope.py). Callers line the threads up
     with a ``threading.Barrier`` inside the functions.
     """
     outcomes: list[Any] = [None] * len(functions)
@@ -30,7 +32,11 @@ def run_in_threads(*functions: Callable[[], Any], timeout: float = 60) -> list[A
             connection.close()
 
     threads = [
-        threading.Thread(target=run, args=(index, function), daemon=True)
+        threading.Thread(
+            target=contextvars.copy_context().run,
+            args=(run, index, function),
+            daemon=True,
+        )
         for index, function in enumerate(functions)
     ]
     for thread in threads:

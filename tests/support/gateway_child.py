@@ -28,6 +28,7 @@ def main() -> None:
     import django
 
     django.setup()
+    from portal import scope
     from portal import selectors as portal_selectors
     from portal.actors import Actor, ActorType
     from tasks import gateway
@@ -45,14 +46,16 @@ def main() -> None:
         )
         for item in json.loads(args.fields)
     ]
-    result = gateway.operation_execute(
-        tenant=portal_selectors.tenant_get(tenant_id=args.tenant),
-        operation_id=args.operation,
-        lease_token=args.lease_token,
-        fields=fields,
-        actor=Actor(type=ActorType.AGENT, id=args.agent),
-        _test_hook=hook,
-    )
+    # The agent's request would work in its tenant's scope (portal/scope.py).
+    with scope.tenant_scope([args.tenant]):
+        result = gateway.operation_execute(
+            tenant=portal_selectors.tenant_get(tenant_id=args.tenant),
+            operation_id=args.operation,
+            lease_token=args.lease_token,
+            fields=fields,
+            actor=Actor(type=ActorType.AGENT, id=args.agent),
+            _test_hook=hook,
+        )
     print(json.dumps({"outcome": result.outcome, "reason": result.reason}))
     sys.stdout.flush()
 

@@ -7,13 +7,13 @@ example consumer, Celery workers) get the test database through ``DATABASE_URL``
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
 import sys
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,9 +24,11 @@ from django.db import connection, transaction
 
 from audit import services as audit_services
 from audit.models import EventCode
+from portal import db_roles
 from portal.actors import Actor
 from portal.models import Tenant
 from portal.tracing import Trace
+from tests.support.db import connect_as
 
 from .broker import SHARED_URL, EventQueue, delete_exchange, ensure_shared_broker
 
@@ -132,21 +134,6 @@ def write_report(name: str, figures: dict[str, Any]) -> None:
     print(f"\n{name}: " + json.dumps(figures, default=str))
 
 
-@contextmanager
-def db_clock_offset(seconds: float) -> Iterator[None]:
-    """Move ``app_now()`` for this thread's connection (RELIABILITY.md D.2)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT set_config('portal.clock_offset', %s, false)",
-            [f"{seconds} seconds"],
-        )
-    try:
-        yield
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute("RESET portal.clock_offset")
-
-
 def database_url() -> str:
     """The test database, for subprocesses."""
     params = connection.settings_dict
@@ -178,6 +165,19 @@ PYTHON = sys.executable
 def inbox_consumer() -> Iterator[str]:
     """A consumer name of this test only; its inbox and example rows are removed."""
     name = f"test-consumer-{uuid.uuid4().hex[:10]}"
+    # The example's own table, made by the owner: the app role may not create one.
+    spec = importlib.util.spec_from_file_location(
+        "outbox_consumer", REPO / "examples" / "outbox_consumer.py"
+    )
+    assert spec is not None and spec.loader is not None
+    example = sys.modules.setdefault(
+        "outbox_consumer", importlib.util.module_from_spec(spec)
+    )
+    if not hasattr(example, "_SCHEMA"):
+        spec.loader.exec_module(example)
+    with connect_as("owner", autocommit=True) as owner, owner.cursor() as cursor:
+        cursor.execute(example._SCHEMA)
+        db_roles.grant_app_role(cursor, test_clock=True)
     yield name
     with connection.cursor() as cursor:
         cursor.execute("DELETE FROM audit_inbox WHERE consumer = %s", [name])

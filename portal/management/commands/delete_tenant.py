@@ -14,6 +14,7 @@ from typing import Any, TextIO
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from portal import scope
 from portal.actors import Actor
 from portal.exceptions import PortalError
 from portal.models import EventsOnDelete, Tenant
@@ -145,7 +146,10 @@ class Command(BaseCommand):
         self, *, tenant: Tenant, actor: Actor, dry_run: bool
     ) -> deletion.TenantDeletionReport:
         try:
-            return deletion.tenant_delete(tenant=tenant, actor=actor, dry_run=dry_run)
+            with scope.tenant_scope([tenant.pk]):  # row-level security: this tenant
+                return deletion.tenant_delete(
+                    tenant=tenant, actor=actor, dry_run=dry_run
+                )
         except PortalError as error:
             raise CommandError(str(error)) from error
 

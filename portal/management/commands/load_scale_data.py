@@ -40,6 +40,7 @@ otherwise (``nohup … > load.log``).
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import json
 import math
@@ -60,7 +61,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection, transaction
 
 from audit import chain
-from portal import services
+from portal import scope, services
 from portal.models import Agent, Role, Tenant
 from tasks import services as task_services
 from tasks.models import Connector, Contract
@@ -345,56 +346,59 @@ def tenants_set_up(
         tenant = Tenant.objects.filter(slug=slug).first()
         if tenant is None:
             tenant = services.tenant_create(slug=slug, name=f"Scale tenant {n:02d}")
-        support_ids = []
-        for prefix, role in ROLES:
-            user, _ = get_user_model().objects.get_or_create(
-                username=f"{prefix}-t{n:02d}"
-            )
-            user.is_staff = True
-            user.is_superuser = False
-            user.password = password_hash
-            user.save()
-            services.membership_grant(tenant=tenant, user=user, role=role)
-            if role == Role.SUPPORT:
-                support_ids.append(user.pk)
-        agents = []
-        for a in range(1, AGENTS_PER_TENANT + 1):
-            name = f"agent-t{n:02d}-{a}"
-            agent = Agent.objects.filter(tenant=tenant, name=name).first()
-            if agent is None:
-                agent = services.agent_create(tenant=tenant, name=name)
-            services.agent_grant(agent=agent, action=ACTION, target=TARGET)
-            agents.append((str(agent.pk), name))
-        contract = (
-            Contract.objects.filter(tenant=tenant, key=CONTRACT_KEY)
-            .order_by("-version")
-            .first()
-        )
-        if contract is None:
-            contract = task_services.contract_create(
-                tenant=tenant, key=CONTRACT_KEY, spec=CONTRACT_SPEC, publish=True
-            )
-        if not Connector.objects.filter(tenant=tenant, target=TARGET).exists():
-            task_services.connector_save(
-                tenant=tenant,
-                target=TARGET,
-                values={"base_url": "http://127.0.0.1:8100"},
-                signing_key=f"scale-signing-key-{n:02d}",
-            )
-        made.append(
-            TenantSetUp(
-                id=str(tenant.pk),
-                slug=slug,
-                agents=tuple(agents),
-                support_user_ids=tuple(support_ids),
-                contract_version=contract.version,
-            )
-        )
+        with scope.tenant_scope([tenant.pk]):  # row-level security: this tenant
+            made.append(_tenant_set_up(tenant=tenant, n=n, password_hash=password_hash))
     report(
         f"{count} tenants scale-t01..scale-t{count:02d}; users reviewer-tNN, "
         f"support-tNN, admin-tNN (password {PASSWORD!r})"
     )
     return made, [1 / n for n in range(1, count + 1)]
+
+
+def _tenant_set_up(*, tenant: Tenant, n: int, password_hash: str) -> TenantSetUp:
+    """One tenant's people, agents, contract and connector."""
+    slug = tenant.slug
+    support_ids = []
+    for prefix, role in ROLES:
+        user, _ = get_user_model().objects.get_or_create(username=f"{prefix}-t{n:02d}")
+        user.is_staff = True
+        user.is_superuser = False
+        user.password = password_hash
+        user.save()
+        services.membership_grant(tenant=tenant, user=user, role=role)
+        if role == Role.SUPPORT:
+            support_ids.append(user.pk)
+    agents = []
+    for a in range(1, AGENTS_PER_TENANT + 1):
+        name = f"agent-t{n:02d}-{a}"
+        agent = Agent.objects.filter(tenant=tenant, name=name).first()
+        if agent is None:
+            agent = services.agent_create(tenant=tenant, name=name)
+        services.agent_grant(agent=agent, action=ACTION, target=TARGET)
+        agents.append((str(agent.pk), name))
+    contract = (
+        Contract.objects.filter(tenant=tenant, key=CONTRACT_KEY)
+        .order_by("-version")
+        .first()
+    )
+    if contract is None:
+        contract = task_services.contract_create(
+            tenant=tenant, key=CONTRACT_KEY, spec=CONTRACT_SPEC, publish=True
+        )
+    if not Connector.objects.filter(tenant=tenant, target=TARGET).exists():
+        task_services.connector_save(
+            tenant=tenant,
+            target=TARGET,
+            values={"base_url": "http://127.0.0.1:8100"},
+            signing_key=f"scale-signing-key-{n:02d}",
+        )
+    return TenantSetUp(
+        id=str(tenant.pk),
+        slug=slug,
+        agents=tuple(agents),
+        support_user_ids=tuple(support_ids),
+        contract_version=contract.version,
+    )
 
 
 # --- Event counts --------------------------------------------------------------------
@@ -1072,19 +1076,47 @@ def _created_at(
     return now - HISTORY + dt.timedelta(seconds=offset)
 
 
+@functools.cache
+def _row_level_secured() -> frozenset[str]:
+    """The loaded tables under row-level security, which refuses ``COPY FROM``."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT relname FROM pg_class WHERE relrowsecurity AND relname = ANY(%s)",
+            [[table for table, _ in TABLES]],
+        )
+        return frozenset(name for (name,) in cursor.fetchall())
+
+
 def _copy(chunk: Chunk) -> None:
-    """COPY the chunk's rows, parents first, in the caller's transaction."""
+    """COPY the chunk's rows, parents first, in the caller's transaction.
+
+    A table under row-level security is copied into a temporary table first and
+    inserted from there, so its policy checks every row (tenant scope of ``load``).
+    """
+    secured = _row_level_secured()
     with connection.cursor() as cursor:
         raw = cursor.cursor  # the psycopg cursor under Django's wrapper
         for table, columns in TABLES:
             rows = chunk.rows[table]
             if not rows:
                 continue
+            names = ", ".join(columns)
+            target = table
+            if table in secured:
+                target = f"load_{table}"
+                raw.execute(
+                    f"CREATE TEMP TABLE IF NOT EXISTS {target} "
+                    f"(LIKE {table}) ON COMMIT DELETE ROWS"
+                )
             # Same-tenant children need their parent rows first: one table at a
             # time keeps every composite foreign key satisfied row by row.
-            with raw.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
+            with raw.copy(f"COPY {target} ({names}) FROM STDIN") as copy:
                 for row in rows:
                     copy.write_row(row)
+            if target != table:
+                raw.execute(
+                    f"INSERT INTO {table} ({names}) SELECT {names} FROM {target}"
+                )
 
 
 def load(
@@ -1128,6 +1160,14 @@ def load(
             "--append to add that many more."
         )
     set_up, weights = tenants_set_up(count=tenants, report=report)
+    # Row-level security: the chunks write the tenants just set up, on this thread
+    # and on the writers' (whose context starts empty).
+    in_scope = [t.id for t in set_up]
+
+    def commit_in_scope(chunk: Chunk) -> None:
+        with scope.tenant_scope(in_scope):
+            commit(chunk)
+
     have_tasks, have_events = _counts()  # the set-up wrote events of its own
     new_tasks = tasks if append else tasks - have_tasks
     new_events = events if append else events - have_events
@@ -1214,7 +1254,7 @@ def load(
 
     if writers < 1:
         for chunk in chunks():
-            commit(chunk)
+            commit_in_scope(chunk)
             analyze_when_grown()
     else:
         # Build chunks here while ``writers`` threads COPY earlier ones, each on
@@ -1228,7 +1268,7 @@ def load(
                     if len(in_flight) >= writers:
                         in_flight.popleft().result()
                     analyze_when_grown()
-                    in_flight.append(pool.submit(commit, chunk))
+                    in_flight.append(pool.submit(commit_in_scope, chunk))
                 while in_flight:
                     in_flight.popleft().result()
             finally:

@@ -23,7 +23,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from portal import services
+from portal import scope, services
 from portal.models import Agent, Role, Tenant
 from tasks import services as task_services
 from tasks.models import Connector, Contract
@@ -106,7 +106,23 @@ def seed(
         )
     else:
         report(f"tenant {tenant.slug!r} exists")
+    # Row-level security: the rest works in the demo tenant.
+    with scope.tenant_scope([tenant.pk]):
+        return _seed_tenant(
+            tenant=tenant,
+            report=report,
+            ticketdesk_url=ticketdesk_url,
+            ticketdesk_key=ticketdesk_key,
+        )
 
+
+def _seed_tenant(
+    *,
+    tenant: Tenant,
+    report: Callable[[str], None],
+    ticketdesk_url: str | None,
+    ticketdesk_key: str,
+) -> str:
     for username, password, role in USERS:
         user, created = _user_set(username, password)
         services.membership_grant(tenant=tenant, user=user, role=role)

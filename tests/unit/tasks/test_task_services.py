@@ -362,11 +362,11 @@ def test_claim_next_skips_pending_tasks_whose_lease_is_held(make_task, actor):
 
 
 def test_the_sql_clock_honours_the_test_offset(tenant):
-    """app_now() is the one clock; tests move it with portal.clock_offset."""
+    """app_now() is the one clock; tests move it with portal_set_clock_offset()."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT app_now() - statement_timestamp()")
         assert cursor.fetchone()[0] == dt.timedelta(0)
-        cursor.execute("SELECT set_config('portal.clock_offset', '1 hour', true)")
+        cursor.execute("SELECT portal_set_clock_offset('1 hour')")
         cursor.execute("SELECT app_now() - statement_timestamp()")
         assert cursor.fetchone()[0] == dt.timedelta(hours=1)
 

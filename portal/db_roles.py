@@ -1,0 +1,200 @@
+"""Two database roles: the owner migrates, the app role runs (docs/database-roles.md).
+
+The **owner** owns every table, function and trigger; ``manage.py migrate`` (and the
+test suite's ``flush``) run as it, through ``DATABASE_OWNER_URL``. The **app role**
+(``DATABASE_URL``'s user) runs web, workers, beat and every other command: it owns
+nothing, is not superuser, has no ``BYPASSRLS`` and holds only the rights listed in
+``APP_GRANTS``, which every migrate re-applies, so a new table is covered without a
+migration having to remember it.
+
+``manage.py up``, ``manage.py test`` and ``.ci/run`` start from an administrator's URL
+(the embedded server's ``postgres``, or DATABASE_URL when it names a role that may
+create roles) and make both roles themselves with ``ensure_roles``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Final
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import dj_database_url
+import psycopg
+from django.conf import settings
+from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+from psycopg import sql
+
+OWNER_ROLE: Final = "portal_owner"
+APP_ROLE: Final = "portal_app"
+
+# What the app role may do, applied after every migrate. Everything else is the
+# owner's: no TRUNCATE, no DDL, no trigger switches, no UPDATE or DELETE on events
+# and checkpoints (append-only; only the owner's purge function deletes them), and
+# the migration history and the test clock are read-only.
+APP_GRANTS: Final = """
+GRANT USAGE ON SCHEMA public TO {app};
+GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {app};
+GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO {app};
+REVOKE UPDATE, DELETE ON audit_event, audit_checkpoint FROM {app};
+REVOKE INSERT, UPDATE, DELETE ON django_migrations, portal_test_clock FROM {app};
+GRANT EXECUTE ON FUNCTION tasks_purge_tenant_rows(regclass, uuid) TO {app};
+"""
+
+# Only the test suite moves the database clock (RELIABILITY.md D.2).
+TEST_CLOCK_GRANT: Final = """
+GRANT EXECUTE ON FUNCTION portal_set_clock_offset(interval) TO {app};
+GRANT EXECUTE ON FUNCTION portal_reset_clock_offset() TO {app};
+"""
+
+
+def app_role() -> str:
+    """The app role's name: DATABASE_URL's user, or the one tests and ``up`` chose.
+
+    From the URL, not the connection's settings: while migrating, those are the
+    owner's.
+    """
+    chosen = getattr(settings, "DATABASE_APP_ROLE", "")
+    return str(chosen or dj_database_url.parse(settings.DATABASE_URL).get("USER") or "")
+
+
+def owner_url() -> str:
+    """The owner's URL; DATABASE_URL itself when no owner URL is configured."""
+    return str(getattr(settings, "DATABASE_OWNER_URL", "") or settings.DATABASE_URL)
+
+
+def url_as(url: str, *, user: str) -> str:
+    """``url`` with its user replaced (no password: local trust or peer auth)."""
+    parts = urlsplit(url)
+    host = parts.hostname or "127.0.0.1"
+    netloc = f"{quote(user)}@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _conninfo(url: str, *, dbname: str | None = None) -> dict[str, Any]:
+    parsed = dj_database_url.parse(url)
+    return {
+        "host": parsed.get("HOST") or "127.0.0.1",
+        "port": int(parsed.get("PORT") or 5432),
+        "user": parsed.get("USER"),
+        "password": parsed.get("PASSWORD") or None,
+        "dbname": dbname or parsed.get("NAME"),
+    }
+
+
+def can_create_roles(url: str) -> bool:
+    """Whether ``url``'s user is an administrator that may make the two roles."""
+    with psycopg.connect(**_conninfo(url, dbname="postgres")) as conn:
+        row = conn.execute(
+            "SELECT rolsuper OR rolcreaterole FROM pg_roles"
+            " WHERE rolname = current_user"
+        ).fetchone()
+    return bool(row and row[0])
+
+
+def ensure_roles(admin_url: str) -> None:
+    """Create (or correct) the owner and the app role; idempotent.
+
+    The owner may log in (migrations connect as it) and create databases (the test
+    suite's); the app role may log in and nothing else.
+    """
+    with psycopg.connect(
+        **_conninfo(admin_url, dbname="postgres"), autocommit=True
+    ) as conn:
+        for role, attributes in (
+            (OWNER_ROLE, "LOGIN CREATEDB NOSUPERUSER NOCREATEROLE NOBYPASSRLS"),
+            (APP_ROLE, "LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOBYPASSRLS"),
+        ):
+            exists = conn.execute(
+                "SELECT 1 FROM pg_roles WHERE rolname = %s", [role]
+            ).fetchone()
+            if exists is None:
+                # A parallel run may make it first.
+                with contextlib.suppress(psycopg.errors.DuplicateObject):
+                    conn.execute(sql.SQL("CREATE ROLE {}").format(sql.Identifier(role)))
+            conn.execute(
+                sql.SQL("ALTER ROLE {} " + attributes).format(sql.Identifier(role))
+            )
+
+
+def adopt_database(admin_url: str) -> None:
+    """Give the database and everything in its ``public`` schema to the owner.
+
+    For a database made before the two roles existed (an older ``var/pgdata``);
+    a no-op once the owner owns it all.
+    """
+    info = _conninfo(admin_url)
+    with psycopg.connect(**info, autocommit=True) as conn:
+        owner = sql.Identifier(OWNER_ROLE)
+        conn.execute(
+            sql.SQL("ALTER DATABASE {} OWNER TO {}").format(
+                sql.Identifier(info["dbname"]), owner
+            )
+        )
+        kinds = {"r": "TABLE", "p": "TABLE", "v": "VIEW", "m": "MATERIALIZED VIEW"}
+        relations = conn.execute(
+            """
+            SELECT c.relname, c.relkind FROM pg_class c
+            JOIN pg_namespace n ON n.oid = c.relnamespace
+            WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm')
+              AND c.relowner <> %s::regrole
+            """,
+            [OWNER_ROLE],
+        ).fetchall()
+        for name, kind in relations:
+            conn.execute(
+                sql.SQL("ALTER {} {} OWNER TO {}").format(
+                    sql.SQL(kinds[kind]), sql.Identifier(name), owner
+                )
+            )
+        functions = conn.execute(
+            """
+            SELECT p.oid::regprocedure::text FROM pg_proc p
+            JOIN pg_namespace n ON n.oid = p.pronamespace
+            WHERE n.nspname = 'public' AND p.proowner <> %s::regrole
+            """,
+            [OWNER_ROLE],
+        ).fetchall()
+        for (signature,) in functions:
+            conn.execute(
+                sql.SQL("ALTER FUNCTION {} OWNER TO {}").format(
+                    sql.SQL(signature), owner
+                )
+            )
+
+
+def grant_app_role(cursor: Any, *, test_clock: bool) -> None:
+    """Apply ``APP_GRANTS`` (and the test clock, for the test suite) on the owner's
+    ``cursor`` (Django's or psycopg's)."""
+    app = app_role()
+    cursor.execute("SELECT current_user")
+    (current,) = cursor.fetchone()
+    if not app or app == current:
+        return  # one role for everything: nothing to grant (not for production)
+    statements = APP_GRANTS + (TEST_CLOCK_GRANT if test_clock else "")
+    cursor.execute(statements.format(app='"' + app.replace('"', '""') + '"'))
+
+
+@contextmanager
+def connected_as(alias: str, url: str) -> Iterator[BaseDatabaseWrapper]:
+    """Reconnect ``alias`` as ``url``'s user for the block, then as before."""
+    connection = connections[alias]
+    parsed = dj_database_url.parse(url)
+    keys = ("USER", "PASSWORD")
+    before = {key: connection.settings_dict.get(key) for key in keys}
+    connection.close()
+    connection.settings_dict.update({key: parsed.get(key) for key in keys})
+    try:
+        yield connection
+    finally:
+        connection.close()
+        connection.settings_dict.update(before)
+
+
+def use_role(alias: str, *, user: str, password: str | None = None) -> None:
+    """From now on, connect ``alias`` as ``user`` (``up`` and the test suite)."""
+    connection = connections[alias]
+    connection.close()
+    connection.settings_dict.update({"USER": user, "PASSWORD": password or ""})

@@ -1,0 +1,1 @@
+"""Django's PostgreSQL backend plus the tenant scope of row-level security."""

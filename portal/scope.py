@@ -1,0 +1,111 @@
+"""The tenant scope of row-level security (docs/database-roles.md).
+
+Which tenants' rows the current unit of work may see: the authenticated agent's
+tenant for an API request, a person's tenants for the admin, a job's or a command's
+tenant. It lives in a context variable and reaches PostgreSQL as the
+``portal.tenant_ids`` setting, set with ``set_config(…, true)``: transaction-local,
+at the start of each transaction (``portal/dbbackend``) and again when the scope
+changes inside one, never session-wide, so a pooled connection carries nothing into
+the next request, job or error path. No scope, no rows: the policies compare
+``tenant_id`` with the setting, and an unset setting matches nothing.
+
+A statement outside any transaction runs in a short one of its own while a scope is
+set (``scoped_statement``), so autocommit reads are scoped too.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar, Token
+from typing import Any, Final
+
+from django.db import connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+SETTING: Final = "portal.tenant_ids"
+
+_scope: ContextVar[frozenset[str] | None] = ContextVar("tenant_scope", default=None)
+
+
+def current() -> frozenset[str] | None:
+    """The tenant ids of the current scope; None when no scope is set."""
+    return _scope.get()
+
+
+def _value(ids: frozenset[str] | None) -> str:
+    return ",".join(sorted(ids)) if ids else ""
+
+
+def apply(connection: BaseDatabaseWrapper) -> None:
+    """Set the scope for the transaction ``connection`` is in (or is starting)."""
+    ids = _scope.get()
+    raw = connection.connection
+    if raw is None:
+        return
+    raw.execute("SELECT set_config(%s, %s, true)", [SETTING, _value(ids)])
+
+
+def _apply_to_open_transactions() -> None:
+    for connection in connections.all(initialized_only=True):
+        if connection.connection is not None and not connection.autocommit:
+            apply(connection)
+
+
+def _set(ids: frozenset[str] | None) -> Token[frozenset[str] | None]:
+    token = _scope.set(ids)
+    _apply_to_open_transactions()
+    return token
+
+
+def _reset(token: Token[frozenset[str] | None]) -> None:
+    _scope.reset(token)
+    _apply_to_open_transactions()
+
+
+def _ids(tenant_ids: Iterable[uuid.UUID | str]) -> frozenset[str]:
+    return frozenset(str(uuid.UUID(str(t))) for t in tenant_ids)
+
+
+@contextmanager
+def tenant_scope(tenant_ids: Iterable[uuid.UUID | str]) -> Iterator[None]:
+    """Run the block with exactly these tenants in scope, then the scope before."""
+    token = _set(_ids(tenant_ids))
+    try:
+        yield
+    finally:
+        _reset(token)
+
+
+def enter(tenant_ids: Iterable[uuid.UUID | str]) -> None:
+    """Set the scope until the surrounding request, job or command ends (they reset
+    it): for authentication, which learns the tenant halfway through a request."""
+    _set(_ids(tenant_ids))
+
+
+def include(tenant_id: uuid.UUID | str) -> None:
+    """Add one tenant to the current scope (the test fixtures that make tenants)."""
+    _set((_scope.get() or frozenset()) | _ids([tenant_id]))
+
+
+@contextmanager
+def unit_of_work() -> Iterator[None]:
+    """A request, job or command: it starts with no scope and leaves none behind."""
+    token = _set(None)
+    try:
+        yield
+    finally:
+        _reset(token)
+
+
+def scoped_statement(
+    execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any
+) -> Any:
+    """Database execute wrapper: an autocommit statement under a scope gets its own
+    transaction, so the transaction-local setting reaches it."""
+    connection = context["connection"]
+    if _scope.get() is None or not connection.get_autocommit():
+        return execute(sql, params, many, context)
+    with transaction.atomic(using=connection.alias):
+        return execute(sql, params, many, context)
