@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import connection, transaction
+from django.db import transaction
 from rest_framework.test import APIClient
 
 from audit import checkpoints
@@ -22,6 +22,7 @@ from portal import services as portal_services
 from portal.actors import Actor
 from portal.models import Role, Tenant
 from tasks.models import Escalation, Operation, Task, TaskState
+from tests.support.db import connect_as
 from tests.support.evidence import TAMPERS, run_verifier, tampered, tool, verdict
 
 from .conftest import AgentClient
@@ -176,18 +177,19 @@ def test_events_after_the_last_checkpoint_are_signed_on_demand(
     assert verdict(bundle, public_pem()) == "intact"
 
 
+@pytest.mark.django_db(transaction=True)
 def test_a_chain_cut_below_its_checkpoint_is_exported_unsigned_over(
     story: Task, api: AgentClient
 ) -> None:
     """A cut tail is evidence: the export never signs over it."""
     checkpoint_audit_job()
     # given someone with the database's superuser who cut the chain's last event
-    with connection.cursor() as cursor:
-        cursor.execute("SET session_replication_role = replica")
-        cursor.execute(
+    # (a connection of its own: the tests' connection is the app role's)
+    with connect_as("admin") as raw, raw.transaction():
+        raw.execute("SET LOCAL session_replication_role = replica")
+        raw.execute(
             "DELETE FROM audit_event WHERE task_id = %s AND chain_seq = 7", [story.pk]
         )
-        cursor.execute("SET session_replication_role = origin")
     bundle = api.get(url(story)).json()
     assert bundle["coverage"]["complete"] is False
     assert bundle["checkpoint"]["head_seq"] == 7
