@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from typing import IO, Any
 
 from django.conf import settings
@@ -59,9 +60,10 @@ class JSONParser(parsers.JSONParser):
         self,
         stream: IO[bytes],
         media_type: str | None = None,
-        parser_context: dict[str, Any] | None = None,
+        parser_context: Mapping[str, Any] | None = None,
     ) -> Any:
-        encoding = parsers.get_encoding(parser_context or {})
+        # DRF's own check that the charset is a text encoding (newer than its stubs).
+        encoding = parsers.get_encoding(parser_context or {})  # type: ignore[attr-defined]
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
         raw = stream.read() if limit is None else stream.read(limit + 1)
         if limit is not None and len(raw) > limit:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,7 +138,7 @@ def request_bytes(
     method: str | bytes,
     target: str | bytes,
     *,
-    headers: dict[str, str | bytes] | None = None,
+    headers: Mapping[str, str | bytes] | None = None,
     body: bytes = b"",
     keep_alive: bool = True,
 ) -> bytes:

@@ -275,7 +275,7 @@ def test_headers_gunicorn_refuses_are_problems_too(
 def test_odd_header_values_reach_the_app_and_are_handled(
     server: Server, world: World
 ) -> None:
-    for name, value in [
+    cases: list[tuple[str, bytes]] = [
         ("Authorization", b"Bearer \xff\xfe"),
         ("Authorization", b"Basic abc"),
         ("Authorization", b"Bearer"),
@@ -292,18 +292,14 @@ def test_odd_header_values_reach_the_app_and_are_handled(
         ("Content-Length", b"abc"),
         ("Expect", b"100-continue"),
         ("Expect", b"nothing-you-know"),
-    ]:
+    ]
+    for name, value in cases:
         for method in ("GET", "POST"):
-            headers = {"Content-Type": "application/json", name: value}
-            if name == "Authorization":
-                data = request_bytes(
-                    method, "/api/v1/tasks", headers=headers, body=b"{}"
-                )
-            else:
-                headers = {"Authorization": world.auth, **headers}
-                data = request_bytes(
-                    method, "/api/v1/tasks", headers=headers, body=b"{}"
-                )
+            headers: dict[str, str | bytes] = {"Content-Type": "application/json"}
+            if name != "Authorization":
+                headers["Authorization"] = world.auth
+            headers[name] = value
+            data = request_bytes(method, "/api/v1/tasks", headers=headers, body=b"{}")
             answer = exchange(server.port, data)
             assert_handled(answer, (method, name, value[:40]))
 
