@@ -109,13 +109,7 @@ def _stop(server: Server) -> None:
             server.process.wait()
 
 
-@pytest.fixture(scope="module", params=[True, False], ids=["debug-on", "debug-off"])
-def server(
-    request: pytest.FixtureRequest,
-    django_db_setup: None,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Server]:
-    debug = bool(request.param)
+def _serve(debug: bool, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     log_path = tmp_path_factory.mktemp("gunicorn") / "server.log"
     running = _start(debug=debug, log_path=log_path)
     try:
@@ -124,6 +118,24 @@ def server(
         _stop(running)
     # A traceback in the log is a request the server did not handle.
     assert "Traceback" not in running.log(), running.log()[-5000:]
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["debug-on", "debug-off"])
+def server(
+    request: pytest.FixtureRequest,
+    django_db_setup: None,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Server]:
+    """The server with DEBUG on (as ``up`` runs it) and off (as production does)."""
+    yield from _serve(bool(request.param), tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def debug_server(
+    django_db_setup: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    """DEBUG on only: where Django itself answers in HTML most (technical pages)."""
+    yield from _serve(True, tmp_path_factory)
 
 
 @dataclass
