@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
+from django.middleware import common
 from django.utils.http import parse_header_parameters
 
 from .problems import (
@@ -82,6 +83,20 @@ class ApiProblemMiddleware:
             status_problem(response.status_code, trace_id=_trace_id(request)),
             like=response,
         )
+
+
+class CommonMiddleware(common.CommonMiddleware):
+    """Django's, without the slash redirect of an API request that has a body.
+
+    ``APPEND_SLASH`` would answer ``POST /api/v1`` with a redirect that drops the
+    body, and with ``DEBUG`` on with a ``RuntimeError`` (a 500). Such a request
+    gets the 404 of a path no route matches instead.
+    """
+
+    def should_redirect_with_slash(self, request: HttpRequest) -> bool:
+        if is_api_path(request.path_info) and request.method not in ("GET", "HEAD"):
+            return False
+        return bool(super().should_redirect_with_slash(request))
 
 
 def _is_text_encoding(name: str) -> bool:

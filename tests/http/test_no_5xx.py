@@ -187,6 +187,26 @@ def test_unknown_api_paths_and_non_uuid_ids_are_404_problems(
     assert answer.json()["code"] == "NOT_FOUND"
 
 
+@pytest.mark.parametrize("path", ["/api/v1", "/api/schema", "/api/docs"])
+def test_a_write_to_a_path_missing_its_slash_is_a_404(
+    server: Server, world: World, path: str
+) -> None:
+    """APPEND_SLASH raised RuntimeError on these with DEBUG on (a 500)."""
+    for method in ("POST", "PUT", "PATCH", "DELETE"):
+        answer = send(
+            server,
+            world,
+            method,
+            path,
+            headers={"Content-Type": "application/json"},
+            body=b"{}",
+        )
+        assert_handled(answer, (method, path))
+        assert answer.status == 404
+        assert answer.json()["code"] == "NOT_FOUND"
+    assert send(server, world, "GET", path).status == 301  # reads still redirect
+
+
 @pytest.mark.parametrize(
     ("content_type", "body"),
     [
