@@ -276,6 +276,7 @@ class Up:
         commands = {
             "web server": [
                 "gunicorn", "portal.wsgi:application", "-b", f"127.0.0.1:{port}",
+                "--config", str(Path(settings.BASE_DIR) / "gunicorn.conf.py"),
                 "--workers", "2", "--graceful-timeout", "10", "--access-logfile", "-",
                 # Its default socket is one per user ($HOME/.gunicorn): a second
                 # portal checkout would fight over it.

@@ -13,8 +13,14 @@ import secrets
 import uuid
 from typing import Any, TypeVar
 
-from django.core.exceptions import RequestDataTooBig
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, QueryDict
+from django.core import exceptions as django_exceptions
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    QueryDict,
+    UnreadablePostError,
+)
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import exceptions as drf_exceptions
 from rest_framework import serializers
@@ -31,13 +37,13 @@ from rest_framework.views import APIView
 
 from . import api_input, idempotency, scope, selectors, services
 from .actors import Actor
-from .exceptions import PortalError, ValidationFailed
+from .exceptions import MalformedRequest, PortalError, ValidationFailed
 from .models import Agent, Tenant
+from .problems import PROBLEM_CONTENT_TYPE, encode, problem_body
 from .tracing import Trace
 
 logger = logging.getLogger(__name__)
 
-PROBLEM_CONTENT_TYPE = "application/problem+json"
 REPLAY_HEADER = "Idempotent-Replayed"
 LEASE_TOKEN_HEADER = "Lease-Token"  # noqa: S105  (a header name, not a secret)
 
@@ -128,18 +134,20 @@ def _trace_id(request: Any) -> str:
 
 def problem(
     *, status: int, code: str, detail: str, request: Any = None, **members: Any
-) -> Response:
-    """An RFC 9457 problem response with the portal's extension members."""
-    body = {
-        "type": f"https://agent-governance-portal.invalid/problems/{code.lower()}",
-        "title": code.replace("_", " ").capitalize(),
-        "status": status,
-        "detail": detail,
-        "code": code,
-        "trace_id": _trace_id(request),
+) -> HttpResponse:
+    """An RFC 9457 problem response with the portal's extension members.
+
+    JSON whatever renderer the view negotiated: the schema and docs views render
+    YAML and HTML, their errors do not.
+    """
+    body = problem_body(
+        status=status,
+        code=code,
+        detail=detail,
+        trace_id=_trace_id(request),
         **members,
-    }
-    return Response(body, status=status, content_type=PROBLEM_CONTENT_TYPE)
+    )
+    return HttpResponse(encode(body), status=status, content_type=PROBLEM_CONTENT_TYPE)
 
 
 def _json_safe(value: Any) -> Any:
@@ -190,11 +198,27 @@ def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> HttpRe
         return response
     if isinstance(exc, Http404):
         exc = drf_exceptions.NotFound()
-    if isinstance(exc, RequestDataTooBig):
+    if isinstance(exc, django_exceptions.PermissionDenied):
+        exc = drf_exceptions.PermissionDenied()
+    if isinstance(exc, django_exceptions.RequestDataTooBig):
         return problem(
             status=413,
             code="REQUEST_TOO_LARGE",
             detail="The request body is too large.",
+            request=request,
+        )
+    if isinstance(
+        exc,
+        django_exceptions.SuspiciousOperation
+        | django_exceptions.BadRequest
+        | UnreadablePostError,
+    ):
+        # Django's refusals of the request itself (too many query fields, a body
+        # that broke off): the client's fault, never a 500.
+        return problem(
+            status=400,
+            code=MalformedRequest.code,
+            detail=MalformedRequest().detail,
             request=request,
         )
     if isinstance(exc, drf_exceptions.APIException):
@@ -219,48 +243,6 @@ def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> HttpRe
         correlation_id=correlation_id,
         detail="Unexpected error; quote the correlation id when reporting it.",
     )
-
-
-def not_found_view(
-    request: HttpRequest, exception: Exception | None = None
-) -> HttpResponse:
-    """Django's 404 handler: problem+json under /api/, the plain page elsewhere."""
-    if request.path.startswith("/api/"):
-        return JsonResponse(
-            {
-                "type": "about:blank",
-                "title": "Not found",
-                "status": 404,
-                "detail": "No such endpoint.",
-                "code": "NOT_FOUND",
-                "trace_id": "",
-            },
-            status=404,
-            content_type=PROBLEM_CONTENT_TYPE,
-        )
-    from django.views.defaults import page_not_found
-
-    return page_not_found(request, exception or Http404())
-
-
-def server_error_view(request: HttpRequest) -> HttpResponse:
-    """Django's 500 handler: problem+json under /api/, the plain page elsewhere."""
-    if request.path.startswith("/api/"):
-        return JsonResponse(
-            {
-                "type": "about:blank",
-                "title": "Internal",
-                "status": 500,
-                "detail": "Unexpected error.",
-                "code": "INTERNAL",
-                "trace_id": "",
-            },
-            status=500,
-            content_type=PROBLEM_CONTENT_TYPE,
-        )
-    from django.views.defaults import server_error
-
-    return server_error(request)
 
 
 # --- The agent base view -------------------------------------------------------------
@@ -330,6 +312,10 @@ class PortalApi(APIView):
     """
 
     trace: Trace
+    # The portal never answers TRACE (it would echo credentials back). Leaving it
+    # out also keeps dispatch from calling ``self.trace``, the request's trace
+    # context, as if it were the TRACE handler; ``Allow`` lists what remains.
+    http_method_names = [m for m in APIView.http_method_names if m != "trace"]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

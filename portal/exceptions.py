@@ -45,6 +45,13 @@ class ValidationFailed(PortalError):
     status = 400
 
 
+class MalformedRequest(PortalError):
+    """The request is malformed."""
+
+    code = "MALFORMED_REQUEST"
+    status = 400
+
+
 class IllegalTransition(PortalError):
     """That state change is not allowed from the current state."""
 

@@ -17,8 +17,7 @@ from tasks.api import agent as agent_api
 from tasks.api import evidence as evidence_api
 from tasks.api import staff as staff_api
 
-handler404 = "portal.api.not_found_view"
-handler500 = "portal.api.server_error_view"
+READ_ONLY = {"http_method_names": ["get", "head"]}
 
 api_v1 = [
     path("tasks", agent_api.TaskCollectionApi.as_view()),
@@ -79,8 +78,18 @@ urlpatterns = [
     path("api/v1/", ApiRootApi.as_view(), name="api-root"),
     path("api/v1/audit/public-key", AuditPublicKeyApi.as_view(), name="audit-key"),
     path("admin/", admin.site.urls),
-    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
-    path("api/redoc/", SpectacularRedocView.as_view(url_name="schema"), name="redoc"),
+    # Read-only pages: OPTIONS on the HTML ones had DRF render its metadata
+    # through a template-less HTML renderer (a 500).
+    path("api/schema/", SpectacularAPIView.as_view(**READ_ONLY), name="schema"),
+    path(
+        "api/docs/",
+        SpectacularSwaggerView.as_view(url_name="schema", **READ_ONLY),
+        name="docs",
+    ),
+    path(
+        "api/redoc/",
+        SpectacularRedocView.as_view(url_name="schema", **READ_ONLY),
+        name="redoc",
+    ),
     *[path(f"api/v1/{p.pattern}", p.callback) for p in api_v1],
 ]

@@ -4,5 +4,8 @@ import os
 
 from django.core.wsgi import get_wsgi_application
 
+from portal.middleware import ProblemGuard
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
-application = get_wsgi_application()
+# ProblemGuard answers what would break Django before its middleware runs.
+application = ProblemGuard(get_wsgi_application())

@@ -239,6 +239,12 @@ ERRORS_BY_CODE: Final[Mapping[str, type[PortalError]]] = {
     "MALFORMED_REQUEST": ValidationFailed,
     "REQUEST_TOO_LARGE": ValidationFailed,
     "UNSUPPORTED_MEDIA_TYPE": ValidationFailed,
+    # Refused by the portal's HTTP layer before any endpoint ran (docs/api.md).
+    "METHOD_NOT_ALLOWED": ValidationFailed,
+    "NOT_ACCEPTABLE": ValidationFailed,
+    "URI_TOO_LONG": ValidationFailed,
+    "HEADERS_TOO_LARGE": ValidationFailed,
+    "EXPECTATION_FAILED": ValidationFailed,
     "UNAUTHENTICATED": Unauthenticated,
     "FORBIDDEN": Forbidden,
     "ACTION_NOT_GRANTED": ActionNotGranted,

@@ -1,0 +1,97 @@
+"""Gunicorn's sync worker, answering its own refusals as problem+json.
+
+Gunicorn refuses some requests before Django sees them: a header over
+``limit_request_field_size`` (431), a request line over ``limit_request_line``
+(414), more than ``limit_request_fields`` headers (431), a request line or header
+it cannot parse (400), a transfer coding it does not know (501). Its stock answer
+is an HTML page. This worker keeps gunicorn's statuses (but answers that 501 with
+400), its log lines and its ``Connection: close``, and sends the problem document
+of the status instead (``portal.problems``), whatever the path: the request line
+may not even have been read. ``gunicorn.conf.py`` selects it.
+
+Imported by the gunicorn master before Django is set up: no Django imports here.
+"""
+
+from __future__ import annotations
+
+import ssl
+from datetime import datetime
+from http import HTTPStatus
+from typing import Any
+
+from gunicorn import util
+from gunicorn.http import errors
+from gunicorn.http.wsgi import Response, default_environ
+from gunicorn.workers.sync import SyncWorker
+
+from .problems import PROBLEM_CONTENT_TYPE, encode, status_problem
+
+# First match wins: gunicorn's own choice of status for each refusal.
+_STATUSES: tuple[
+    tuple[type[BaseException] | tuple[type[BaseException], ...], int], ...
+] = (
+    ((errors.InvalidResponseHeader, errors.InvalidResponseHeaderName), 500),
+    (errors.ConfigurationProblem, 500),
+    (errors.LimitRequestLine, 414),
+    (errors.LimitRequestHeaders, 431),
+    (errors.ExpectationFailed, 417),
+    # Gunicorn (and RFC 9112, as a SHOULD) answers 501; a 5xx tells clients to
+    # retry what can never succeed, so the portal answers 400.
+    (errors.UnsupportedTransferCoding, 400),
+    ((errors.ForbiddenProxyRequest, ssl.SSLError), 403),
+    (errors.ParseException, 400),
+)
+
+
+def refusal_status(exc: BaseException) -> int:
+    """The status gunicorn answers ``exc`` with; 500 for anything unforeseen."""
+    for kinds, status in _STATUSES:
+        if isinstance(exc, kinds):
+            return status
+    return 500
+
+
+def problem_message(status: int) -> bytes:
+    """A complete HTTP/1.1 answer: the problem document, then the connection closes."""
+    body = encode(status_problem(status))
+    head = (
+        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"
+        "Connection: close\r\n"
+        f"Content-Type: {PROBLEM_CONTENT_TYPE}\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        "\r\n"
+    )
+    return head.encode("latin-1") + body
+
+
+class ProblemSyncWorker(SyncWorker):
+    def handle_error(
+        self, req: Any, client: Any, addr: Any, exc: BaseException
+    ) -> None:
+        started = datetime.now()
+        addr = addr or ("", -1)  # a unix socket
+        status = refusal_status(exc)
+        message = problem_message(status)
+        # The answer first: whatever the log lines below meet, the client has it.
+        try:
+            util.write_nonblock(client, message)
+        except Exception:  # the client may be gone; nothing left to tell it
+            self.log.debug("Failed to send the error answer.")
+        if status < 500:
+            self.log.warning("Invalid request from ip=%s: %s", addr[0], exc)
+        elif req is not None and hasattr(req, "uri"):
+            self.log.exception("Error handling request %s %s", req.method, req.uri)
+        else:
+            self.log.exception("Error handling request (no URI read)")
+        if req is None and isinstance(
+            exc, errors.InvalidHeader | errors.InvalidHeaderName
+        ):
+            req = getattr(exc, "req", None)  # a bad header may know its request
+        if req is not None:
+            environ = default_environ(req, client, self.cfg)
+            environ["REMOTE_ADDR"] = addr[0]
+            environ["REMOTE_PORT"] = str(addr[1])
+            response = Response(req, client, self.cfg)
+            response.status = f"{status} {HTTPStatus(status).phrase}"
+            response.response_length = len(message)
+            self.log.access(response, req, environ, datetime.now() - started)
