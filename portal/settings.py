@@ -218,6 +218,10 @@ if CELERY_BROKER_URL == "filesystem://":
         "processed_folder": str(_broker_dir / "processed"),
         "store_processed": False,
     }
+    # kombu's filesystem transport does not make its folders; a fresh clone has none,
+    # and the first publish (an enqueue from a web request) would fail without them.
+    for _folder in ("queue", "control", "processed"):
+        (_broker_dir / _folder).mkdir(parents=True, exist_ok=True)
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

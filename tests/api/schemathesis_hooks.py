@@ -30,29 +30,6 @@ _RUN = uuid.uuid4().hex[:8]
 _COUNTER = itertools.count()
 
 
-# TEMPORARY, remove both filters once issue 10 §3 (branch `nofivexx`) is merged:
-# until then TRACE on an API route answers 500 ('Trace' object is not callable) and
-# `Allow` advertises it, defects that branch fixes in portal/api.py. Only TRACE is
-# spared; every other method and every other Allow mismatch is still checked.
-@schemathesis.hook
-def filter_case(context: schemathesis.HookContext, case: schemathesis.Case) -> bool:
-    return case.method.upper() != "TRACE"
-
-
-@schemathesis.hook
-def filter_failure(
-    context: schemathesis.HookContext,
-    failure: Any,
-    case: schemathesis.Case,
-    response: schemathesis.Response,
-) -> bool:
-    return not (
-        getattr(failure, "code", "") == "ST205"
-        and failure.undocumented_methods == ["TRACE"]
-        and not failure.missing_methods
-    )
-
-
 @schemathesis.hook
 def before_call(
     context: schemathesis.HookContext,
