@@ -77,4 +77,4 @@ def test_seed_demo_defaults_to_the_desk_up_runs(
 
     connector = Connector.objects.get(tenant__slug="demo", target="ticket-desk")
     assert connector.base_url == "http://127.0.0.1:8123"
-    assert connector.signing_key == "ticketdesk-demo-signing-key"
+    assert connector.signing_key == "ticketdesk-demo-signing-key-development-only"

@@ -45,7 +45,8 @@ USERS: Final = (
 TICKETDESK_TARGET: Final = "ticket-desk"
 TICKETDESK_ACTION: Final = "create_ticket"
 TICKETDESK_DEFAULT_PORT: Final = 8100
-TICKETDESK_DEMO_KEY: Final = "ticketdesk-demo-signing-key"
+# 32 bytes or more: an HS256 key as long as the hash (RFC 7518 section 3.2).
+TICKETDESK_DEMO_KEY: Final = "ticketdesk-demo-signing-key-development-only"
 CONTRACT_KEY: Final = "customer-issue"
 # The seed's worked example: an issue may become a ticket only with a fresh e-mail
 # address from the CRM and a plan from billing; the desk sees the e-mail only.
