@@ -157,7 +157,7 @@ def test_a_captured_credential_makes_no_second_ticket(
     (captured,) = wiretap.creates()
     sent = httpx.Response(200, content=captured.body).json()
 
-    altered: dict[str, Any] = {
+    alterations: dict[str, dict[str, Any]] = {
         "as-captured": {},
         "new-key": {"key": "attacker-key-1"},
         "new-key-without-object": {
@@ -173,8 +173,8 @@ def test_a_captured_credential_makes_no_second_ticket(
                 sent | {"object": {"type": "customer_issue", "id": "9999"}}
             )
         },
-    }[alteration]
-    answer = replay(world.desk, captured, **altered)
+    }
+    answer = replay(world.desk, captured, **alterations[alteration])
 
     # As captured, the jti is spent; altered, the token is not for this request.
     expected = (

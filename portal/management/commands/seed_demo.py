@@ -82,6 +82,9 @@ def seed(
 ) -> str:
     """Create or refresh the demo data; return the new agent key's secret.
 
+    Each run issues the demo agent a new key and revokes its older ones, so exactly
+    one demo key is valid after it.
+
     ``ticketdesk_url`` (default: ``http://127.0.0.1:$PORTAL_TICKETDESK_PORT``, port
     8100) and ``ticketdesk_key`` say where the ``ticket-desk`` connector calls and
     how it signs credentials.
@@ -131,8 +134,13 @@ def seed(
         key=ticketdesk_key,
         report=report,
     )
-    issued = services.agent_key_issue(agent=agent)
+    # Only the hash of a key is stored, so the last one cannot be shown again: each
+    # run issues a fresh key and revokes the ones before (one valid demo key).
+    issued, revoked = services.agent_key_replace(agent=agent)
     report(f"issued a new API key for {agent.name!r}: {issued.secret} (shown once)")
+    if revoked:
+        prefixes = ", ".join(key.prefix for key in revoked)
+        report(f"revoked the previous demo key(s) of {agent.name!r}: {prefixes}")
     return issued.secret
 
 
