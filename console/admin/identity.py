@@ -177,8 +177,12 @@ class AgentKeyAdmin(TenantScopedAdmin):
 
     def _until(self, request: HttpRequest) -> dt.datetime | None:
         """The action bar's time, read as UTC; None (and a message) if missing."""
-        form = KeyActionForm(request.POST)
-        until = form.cleaned_data.get("until") if form.is_valid() else None
+        # The action bar's own form has the action choices only the changelist
+        # knows; the time field is read on its own.
+        try:
+            until = KeyActionForm.base_fields["until"].clean(request.POST.get("until"))
+        except forms.ValidationError:
+            until = None
         if until is None:
             self.message_user(
                 request, "Give the time in the 'until' field first.", messages.ERROR
