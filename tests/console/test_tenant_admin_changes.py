@@ -241,3 +241,20 @@ def test_the_last_administrator_cannot_be_removed_or_demoted(cast: Cast):
             tenant=cast.a, by=admin, username=admin.username, role=Role.REVIEWER
         )
     assert Membership.objects.get(pk=membership.pk).role == Role.ADMIN
+
+
+@pytest.mark.parametrize("key", ["short-key", "x" * 31])
+def test_a_connector_signing_key_shorter_than_32_bytes_is_refused(cast: Cast, key):
+    """HS256 wants a key as long as the hash (RFC 7518 section 3.2)."""
+    from portal.exceptions import ValidationFailed
+    from tasks import services as task_services
+
+    with pytest.raises(ValidationFailed):
+        task_services.connector_save(
+            tenant=cast.a,
+            target="short-keyed",
+            values={"base_url": "http://127.0.0.1:9/"},
+            signing_key=key,
+            by=cast.people["admin_a"].user,
+        )
+    assert not Connector.objects.filter(tenant=cast.a, target="short-keyed").exists()

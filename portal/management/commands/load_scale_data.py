@@ -379,7 +379,7 @@ def tenants_set_up(
                 tenant=tenant,
                 target=TARGET,
                 values={"base_url": "http://127.0.0.1:8100"},
-                signing_key=f"scale-signing-key-{n:02d}",
+                signing_key=f"scale-signing-key-{n:02d}-of-32-bytes-or-more",
             )
         made.append(
             TenantSetUp(
