@@ -277,3 +277,30 @@ def test_the_same_credential_issued_fresh_works_once(world: World):
     assert first.status_code == 201, first.text
     assert (second.status_code, second.json()["error"]) == (401, "credential_replayed")
     assert world.tickets() == 1
+
+
+def test_recovery_retries_with_a_fresh_credential_and_the_late_first_is_void(
+    world: World,
+):
+    """The first call outlives the read timeout; recovery looks (none yet), retries
+    under the same key with a fresh credential and gets the ticket; the first
+    request, arriving late at the desk, finds its credential revoked: one ticket."""
+    started = world.start_task()
+    world.desk.set_fault("slow", delay_s=3.0)  # longer than the 2 s read timeout
+
+    body = world.execute(started).json()
+    time.sleep(1.5)  # the slow first request has woken up on the desk by now
+
+    assert body["outcome"] == "verified", body
+    operation = Operation.objects.get(pk=started["operation"]["id"])
+    assert operation.attempts == 2
+    execute_credentials = [
+        c for c in Credential.objects.filter(operation=operation) if c.fields
+    ]
+    assert len({c.pk for c in execute_credentials}) == 2  # a fresh one for the retry
+    assert all(c.revoked_at is not None for c in execute_credentials)
+    assert world.tickets() == 1
+    [ticket] = world.desk.tickets()
+    assert ticket["receipt"]["credential_jti"] == str(
+        max(execute_credentials, key=lambda c: c.issued_at).pk
+    )
