@@ -9,6 +9,7 @@ their models in ``tasks.services`` and follow the same rule.
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -143,6 +144,68 @@ def agent_key_issue(*, agent: Agent, by: Person) -> portal_services.IssuedKey:
         },
     )
     return issued
+
+
+@transaction.atomic(durable=True)
+def agent_key_rotate(
+    *, key: AgentKey, by: Person, old_valid_until: dt.datetime
+) -> portal_services.IssuedKey:
+    """Rotate a key with overlap: a new key now, the old one valid until the cutoff.
+
+    One ``agent_key.issued`` event names the key it replaces and the cutoff.
+
+    Raises:
+        PermissionDenied, TenantNotVisible: ``by`` may not manage the tenant.
+        ValidationFailed: the cutoff is not in the future.
+        KeyRevoked: the old key is revoked.
+    """
+    actor = _manage(tenant=key.tenant, by=by)
+    issued = portal_services.agent_key_rotate_write(
+        key=key, old_valid_until=old_valid_until
+    )
+    key.refresh_from_db()
+    _event(
+        tenant=key.tenant,
+        code=EventCode.AGENT_KEY_ISSUED,
+        actor=actor,
+        data={
+            "agent_id": str(key.agent_id),
+            "key_prefix": issued.key.prefix,
+            "rotated_from": key.prefix,
+            "old_valid_until": key.expires_at.isoformat() if key.expires_at else None,
+        },
+    )
+    return issued
+
+
+@transaction.atomic(durable=True)
+def agent_key_expire(*, key: AgentKey, by: Person, expires_at: dt.datetime) -> AgentKey:
+    """Set when a key stops authenticating (an earlier expiry is kept).
+
+    Writes ``agent.changed`` with the key's prefix and expiry when it changed.
+
+    Raises:
+        PermissionDenied, TenantNotVisible: ``by`` may not manage the tenant.
+        ValidationFailed: ``expires_at`` is not in the future.
+    """
+    actor = _manage(tenant=key.tenant, by=by)
+    before = key.expires_at
+    key = portal_services.agent_key_expire_write(key=key, expires_at=expires_at)
+    if key.expires_at != before:
+        _event(
+            tenant=key.tenant,
+            code=EventCode.AGENT_CHANGED,
+            actor=actor,
+            data={
+                "agent_id": str(key.agent_id),
+                "key_prefix": key.prefix,
+                "key_expires_at": [
+                    before.isoformat() if before else None,
+                    key.expires_at.isoformat() if key.expires_at else None,
+                ],
+            },
+        )
+    return key
 
 
 @transaction.atomic(durable=True)

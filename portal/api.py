@@ -53,6 +53,14 @@ S = TypeVar("S", bound=serializers.Serializer)
 # --- Authentication, permission, throttling ------------------------------------------
 
 
+class ApiKeyExpired(drf_exceptions.AuthenticationFailed):
+    default_detail = "This API key has expired; use the key that replaced it."
+
+
+class ApiKeyRevoked(drf_exceptions.AuthenticationFailed):
+    default_detail = "This API key was revoked."
+
+
 class AgentKeyAuthentication(BaseAuthentication):
     """``Authorization: Bearer <agent key>``; the key fixes agent and tenant."""
 
@@ -65,13 +73,17 @@ class AgentKeyAuthentication(BaseAuthentication):
             raise drf_exceptions.AuthenticationFailed(
                 "Use 'Authorization: Bearer <key>'."
             )
-        key = selectors.agent_key_authenticate(secret=secret.strip())
-        if key is None:
+        check = selectors.agent_key_authenticate(secret=secret.strip())
+        if check is None:
             raise drf_exceptions.AuthenticationFailed("Invalid or revoked API key.")
+        if check.status == "revoked":
+            raise ApiKeyRevoked()
+        if check.status == "expired":
+            raise ApiKeyExpired()
         # The request's tenant scope (row-level security) until it ends.
-        scope.enter([key.agent.tenant_id])
-        services.agent_key_mark_used(key=key)
-        return key.agent, None
+        scope.enter([check.key.agent.tenant_id])
+        services.agent_key_mark_used(key=check.key)
+        return check.key.agent, None
 
     def authenticate_header(self, request: Request) -> str:
         return 'Bearer realm="agent-api"'
@@ -119,6 +131,8 @@ _DRF_CODES: dict[type[drf_exceptions.APIException], tuple[str, str]] = {
     ),
     drf_exceptions.NotAuthenticated: ("UNAUTHENTICATED", "Authentication is required."),
     drf_exceptions.AuthenticationFailed: ("UNAUTHENTICATED", ""),
+    ApiKeyExpired: ("API_KEY_EXPIRED", ""),
+    ApiKeyRevoked: ("API_KEY_REVOKED", ""),
     drf_exceptions.PermissionDenied: ("FORBIDDEN", ""),
     drf_exceptions.NotFound: ("NOT_FOUND", "No such object."),
     drf_exceptions.MethodNotAllowed: ("METHOD_NOT_ALLOWED", ""),

@@ -107,11 +107,19 @@ class AgentKey(models.Model):
     created_at = models.DateTimeField(db_default=Now(), editable=False)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # Optional: from this instant on (database clock) the key authenticates nobody.
+    # Rotation sets it on the old key, so both keys work until the cutoff.
+    expires_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
             models.UniqueConstraint(
                 fields=["tenant", "id"], name="portal_agentkey_tenant_id_uniq"
+            ),
+            models.CheckConstraint(
+                condition=Q(expires_at__isnull=True)
+                | Q(expires_at__gt=models.F("created_at")),
+                name="portal_agentkey_expiry_check",
             ),
         ]
 

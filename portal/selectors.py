@@ -5,8 +5,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import uuid
+from dataclasses import dataclass
+from typing import Literal
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db.models import BooleanField, ExpressionWrapper, Q
+from django.db.models.expressions import RawSQL
 
 from .exceptions import NotFound
 from .models import AgentGrant, AgentKey, Tenant
@@ -33,25 +37,51 @@ def agent_key_hash(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def agent_key_authenticate(*, secret: str) -> AgentKey | None:
-    """The live key a presented secret belongs to (with its agent and tenant), or None.
+KeyStatus = Literal["live", "revoked", "expired"]
+# The database clock every expiry is measured on (portal migration 0002).
+_APP_NOW = RawSQL("app_now()", [])
 
-    The prefix finds the row; the hash is compared in constant time. A revoked key, an
-    inactive agent or a deleted tenant authenticates nobody.
+
+@dataclass(frozen=True, kw_only=True)
+class KeyCheck:
+    """A genuine key (its secret matched) and whether it authenticates now."""
+
+    key: AgentKey
+    status: KeyStatus
+
+
+def agent_key_authenticate(*, secret: str) -> KeyCheck | None:
+    """The key a presented secret belongs to, with its status; None if no key matches.
+
+    The prefix finds the row; the hash is compared in constant time. Only a ``live``
+    key authenticates: a revoked one, one past its ``expires_at`` (database clock),
+    an inactive agent or a deleted tenant do not (``revoked``/``expired`` are told to
+    the holder of the exact secret only; anyone else learns nothing).
     """
     prefix, dot, _ = secret.partition(".")
     if not dot or len(prefix) > 16:
         return None
     key = (
         AgentKey.objects.select_related("agent", "agent__tenant")
-        .filter(prefix=prefix, revoked_at__isnull=True)
+        .filter(prefix=prefix)
+        .annotate(
+            expired=ExpressionWrapper(
+                Q(expires_at__isnull=False)
+                & Q(expires_at__lte=RawSQL("app_now()", [])),
+                output_field=BooleanField(),
+            )
+        )
         .first()
     )
     if key is None or not hmac.compare_digest(key.key_hash, agent_key_hash(secret)):
         return None
+    if key.revoked_at is not None:
+        return KeyCheck(key=key, status="revoked")
     if not key.agent.is_active or key.agent.tenant.deleted_at is not None:
         return None
-    return key
+    if key.expired:  # the annotation above
+        return KeyCheck(key=key, status="expired")
+    return KeyCheck(key=key, status="live")
 
 
 def agent_may(

@@ -8,12 +8,13 @@ import time
 from dataclasses import dataclass
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 
 from . import db as portal_db
 from . import roles, selectors
+from .exceptions import PortalError, ValidationFailed
 from .models import (
     Agent,
     AgentGrant,
@@ -27,6 +28,13 @@ from .models import (
 # "agp_" marks a portal key in logs and secret scanners; the part before the dot is
 # the lookup prefix, stored in clear.
 KEY_PREFIX_MARK = "agp_"
+
+
+class KeyRevoked(PortalError):
+    """This key is revoked; issue a new one instead of rotating it."""
+
+    code = "API_KEY_REVOKED"
+    status = 409
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,18 +60,31 @@ def agent_create(*, tenant: Tenant, name: str) -> Agent:
 
 
 @transaction.atomic(durable=True)
-def agent_key_issue(*, agent: Agent) -> IssuedKey:
-    """Issue a new API key for the agent; the secret is returned once, never stored."""
-    return agent_key_write(agent=agent)
+def agent_key_issue(
+    *, agent: Agent, expires_at: dt.datetime | None = None
+) -> IssuedKey:
+    """Issue a new API key for the agent; the secret is returned once, never stored.
+
+    Raises:
+        ValidationFailed: ``expires_at`` is not in the future.
+    """
+    return agent_key_write(agent=agent, expires_at=expires_at)
 
 
-def agent_key_write(*, agent: Agent) -> IssuedKey:
+def agent_key_write(
+    *, agent: Agent, expires_at: dt.datetime | None = None
+) -> IssuedKey:
     """Mint and store a key, in the caller's transaction (the one way keys are made).
+
+    ``expires_at`` (optional) is when it stops authenticating, on the database clock.
 
     Raises:
         TransactionRequired: called outside a transaction.
+        ValidationFailed: ``expires_at`` is not in the future.
     """
     portal_db.require_transaction()
+    if expires_at is not None:
+        _require_future(expires_at)
     prefix = KEY_PREFIX_MARK + secrets.token_hex(6)
     secret = f"{prefix}.{secrets.token_urlsafe(32)}"
     key = AgentKey.objects.create(
@@ -71,8 +92,87 @@ def agent_key_write(*, agent: Agent) -> IssuedKey:
         agent=agent,
         prefix=prefix,
         key_hash=selectors.agent_key_hash(secret),
+        expires_at=expires_at,
     )
     return IssuedKey(key=key, secret=secret)
+
+
+def _require_future(moment: dt.datetime) -> None:
+    """Refuse an expiry that has passed already (``app_now()``, the database clock)."""
+    if moment.tzinfo is None:
+        raise ValidationFailed("Give the time with its UTC offset.", field="expires_at")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT %s > app_now()", [moment])
+        (future,) = cursor.fetchone()
+    if not future:
+        raise ValidationFailed(
+            "The expiry must be in the future.",
+            field="expires_at",
+            value=moment.isoformat(),
+        )
+
+
+def agent_key_expire_write(*, key: AgentKey, expires_at: dt.datetime) -> AgentKey:
+    """Set when a key stops authenticating, in the caller's transaction.
+
+    An earlier expiry already set is kept (a cutoff only moves closer); a revoked
+    key stays revoked.
+
+    Raises:
+        TransactionRequired: called outside a transaction.
+        ValidationFailed: ``expires_at`` is not in the future.
+    """
+    portal_db.require_transaction()
+    _require_future(expires_at)
+    AgentKey.objects.filter(tenant_id=key.tenant_id, pk=key.pk).filter(
+        Q(expires_at__isnull=True) | Q(expires_at__gt=expires_at)
+    ).update(expires_at=expires_at)
+    key.refresh_from_db()
+    return key
+
+
+@transaction.atomic(durable=True)
+def agent_key_rotate(*, key: AgentKey, old_valid_until: dt.datetime) -> IssuedKey:
+    """Rotate with overlap: a new key for the same agent now; the old one keeps
+    working until ``old_valid_until``, then only the new one does.
+
+    Raises:
+        ValidationFailed: ``old_valid_until`` is not in the future.
+        KeyRevoked: the old key is revoked (nothing to rotate from).
+    """
+    return agent_key_rotate_write(key=key, old_valid_until=old_valid_until)
+
+
+def agent_key_rotate_write(*, key: AgentKey, old_valid_until: dt.datetime) -> IssuedKey:
+    """``agent_key_rotate`` in the caller's transaction.
+
+    Raises:
+        TransactionRequired: called outside a transaction.
+        ValidationFailed: ``old_valid_until`` is not in the future.
+        KeyRevoked: the old key is revoked.
+    """
+    portal_db.require_transaction()
+    old = AgentKey.objects.select_for_update().get(tenant_id=key.tenant_id, pk=key.pk)
+    if old.revoked_at is not None:
+        raise KeyRevoked(key_prefix=old.prefix)
+    agent_key_expire_write(key=old, expires_at=old_valid_until)
+    return agent_key_write(agent=old.agent)
+
+
+@transaction.atomic(durable=True)
+def agent_key_replace(*, agent: Agent) -> tuple[IssuedKey, list[AgentKey]]:
+    """Issue a key and revoke every other live key of the agent, together.
+
+    For the demo seed, which prints a fresh key on every start: one demo key is
+    valid at a time. Returns the new key and the keys it revoked.
+    """
+    issued = agent_key_write(agent=agent)
+    others = list(
+        AgentKey.objects.filter(
+            tenant_id=agent.tenant_id, agent=agent, revoked_at__isnull=True
+        ).exclude(pk=issued.key.pk)
+    )
+    return issued, [agent_key_revoke_write(key=other) for other in others]
 
 
 @transaction.atomic(durable=True)

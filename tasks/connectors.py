@@ -29,6 +29,9 @@ LookupKind = Literal["found", "none", "unknown"]
 
 # Bounds what a remote answer can make us hold or store.
 MAX_RESPONSE_BYTES = 64 * 1024
+# Where a target takes revocation notices (docs/gateway.md, "What a governed target
+# must verify"); a target without it answers 404 and relies on single use and expiry.
+REVOCATION_PATH = "/credentials/revocations"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,17 +71,20 @@ class RemoteSystem(Protocol):
     supports_lookup: bool
 
     def execute(
-        self, *, idempotency_key: str, credential: str, payload: dict[str, Any]
+        self, *, idempotency_key: str, credential: str, body: bytes
     ) -> CallResult: ...
 
     def lookup(self, *, idempotency_key: str, credential: str) -> LookupResult: ...
+
+    def revoke(self, *, credential: str) -> bool: ...
 
 
 class HttpJsonConnector:
     """A remote system speaking JSON over HTTP, configured by a ``Connector`` row.
 
     ``execute``: ``POST {base_url}{execute_path}`` with ``Idempotency-Key`` and
-    ``Authorization: Bearer <credential>``. ``lookup``: ``GET {base_url}{lookup_path}
+    ``Authorization: Bearer <credential>``, the body exactly the bytes the
+    credential's ``body_sha256`` names. ``lookup``: ``GET {base_url}{lookup_path}
     ?idempotency_key=K`` answering ``{"tickets": [{<reference_field>: ...}, ...]}``.
     Explicit connect and read timeouts; redirects are never followed (a redirect
     could send the credential elsewhere).
@@ -107,17 +113,20 @@ class HttpJsonConnector:
         )
 
     def execute(
-        self, *, idempotency_key: str, credential: str, payload: dict[str, Any]
+        self, *, idempotency_key: str, credential: str, body: bytes
     ) -> CallResult:
         portal_db.forbid_transaction("the gateway calls the remote system")
         started = time.monotonic()
-        headers = {"Authorization": f"Bearer {credential}"}
+        headers = {
+            "Authorization": f"Bearer {credential}",
+            "Content-Type": "application/json",
+        }
         if self.supports_idempotency_keys:
             headers["Idempotency-Key"] = idempotency_key
         try:
             with self._client() as client:
                 response = client.post(
-                    self.config.execute_path, json=payload, headers=headers
+                    self.config.execute_path, content=body, headers=headers
                 )
                 content = response.content[:MAX_RESPONSE_BYTES]
         except httpx.HTTPError as error:
@@ -128,7 +137,7 @@ class HttpJsonConnector:
             )
         elapsed = _ms(started)
         status = response.status_code
-        body = _json_object(content)
+        answer = _json_object(content)
         if status == 429:
             return CallResult(
                 kind="not_executed",
@@ -137,8 +146,8 @@ class HttpJsonConnector:
                 retry_after_s=_retry_after(response.headers.get("Retry-After")),
             )
         if 200 <= status < 300:
-            reference = body.get(self.config.reference_field) if body else None
-            if not isinstance(reference, str | int) or body is None:
+            reference = answer.get(self.config.reference_field) if answer else None
+            if not isinstance(reference, str | int) or answer is None:
                 # It says yes but shows no receipt: not evidence of anything.
                 return CallResult(
                     kind="unknown",
@@ -150,16 +159,16 @@ class HttpJsonConnector:
                 kind="succeeded",
                 status=status,
                 provider_reference=str(reference),
-                body=body,
+                body=answer,
                 duration_ms=elapsed,
             )
         if 400 <= status < 500 and status != 408:
             return CallResult(
                 kind="rejected",
                 status=status,
-                body=body,
+                body=answer,
                 duration_ms=elapsed,
-                error=str((body or {}).get("error", ""))[:200],
+                error=str((answer or {}).get("error", ""))[:200],
             )
         # 3xx (not followed), 408, 5xx: the remote may have acted before failing.
         return CallResult(kind="unknown", status=status, duration_ms=elapsed)
@@ -192,6 +201,19 @@ class HttpJsonConnector:
         return LookupResult(
             kind="found" if references else "none", references=references, status=200
         )
+
+    def revoke(self, *, credential: str) -> bool:
+        """Send a revocation notice; True when the target took it (2xx)."""
+        portal_db.forbid_transaction("the gateway notifies the remote system")
+        try:
+            with self._client() as client:
+                response = client.post(
+                    REVOCATION_PATH,
+                    headers={"Authorization": f"Bearer {credential}"},
+                )
+        except httpx.HTTPError:
+            return False
+        return 200 <= response.status_code < 300
 
 
 def _ms(started: float) -> int:

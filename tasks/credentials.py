@@ -1,36 +1,57 @@
-"""Short-lived, scoped credentials the gateway sends with each remote call.
+"""Short-lived, single-use credentials the gateway sends with each remote call.
 
-Token = ``base64url(JSON claims) "." base64url(HMAC-SHA256(connector key, part 1))``,
-unpadded. Claims: ``tenant``, ``object_type``, ``object_id``, ``fields`` (the only
-fields the call may carry), ``action``, ``target``, ``exp`` (Unix seconds) and ``jti``
-(the Credential row id, so a receiver can report which grant it saw). The remote
-system verifies signature, expiry and scope; the portal stores only the SHA-256 of
-the token, never the token (docs/gateway.md, "Credentials").
+A credential is an HS256 JSON Web Token (RFC 7519), signed with the connector's
+shared key, so the remote system verifies it with a stock JWT library. Registered
+claims: ``aud`` (the target), ``iat``, ``exp`` and ``jti`` (the Credential row id,
+used once). Private claims bind it to one request: ``tenant``, ``use`` (``execute``
+or ``lookup``), ``action``, ``idempotency_key`` (the operation's key),
+``object_type``, ``object_id``, ``fields`` (the only field names the call may carry)
+and, for ``execute``, ``body_sha256`` (SHA-256 of the exact body bytes sent). A
+revocation notice (``use: revoke``) lists ``revokes: [{jti, exp}]``. The portal
+stores only the SHA-256 of a token, never the token. docs/gateway.md, "What a
+governed target must verify", says what the target checks.
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
-import hmac
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
+import jwt
 
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+ALGORITHM: Final = "HS256"
+# RFC 7518 section 3.2: an HS256 key is at least as long as the hash output.
+MIN_KEY_BYTES: Final = 32
+USE_EXECUTE: Final = "execute"
+USE_LOOKUP: Final = "lookup"
+USE_REVOKE: Final = "revoke"
+# A short key raises (InvalidKeyError) instead of PyJWT's warning.
+_JWT: Final = jwt.PyJWT(options={"enforce_minimum_key_length": True})
 
 
 def credential_mint(*, claims: Mapping[str, Any], key: str) -> str:
-    """Sign ``claims`` with the connector's key; the token travels as a Bearer value."""
-    body = _b64(
-        json.dumps(dict(claims), separators=(",", ":"), sort_keys=True).encode()
-    )
-    signature = hmac.new(key.encode(), body.encode(), hashlib.sha256).digest()
-    return f"{body}.{_b64(signature)}"
+    """Sign ``claims`` with the connector's key; the token travels as a Bearer value.
+
+    Raises:
+        jwt.InvalidKeyError: the key is shorter than ``MIN_KEY_BYTES``.
+    """
+    return _JWT.encode(dict(claims), key, algorithm=ALGORITHM)
 
 
 def credential_fingerprint(token: str) -> str:
     """What the portal keeps of a token: its SHA-256, for matching a leaked one."""
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+def request_body(payload: Mapping[str, Any]) -> bytes:
+    """The exact bytes the gateway sends: one spelling, so a retry sends the same."""
+    return json.dumps(
+        dict(payload), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    ).encode("utf-8")
+
+
+def body_digest(body: bytes) -> str:
+    """SHA-256 of the request body bytes, 64 lower-case hex digits (``body_sha256``)."""
+    return hashlib.sha256(body).hexdigest()

@@ -414,7 +414,7 @@ class Connector(models.Model):
     connect_timeout_s = models.FloatField(default=2.0)
     read_timeout_s = models.FloatField(default=5.0)
     max_attempts = models.PositiveSmallIntegerField(default=3)
-    # Signs the short-lived credentials sent to this target (HMAC-SHA256). Never
+    # Signs the short-lived credentials sent to this target (HS256 JWT). Never
     # shown in events or admin lists.
     signing_key = models.CharField(max_length=200)
     created_at = models.DateTimeField(db_default=Now(), editable=False)

@@ -44,6 +44,7 @@ from portal.tracing import NO_TRACE, Trace
 
 from . import selectors
 from .contracts import contract_spec_validate
+from .credentials import MIN_KEY_BYTES
 from .exceptions import (
     ActionNotGranted,
     ContractNotFound,
@@ -1156,6 +1157,12 @@ def connector_save(
                 "A new connector needs a signing key.", field="signing_key"
             )
         connector = Connector(tenant=tenant, target=target)
+    if signing_key and len(signing_key.encode("utf-8")) < MIN_KEY_BYTES:
+        # RFC 7518 section 3.2: an HS256 key is at least as long as the hash.
+        raise ValidationFailed(
+            f"The signing key needs {MIN_KEY_BYTES} bytes or more.",
+            field="signing_key",
+        )
     changed = {
         name: [None if created else getattr(connector, name), value]
         for name, value in values.items()

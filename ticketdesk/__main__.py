@@ -15,7 +15,7 @@ import threading
 from collections.abc import Sequence
 from typing import Final
 
-from .server import TicketDeskServer, is_loopback
+from .server import DEFAULT_AUDIENCE, TicketDeskServer, is_loopback
 
 SIGNING_KEY_ENV: Final = "TICKETDESK_SIGNING_KEY"
 _STOP_SIGNALS: Final = {signal.SIGTERM, signal.SIGINT}
@@ -36,6 +36,12 @@ def _parser() -> argparse.ArgumentParser:
         "--signing-key",
         default=os.environ.get(SIGNING_KEY_ENV),
         help=f"the credential signing key (default: ${SIGNING_KEY_ENV})",
+    )
+    parser.add_argument(
+        "--audience",
+        default=DEFAULT_AUDIENCE,
+        help="this desk's target name: the aud a credential must carry "
+        f"(default {DEFAULT_AUDIENCE})",
     )
     parser.add_argument(
         "--exit-on-stdin-eof",
@@ -66,7 +72,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     # signals wait for sigwait below: no handler runs in the middle of a lock.
     signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     try:
-        server = TicketDeskServer(args.host, args.port, signing_key=args.signing_key)
+        server = TicketDeskServer(
+            args.host, args.port, signing_key=args.signing_key, audience=args.audience
+        )
+    except ValueError as error:
+        print(f"ticketdesk: {error}", file=sys.stderr)
+        return 2
     except OSError as error:
         print(
             f"ticketdesk: cannot listen on {args.host}:{args.port}: {error}",

@@ -1,31 +1,42 @@
-"""The gateway's short-lived scoped credential: mint, verify and check its scope.
+"""The gateway's short-lived, single-use credential: an HS256 JSON Web Token.
 
-A token is ``<payload>.<signature>``: ``payload`` is the base64url form of the claims
-as UTF-8 JSON, ``signature`` the base64url form of HMAC-SHA256(key, payload's ASCII
-bytes). base64url is RFC 4648 section 5 without ``=`` padding. README.md states the
-claims. Standard library only: the portal imports ``mint`` from here, and the ticket
-desk runs with nothing installed.
+A stock JWT library verifies it: signature (HMAC-SHA256 with the shared key), ``exp``
+and ``aud`` (this desk's target name); ``check_call`` then checks what binds the
+token to one request: use, action, idempotency key, object, field names and the
+SHA-256 of the exact body bytes. The desk's replay cache (``store.Desk``) refuses a
+``jti`` seen before or revoked. README.md, "The credential", states every claim and
+docs/gateway.md, "What a governed target must verify", the rules for a real target.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import hmac
-import json
-import math
-import re
 from collections.abc import Collection, Mapping
 from typing import Any, ClassVar, Final
 
+import jwt
+
+ALGORITHM: Final = "HS256"
+# RFC 7518 section 3.2: an HS256 key is at least as long as the hash (32 bytes).
+MIN_KEY_BYTES: Final = 32
 ACTION_CREATE: Final = "create_ticket"
 ACTION_LOOKUP: Final = "lookup_tickets"
-# Claims every token must carry, with the JSON types each may have.
-_STRING_CLAIMS: Final = ("object_type", "object_id", "action", "target", "jti")
-_SEGMENT: Final = re.compile(r"[A-Za-z0-9_-]+")
+# What a token may be used for: one create (with its body digest), one lookup, or one
+# revocation notice from the portal.
+USE_EXECUTE: Final = "execute"
+USE_LOOKUP: Final = "lookup"
+USE_REVOKE: Final = "revoke"
+USES: Final = (USE_EXECUTE, USE_LOOKUP, USE_REVOKE)
+# The registered claims every token carries; PyJWT refuses a token without one.
+REQUIRED_CLAIMS: Final = ("exp", "iat", "aud", "jti")
+_STRING_CLAIMS: Final = ("jti", "use", "aud")
+# Claims of a token for one call (execute or lookup), beside the strings above.
+_CALL_STRING_CLAIMS: Final = ("object_type", "object_id", "action", "idempotency_key")
 # A header holds a few hundred claims at most; larger input is not a credential.
 _MAX_TOKEN_LENGTH: Final = 16_384
+# Raises on a short key instead of warning, on minting and on verifying.
+_JWT: Final = jwt.PyJWT(options={"enforce_minimum_key_length": True})
 
 
 class CredentialError(Exception):
@@ -52,6 +63,18 @@ class CredentialExpired(CredentialError):
     code = "credential_expired"
 
 
+class CredentialReplayed(CredentialError):
+    """This credential was used before; each credential is good for one request."""
+
+    code = "credential_replayed"
+
+
+class CredentialRevoked(CredentialError):
+    """The portal revoked this credential."""
+
+    code = "credential_revoked"
+
+
 class CredentialScope(CredentialError):
     """The credential does not cover this request."""
 
@@ -59,29 +82,9 @@ class CredentialScope(CredentialError):
     status = 403
 
 
-def _encode(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
-
-
-def _decode(segment: str) -> bytes:
-    if not _SEGMENT.fullmatch(segment):
-        raise CredentialInvalid("not base64url without padding")
-    try:
-        return base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4))
-    except (binascii.Error, ValueError):
-        raise CredentialInvalid("not base64url without padding") from None
-
-
-def _key_bytes(key: str | bytes) -> bytes:
-    raw = key.encode("utf-8") if isinstance(key, str) else key
-    if not raw:
-        raise ValueError("the signing key is empty")
-    return raw
-
-
-def _signature(payload: str, key: str | bytes) -> str:
-    digest = hmac.new(_key_bytes(key), payload.encode("ascii"), hashlib.sha256)
-    return _encode(digest.digest())
+def body_digest(body: bytes) -> str:
+    """SHA-256 of the exact request body bytes, as 64 lower-case hex digits."""
+    return hashlib.sha256(body).hexdigest()
 
 
 def claims_problems(claims: Mapping[str, Any]) -> list[str]:
@@ -95,85 +98,117 @@ def claims_problems(claims: Mapping[str, Any]) -> list[str]:
         value = claims.get(name)
         if not isinstance(value, str) or not value:
             problems.append(f"{name} must be a non-empty string")
+    for name in ("exp", "iat"):
+        value = claims.get(name)
+        if isinstance(value, bool) or not isinstance(value, int):
+            problems.append(f"{name} must be an integer (unix seconds)")
+    use = claims.get("use")
+    if use not in USES:
+        problems.append(f"use must be one of: {', '.join(USES)}")
+    if use == USE_REVOKE:
+        revokes = claims.get("revokes")
+        if not isinstance(revokes, list) or not all(
+            isinstance(item, dict)
+            and isinstance(item.get("jti"), str)
+            and isinstance(item.get("exp"), int)
+            for item in revokes
+        ):
+            problems.append("revokes must be a list of {jti: string, exp: integer}")
+        return problems
+    for name in _CALL_STRING_CLAIMS:
+        value = claims.get(name)
+        if not isinstance(value, str) or not value:
+            problems.append(f"{name} must be a non-empty string")
     fields = claims.get("fields")
     if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
         problems.append("fields must be a list of strings")
-    exp = claims.get("exp")
-    # json.loads reads NaN and Infinity; a NaN expiry would never expire.
-    if (
-        isinstance(exp, bool)
-        or not isinstance(exp, int | float)
-        or not math.isfinite(exp)
-    ):
-        problems.append("exp must be a finite number (unix seconds)")
+    if use == USE_EXECUTE and not isinstance(claims.get("body_sha256"), str):
+        problems.append("body_sha256 must be a string")
     return problems
 
 
 def mint(claims: Mapping[str, Any], key: str | bytes) -> str:
-    """Sign ``claims`` into a token the ticket desk accepts until ``exp``.
+    """Sign ``claims`` into an HS256 JWT the ticket desk accepts until ``exp``.
 
     Raises:
-        ValueError: a claim is missing or has the wrong type, or the key is empty.
+        ValueError: a claim is missing or has the wrong type, or the key is shorter
+            than 32 bytes.
     """
     problems = claims_problems(claims)
     if problems:
         raise ValueError("; ".join(problems))
-    body = json.dumps(dict(claims), sort_keys=True, separators=(",", ":"))
-    payload = _encode(body.encode("utf-8"))
-    return f"{payload}.{_signature(payload, key)}"
+    try:
+        return _JWT.encode(dict(claims), key, algorithm=ALGORITHM)
+    except jwt.InvalidKeyError as error:
+        raise ValueError(str(error)) from None
 
 
-def verify(token: str, key: str | bytes, now: float) -> dict[str, Any]:
-    """Return the claims of a token signed with ``key`` that is unexpired at ``now``.
+def verify(token: str, key: str | bytes, *, audience: str) -> dict[str, Any]:
+    """Return the claims of a genuine, unexpired token addressed to ``audience``.
 
-    The signature is checked before the claims are parsed, in constant time. A
-    token is expired once ``exp <= now``.
+    PyJWT checks the signature (HS256 only: ``alg`` is never taken from the token),
+    ``exp`` and ``iat`` against the current time with no leeway, and that ``aud``
+    names this target. A token is expired once ``exp <= now``.
 
     Raises:
         CredentialInvalid: malformed, signed with another key, or claims missing.
         CredentialExpired: genuine but past its ``exp``.
+        CredentialScope: genuine but addressed to another target.
     """
-    if not token or len(token) > _MAX_TOKEN_LENGTH or token.count(".") != 1:
-        raise CredentialInvalid("not a <payload>.<signature> token")
-    payload, signature = token.split(".")
-    _decode(payload)
-    _decode(signature)
-    if not hmac.compare_digest(_signature(payload, key), signature):
-        raise CredentialInvalid("the signature does not match")
+    if not token or len(token) > _MAX_TOKEN_LENGTH:
+        raise CredentialInvalid("not a JSON Web Token")
     try:
-        claims = json.loads(_decode(payload).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        raise CredentialInvalid("the claims are not JSON") from None
-    if not isinstance(claims, dict):
-        raise CredentialInvalid("the claims are not a JSON object")
+        claims = _JWT.decode(
+            token,
+            key,
+            algorithms=[ALGORITHM],
+            audience=audience,
+            options={"require": list(REQUIRED_CLAIMS), "strict_aud": True},
+        )
+    except jwt.ExpiredSignatureError:
+        raise CredentialExpired() from None
+    except jwt.InvalidAudienceError:
+        raise CredentialScope("the credential is for another target") from None
+    except jwt.InvalidKeyError:
+        raise CredentialInvalid("the desk's signing key is too short") from None
+    except jwt.InvalidTokenError as error:
+        raise CredentialInvalid(f"{type(error).__name__}: {error}") from None
     problems = claims_problems(claims)
     if problems:
         raise CredentialInvalid("; ".join(problems))
-    if claims["exp"] <= now:
-        raise CredentialExpired()
     return claims
 
 
-def check_scope(
+def check_call(
     claims: Mapping[str, Any],
     *,
+    use: str,
     actions: Collection[str],
+    idempotency_key: str | None = None,
     object_ref: Mapping[str, Any] | None = None,
     fields: Collection[str] = (),
+    body: bytes | None = None,
 ) -> None:
-    """Refuse a request that the verified ``claims`` do not cover.
+    """Refuse a request that the verified ``claims`` were not issued for.
 
     Args:
         claims: as returned by ``verify``.
+        use: what the request does (``execute``, ``lookup`` or ``revoke``).
         actions: the actions that may make this request.
+        idempotency_key: the request's key; must equal the claim when given.
         object_ref: the business object the request names (``type``, ``id``), if any.
         fields: the field names the request writes.
+        body: the exact request body; its SHA-256 must equal ``body_sha256``.
 
     Raises:
-        CredentialScope: another action, another object or a field outside the grant.
+        CredentialScope: another use, action, key, object, field or body.
     """
+    if claims["use"] != use:
+        raise CredentialScope(f"the credential is for a {claims['use']!r} request")
     if claims["action"] not in actions:
         raise CredentialScope(f"the credential is for {claims['action']!r}")
+    if idempotency_key is not None and claims["idempotency_key"] != idempotency_key:
+        raise CredentialScope("the credential is for another idempotency key")
     if object_ref is not None and (
         object_ref.get("type") != claims["object_type"]
         or object_ref.get("id") != claims["object_id"]
@@ -182,3 +217,7 @@ def check_scope(
     outside = sorted(set(fields) - set(claims["fields"]))
     if outside:
         raise CredentialScope(f"fields outside the credential: {', '.join(outside)}")
+    if body is not None and not hmac.compare_digest(
+        body_digest(body), claims["body_sha256"]
+    ):
+        raise CredentialScope("the body is not the one the credential was issued for")

@@ -187,6 +187,7 @@ def start_ticketdesk(
     host: str = "127.0.0.1",
     timeout: float = START_TIMEOUT,
     log_path: Path | None = None,
+    audience: str | None = None,
 ) -> TicketDesk:
     """Start ``python -m ticketdesk`` and return it once it accepts connections.
 
@@ -198,6 +199,8 @@ def start_ticketdesk(
         timeout: seconds to wait for the "listening" line.
         log_path: where the child's stderr (request log) goes; by default a
             temporary file, removed by ``stop()``.
+        audience: the desk's target name (a credential's ``aud``); by default
+            ``ticket-desk``.
 
     Raises:
         TicketDeskError: the child exited or stayed silent past ``timeout``; the
@@ -216,6 +219,8 @@ def start_ticketdesk(
         sys.executable, "-m", "ticketdesk", "--host", host,
         "--port", str(port or 0), "--exit-on-stdin-eof",
     ]  # fmt: skip
+    if audience is not None:
+        command += ["--audience", audience]
     with log_path.open("ab") as log:
         process = subprocess.Popen(  # noqa: S603 (this interpreter, fixed arguments)
             command,

@@ -23,11 +23,14 @@ from .store import (
     Desk,
     Fault,
     IdempotencyKeyReused,
+    JtiSpent,
 )
 
 MAX_BODY_BYTES: Final = 1_048_576
 MAX_KEY_LENGTH: Final = 200
 MAX_DELAY_S: Final = 120.0
+# The target name the portal's connector uses for this desk: a credential's ``aud``.
+DEFAULT_AUDIENCE: Final = "ticket-desk"
 _TICKET_PATH: Final = re.compile(r"/tickets/(?P<ticket_id>[^/]+)")
 _LOOKUP_ACTIONS: Final = (credentials.ACTION_CREATE, credentials.ACTION_LOOKUP)
 # Create faults that answer at once, before the credential is even read.
@@ -70,16 +73,26 @@ class TicketDeskServer(ThreadingHTTPServer):
     # dropped SYN costs the client a second before it tries again.
     request_queue_size = 128
 
-    def __init__(self, host: str, port: int, *, signing_key: str) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        signing_key: str,
+        audience: str = DEFAULT_AUDIENCE,
+    ) -> None:
         if not is_loopback(host):
             raise ValueError(f"the ticket desk binds loopback only, not {host!r}")
-        if not signing_key:
-            raise ValueError("the signing key is empty")
+        if len(signing_key.encode("utf-8")) < credentials.MIN_KEY_BYTES:
+            raise ValueError(
+                f"the signing key needs {credentials.MIN_KEY_BYTES} bytes or more"
+            )
         if host == "localhost":
             host = "127.0.0.1"
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.desk = Desk()
         self.signing_key = signing_key
+        self.audience = audience
         super().__init__((host, port), Handler)
 
     @property
@@ -113,6 +126,12 @@ def _validated_body(raw: bytes) -> dict[str, Any]:
     if problems:
         raise BadRequest(400, "invalid_request", "; ".join(problems))
     return body
+
+
+def _spent_error(spent: JtiSpent) -> credentials.CredentialError:
+    if spent.why == "revoked":
+        return credentials.CredentialRevoked()
+    return credentials.CredentialReplayed()
 
 
 def _validated_fault(raw: bytes) -> Fault:
@@ -195,11 +214,20 @@ class Handler(BaseHTTPRequestHandler):
             raise BadRequest(413, "too_large", f"the limit is {MAX_BODY_BYTES} bytes")
         return self.rfile.read(length)
 
-    def _claims(self, now: float) -> dict[str, Any]:
+    def _claims(self) -> dict[str, Any]:
         scheme, _, token = self.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise credentials.CredentialInvalid("no Bearer credential")
-        return credentials.verify(token.strip(), self.server.signing_key, now)
+        return credentials.verify(
+            token.strip(), self.server.signing_key, audience=self.server.audience
+        )
+
+    def _spend(self, claims: dict[str, Any]) -> None:
+        """Use the credential up for this request (the replay cache)."""
+        try:
+            self.server.desk.spend(jti=claims["jti"], exp=claims["exp"])
+        except JtiSpent as spent:
+            raise _spent_error(spent) from None
 
     def _dispatch(self, method: str) -> None:
         url = urlsplit(self.path)
@@ -208,6 +236,7 @@ class Handler(BaseHTTPRequestHandler):
             ("GET", "/tickets"): self._lookup,
             ("GET", "/_control/effects"): self._effects,
             ("GET", "/_control/tickets"): self._all_tickets,
+            ("POST", "/credentials/revocations"): self._revoke,
             ("POST", "/_control/reset"): self._reset,
             ("GET", "/_control/faults"): self._faults,
             ("POST", "/_control/faults"): self._arm_fault,
@@ -268,7 +297,7 @@ class Handler(BaseHTTPRequestHandler):
         elif fault is not None and fault.mode in _REFUSALS:
             self._refuse(fault)
             return
-        claims = self._claims(time.time())
+        claims = self._claims()
         key = self.headers.get("Idempotency-Key")
         if key is None:
             raise BadRequest(400, "idempotency_key_missing", "send Idempotency-Key")
@@ -276,11 +305,15 @@ class Handler(BaseHTTPRequestHandler):
             detail = f"Idempotency-Key must be 1 to {MAX_KEY_LENGTH} characters"
             raise BadRequest(400, "idempotency_key_invalid", detail)
         parsed = _validated_body(body)
-        credentials.check_scope(
+        credentials.check_call(
             claims,
+            use=credentials.USE_EXECUTE,
             actions=(credentials.ACTION_CREATE,),
-            object_ref=parsed.get("object"),
+            idempotency_key=key,
+            # The grant names one object, so the body must name it too.
+            object_ref=parsed.get("object", {}),
             fields=parsed.get("fields", {}).keys(),
+            body=body,
         )
         try:
             result = desk.create(
@@ -288,8 +321,11 @@ class Handler(BaseHTTPRequestHandler):
                 idempotency_key=key,
                 body=parsed,
                 credential_jti=claims["jti"],
+                credential_exp=claims["exp"],
                 copies=2 if mode == "duplicate" else 1,
             )
+        except JtiSpent as spent:
+            raise _spent_error(spent) from None
         except IdempotencyKeyReused:
             detail = "this Idempotency-Key was first used with another body"
             raise BadRequest(422, "idempotency_key_reused", detail) from None
@@ -330,7 +366,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _lookup(self, *, body: bytes, query: str) -> None:
         self._lookup_fault()
-        claims = self._claims(time.time())
+        claims = self._claims()
         params = {name: values[-1] for name, values in parse_qs(query).items()}
         key = params.get("idempotency_key")
         object_type = params.get("object_type")
@@ -344,7 +380,14 @@ class Handler(BaseHTTPRequestHandler):
         object_ref = None
         if object_type is not None:
             object_ref = {"type": object_type, "id": object_id}
-        credentials.check_scope(claims, actions=_LOOKUP_ACTIONS, object_ref=object_ref)
+        credentials.check_call(
+            claims,
+            use=credentials.USE_LOOKUP,
+            actions=_LOOKUP_ACTIONS,
+            idempotency_key=key,
+            object_ref=object_ref,
+        )
+        self._spend(claims)
         tickets = self.server.desk.find(
             tenant=str(claims["tenant"]),
             idempotency_key=key,
@@ -355,12 +398,28 @@ class Handler(BaseHTTPRequestHandler):
 
     def _get(self, *, ticket_id: str) -> None:
         self._lookup_fault()
-        claims = self._claims(time.time())
-        credentials.check_scope(claims, actions=_LOOKUP_ACTIONS)
+        claims = self._claims()
+        credentials.check_call(
+            claims, use=credentials.USE_LOOKUP, actions=_LOOKUP_ACTIONS
+        )
+        self._spend(claims)
         ticket = self.server.desk.get(tenant=str(claims["tenant"]), ticket_id=ticket_id)
         if ticket is None:
             raise BadRequest(404, "not_found", f"no ticket {ticket_id}")
         self._send(200, ticket.as_json())
+
+    def _revoke(self, *, body: bytes, query: str) -> None:
+        """POST /credentials/revocations: the portal revokes credentials it issued.
+
+        The notice is itself a single-use token (``use: revoke``) whose ``revokes``
+        claim lists ``{jti, exp}``; the body is ignored.
+        """
+        claims = self._claims()
+        if claims["use"] != credentials.USE_REVOKE:
+            raise credentials.CredentialScope("not a revocation notice")
+        self._spend(claims)
+        fresh = self.server.desk.revoke(credentials=claims["revokes"])
+        self._send(200, {"revoked": len(claims["revokes"]), "unused": fresh})
 
     # -- control API (loopback only, no credential) -----------------------------
 

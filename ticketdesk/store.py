@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
@@ -35,6 +36,14 @@ DEFAULT_RETRY_AFTER_S: Final = 1
 
 class IdempotencyKeyReused(Exception):
     """This idempotency key was first used with another request body."""
+
+
+class JtiSpent(Exception):
+    """This credential id was used before, or revoked."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why  # "used" or "revoked"
 
 
 @dataclass(kw_only=True)
@@ -122,6 +131,9 @@ class _State:
     created_by_key: Counter[str] = field(default_factory=Counter)
     requests: Counter[str] = field(default_factory=Counter)
     faults: list[Fault] = field(default_factory=list)
+    # The replay cache: jti -> (its exp, "used" or "revoked"). An entry is kept until
+    # its token expires; after that the token's own exp refuses it.
+    spent: dict[str, tuple[int, str]] = field(default_factory=dict)
 
 
 class Desk:
@@ -165,6 +177,37 @@ class Desk:
                     return fault
             return None
 
+    def _spend(self, *, jti: str, exp: int) -> None:
+        """Mark ``jti`` used, under the lock; refuse one used or revoked before."""
+        state = self._state
+        now = time.time()
+        for old in [j for j, (old_exp, _) in state.spent.items() if old_exp <= now]:
+            del state.spent[old]
+        seen = state.spent.get(jti)
+        if seen is not None:
+            raise JtiSpent(seen[1])
+        state.spent[jti] = (exp, "used")
+
+    def spend(self, *, jti: str, exp: int) -> None:
+        """Use up a credential for one request (a lookup).
+
+        Raises:
+            JtiSpent: the credential was used before, or revoked.
+        """
+        with self._lock:
+            self._spend(jti=jti, exp=exp)
+
+    def revoke(self, *, credentials: list[dict[str, Any]]) -> int:
+        """Refuse these credentials (``jti``, ``exp``) from now on; returns how many
+        were not known as spent yet."""
+        with self._lock:
+            fresh = 0
+            for item in credentials:
+                if item["jti"] not in self._state.spent:
+                    fresh += 1
+                self._state.spent[item["jti"]] = (item["exp"], "revoked")
+            return fresh
+
     def create(
         self,
         *,
@@ -172,11 +215,17 @@ class Desk:
         idempotency_key: str,
         body: dict[str, Any],
         credential_jti: str,
+        credential_exp: int,
         copies: int = 1,
     ) -> CreateResult:
         """Create ``copies`` tickets for a new key, or return the first for a known one.
 
+        The credential is used up in the same step, so two requests with one token
+        make at most one answer; a replay under the same key with a fresh credential
+        returns the first ticket.
+
         Raises:
+            JtiSpent: the credential was used before, or revoked.
             IdempotencyKeyReused: the key was first used with another body.
         """
         scope = (tenant, idempotency_key)
@@ -184,9 +233,10 @@ class Desk:
         with self._lock:
             state = self._state
             known = state.fingerprints.get(scope)
+            if known is not None and known != fingerprint:
+                raise IdempotencyKeyReused()
+            self._spend(jti=credential_jti, exp=credential_exp)
             if known is not None:
-                if known != fingerprint:
-                    raise IdempotencyKeyReused()
                 first = state.tickets[state.by_key[scope][0]]
                 return CreateResult(ticket=first, created=False)
             state.fingerprints[scope] = fingerprint

@@ -435,9 +435,12 @@ class ConnectorForm(forms.ModelForm):
 
     signing_key = forms.CharField(
         required=False,
+        # HS256 wants a key as long as the hash (RFC 7518 section 3.2).
+        min_length=32,
         widget=forms.PasswordInput(render_value=False),
-        help_text="Signs the gateway's short-lived credentials. Leave blank to keep "
-        "the current key; it is never shown again.",
+        help_text="Signs the gateway's short-lived credentials (HS256 JWTs): 32 "
+        "characters or more. Leave blank to keep the current key; it is never "
+        "shown again.",
     )
 
     # A base URL typed without a scheme means https (Django 6's default).

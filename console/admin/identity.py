@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.helpers import ActionForm
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.utils import timezone
 
 from console import services
 from portal import services as portal_services
+from portal.exceptions import PortalError
 from portal.models import (
     Agent,
     AgentGrant,
@@ -62,7 +66,7 @@ class TenantAdmin(TenantScopedAdmin):
 
 class AgentKeyInline(admin.TabularInline):
     model = AgentKey
-    fields = ("prefix", "created_at", "last_used_at", "revoked_at")
+    fields = ("prefix", "created_at", "last_used_at", "expires_at", "revoked_at")
     readonly_fields = fields
     extra = 0
     can_delete = False
@@ -126,9 +130,20 @@ class AgentAdmin(TenantScopedAdmin):
             )
 
 
+class KeyActionForm(ActionForm):
+    """The action bar, with the time that rotation and expiry take."""
+
+    until = forms.DateTimeField(
+        required=False,
+        label="until (UTC)",
+        help_text="Rotate: the old key works until then. Expire: the key stops then.",
+        widget=forms.DateTimeInput(attrs={"placeholder": "YYYY-MM-DD HH:MM"}),
+    )
+
+
 @admin.register(AgentKey)
 class AgentKeyAdmin(TenantScopedAdmin):
-    """API keys by prefix; the secret is never stored. Revoke here."""
+    """API keys by prefix; the secret is never stored. Revoke, rotate or expire here."""
 
     view_perm = TenantPerm.MANAGE_TENANT
     manage_perm = TenantPerm.MANAGE_TENANT
@@ -138,17 +153,83 @@ class AgentKeyAdmin(TenantScopedAdmin):
         "tenant",
         "created_at",
         "last_used_at",
+        "expires_at",
         "revoked_at",
     ]
     list_filter = ["tenant"]
     search_fields = ["prefix", "agent__name"]
     list_select_related = ["tenant", "agent"]
-    fields = ("prefix", "agent", "tenant", "created_at", "last_used_at", "revoked_at")
+    fields = (
+        "prefix",
+        "agent",
+        "tenant",
+        "created_at",
+        "last_used_at",
+        "expires_at",
+        "revoked_at",
+    )
     readonly_fields = fields
-    actions = ["revoke_keys"]
+    action_form = KeyActionForm
+    actions = ["revoke_keys", "rotate_keys", "expire_keys"]
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    def _until(self, request: HttpRequest) -> dt.datetime | None:
+        """The action bar's time, read as UTC; None (and a message) if missing."""
+        # The action bar's own form has the action choices only the changelist
+        # knows; the time field is read on its own.
+        try:
+            until = KeyActionForm.base_fields["until"].clean(request.POST.get("until"))
+        except forms.ValidationError:
+            until = None
+        if until is None:
+            self.message_user(
+                request, "Give the time in the 'until' field first.", messages.ERROR
+            )
+            return None
+        if timezone.is_naive(until):
+            until = timezone.make_aware(until, dt.UTC)
+        return until
+
+    @admin.action(
+        description="Rotate: a new key now, the old one valid until the time given",
+        permissions=["manage"],
+    )
+    def rotate_keys(self, request: HttpRequest, queryset: QuerySet[AgentKey]) -> None:
+        until = self._until(request)
+        if until is None:
+            return
+        for key in self.manageable(request, queryset).select_related("tenant"):
+            try:
+                issued = services.agent_key_rotate(
+                    key=key, by=request.user, old_valid_until=until
+                )
+            except PortalError as error:
+                self.message_user(request, f"{key}: {error.detail}", messages.ERROR)
+                continue
+            self.message_user(
+                request,
+                f"{key} works until {until.isoformat()}; its successor: "
+                f"{issued.secret} — copy it now; only its hash is stored.",
+                messages.WARNING,
+            )
+
+    @admin.action(
+        description="Expire selected keys at the time given", permissions=["manage"]
+    )
+    def expire_keys(self, request: HttpRequest, queryset: QuerySet[AgentKey]) -> None:
+        until = self._until(request)
+        if until is None:
+            return
+        self.run_service(
+            request,
+            queryset.select_related("tenant"),
+            lambda key: services.agent_key_expire(
+                key=key, by=request.user, expires_at=until
+            ),
+            f"expires at {until.isoformat()}",
+        )
 
     @admin.action(description="Revoke selected keys", permissions=["manage"])
     def revoke_keys(self, request: HttpRequest, queryset: QuerySet[AgentKey]) -> None:

@@ -7,7 +7,9 @@ operation's own idempotency key, and hands the answer to ``results.record_call``
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import math
 from typing import Any
 
 from django.conf import settings
@@ -23,7 +25,14 @@ from portal.tracing import Trace
 
 from .. import services, takeover
 from ..connectors import RemoteSystem, connector_for
-from ..credentials import credential_fingerprint, credential_mint
+from ..credentials import (
+    USE_EXECUTE,
+    USE_LOOKUP,
+    body_digest,
+    credential_fingerprint,
+    credential_mint,
+    request_body,
+)
 from ..models import (
     Connector,
     Contract,
@@ -34,6 +43,7 @@ from ..models import (
     OperationState,
     Task,
 )
+from . import revocation
 from .checks import caller_may_execute, checked, refuse, version_conflict_evidence
 from .common import TestHook, db_now, lock, plan
 from .results import Authorized, Refused, record_call, standing
@@ -51,6 +61,10 @@ def payload(operation: Operation, task: Task) -> dict[str, Any]:
     return body
 
 
+# A confirming lookup runs after the call, so its credential outlives the call's.
+LOOKUP_EXTRA_TTL_S = 60
+
+
 def issue_credential(
     *,
     tenant: Tenant,
@@ -63,13 +77,22 @@ def issue_credential(
     now: dt.datetime,
     actor: Actor,
     trace: Trace,
+    use: str = USE_EXECUTE,
+    body: bytes | None = None,
 ) -> tuple[str, Credential]:
-    """Mint a short-lived credential scoped to this call; store its fingerprint only.
+    """Mint a short-lived, single-use credential for one request; store its
+    fingerprint only.
 
-    Writes the ``Credential`` row and a ``credential.issued`` event in the caller's
-    transaction; the token itself is returned, never stored.
+    The token names the target (``aud``), the operation's idempotency key, action,
+    object and field names, its ``use``, and for ``execute`` the SHA-256 of ``body``,
+    the exact bytes the call sends. Writes the ``Credential`` row and a
+    ``credential.issued`` event in the caller's transaction; the token itself is
+    returned, never stored.
     """
-    expires_at = now + dt.timedelta(seconds=ttl_s)
+    # A JWT's exp is whole seconds: round up, and keep the row's expiry equal to it,
+    # so the portal and the target agree on the instant (and the TTL is never cut).
+    exp = math.ceil((now + dt.timedelta(seconds=ttl_s)).timestamp())
+    expires_at = dt.datetime.fromtimestamp(exp, tz=dt.UTC)
     credential = Credential(
         tenant=tenant,
         operation=operation,
@@ -80,19 +103,23 @@ def issue_credential(
         target=operation.target,
         expires_at=expires_at,
     )
-    token = credential_mint(
-        claims={
-            "tenant": str(tenant.pk),
-            "object_type": task.object_type,
-            "object_id": task.object_id,
-            "fields": field_names,
-            "action": action,
-            "target": operation.target,
-            "exp": int(expires_at.timestamp()),
-            "jti": str(credential.pk),
-        },
-        key=connector.signing_key,
-    )
+    claims: dict[str, Any] = {
+        "aud": operation.target,
+        "iat": int(now.timestamp()),
+        "exp": exp,
+        "jti": str(credential.pk),
+        "tenant": str(tenant.pk),
+        "use": use,
+        "action": action,
+        "idempotency_key": operation.idempotency_key,
+        "object_type": task.object_type,
+        "object_id": task.object_id,
+        "fields": field_names,
+    }
+    if use == USE_EXECUTE:
+        assert body is not None, "an execute credential binds the body it carries"
+        claims["body_sha256"] = body_digest(body)
+    token = credential_mint(claims=claims, key=connector.signing_key)
     credential.secret_hash = credential_fingerprint(token)
     credential.save(force_insert=True)
     audit_services.event_append(
@@ -104,6 +131,7 @@ def issue_credential(
         trace=trace,
         data={
             "credential_id": str(credential.pk),
+            "use": use,
             "action": action,
             "target": operation.target,
             "fields": field_names,
@@ -113,6 +141,64 @@ def issue_credential(
         publish=False,
     )
     return token, credential
+
+
+def authorize_call(
+    *,
+    tenant: Tenant,
+    task: Task,
+    operation: Operation,
+    connector: Connector,
+    ttl_s: int,
+    now: dt.datetime,
+    actor: Actor,
+    trace: Trace,
+) -> Authorized:
+    """Issue what one call needs: an ``execute`` credential bound to the body, and a
+    ``lookup`` one for the confirming receipt lookup when the connector has lookup.
+
+    In the caller's transaction; ``operation`` may be moved on afterwards (the
+    caller replaces it in the result with ``dataclasses.replace``).
+    """
+    body = request_body(payload(operation, task))
+    field_names = sorted(operation.call_fields or {})
+    token, credential = issue_credential(
+        tenant=tenant,
+        task=task,
+        operation=operation,
+        connector=connector,
+        ttl_s=ttl_s,
+        field_names=field_names,
+        action=operation.action,
+        now=now,
+        actor=actor,
+        trace=trace,
+        body=body,
+    )
+    lookup_token, lookup_credential = None, None
+    if connector.supports_lookup:
+        lookup_token, lookup_credential = issue_credential(
+            tenant=tenant,
+            task=task,
+            operation=operation,
+            connector=connector,
+            ttl_s=ttl_s + LOOKUP_EXTRA_TTL_S,
+            field_names=[],
+            action=operation.action,
+            now=now,
+            actor=actor,
+            trace=trace,
+            use=USE_LOOKUP,
+        )
+    return Authorized(
+        operation=operation,
+        connector=connector,
+        credential_id=credential.pk,
+        token=token,
+        body=body,
+        lookup_credential_id=lookup_credential.pk if lookup_credential else None,
+        lookup_token=lookup_token,
+    )
 
 
 @transaction.atomic(durable=True)
@@ -230,17 +316,19 @@ def call(
         result = remote.execute(
             idempotency_key=operation.idempotency_key,
             credential=authorized.token,
-            payload=authorized.payload,
+            body=authorized.body,
         )
         hook("after_call")
         confirmation = None
         if (
             result.kind == "succeeded"
             and remote.supports_lookup
+            and authorized.lookup_token is not None
             and (receipt_required(operation))
         ):
             confirmation = remote.lookup(
-                idempotency_key=operation.idempotency_key, credential=authorized.token
+                idempotency_key=operation.idempotency_key,
+                credential=authorized.lookup_token,
             )
         operation = record_call(
             tenant=tenant,
@@ -250,7 +338,26 @@ def call(
             actor=actor,
             trace=trace,
             credential_id=authorized.credential_id,
+            spent=authorized.credential_ids,
         )
+        # A 2xx answer shows the target used the credential up; any other may not
+        # have reached its replay cache, so the target hears of the revocation.
+        unseen = (
+            []
+            if result.status and 200 <= result.status < 300
+            else [authorized.credential_id]
+        )
+        if authorized.lookup_credential_id is not None and (
+            confirmation is None or confirmation.status != 200
+        ):
+            unseen.append(authorized.lookup_credential_id)
+        if unseen:
+            revocation.credentials_notify(
+                tenant=tenant,
+                connector=authorized.connector,
+                credential_ids=unseen,
+                remote=remote,
+            )
         if not (
             operation.state == OperationState.UNKNOWN
             and operation.reason_code == ReasonCode.CREDENTIAL_EXPIRED
@@ -343,14 +450,12 @@ def credential_renew(
         )
         current.refresh_from_db()
         return current
-    token, credential = issue_credential(
+    renewed = authorize_call(
         tenant=tenant,
         task=task,
         operation=current,
         connector=authorized.connector,
         ttl_s=ttl_s,
-        field_names=sorted(current.call_fields or {}),
-        action=current.action,
         now=db_now(),
         actor=actor,
         trace=trace,
@@ -366,17 +471,11 @@ def credential_renew(
         data={
             "retry": True,
             "cause": ReasonCode.CREDENTIAL_EXPIRED,
-            "jti": str(credential.pk),
+            "jti": str(renewed.credential_id),
             "executed_by": {"type": actor.type, "id": actor.id},
         },
     )
-    return Authorized(
-        operation=moved,
-        connector=authorized.connector,
-        credential_id=credential.pk,
-        token=token,
-        payload=authorized.payload,
-    )
+    return dataclasses.replace(renewed, operation=moved)
 
 
 def receipt_required(operation: Operation) -> bool:

@@ -26,7 +26,7 @@ from portal.tracing import NO_TRACE, Trace
 
 from ..exceptions import ActionNotGranted, OperationNotFound
 from ..models import Contract, Escalation, Operation, OperationState, TaskState
-from .call import begin_call, call, issue_credential, payload
+from .call import authorize_call, begin_call, call
 from .checks import (
     CHECKS,
     CheckContext,
@@ -182,24 +182,15 @@ def authorize(
         )
         operation.refresh_from_db()
         return GatewayResult(outcome="queued", operation=operation)
-    token, credential = issue_credential(
+    return authorize_call(
         tenant=tenant,
         task=task,
         operation=operation,
         connector=connector,
         ttl_s=spec["policy"]["credential_ttl_s"],
-        field_names=sorted(operation.call_fields),
-        action=operation.action,
         now=now,
         actor=actor,
         trace=trace,
-    )
-    return Authorized(
-        operation=operation,
-        connector=connector,
-        credential_id=credential.pk,
-        token=token,
-        payload=payload(operation, task),
     )
 
 

@@ -9,6 +9,7 @@ tell is looked at again later, then handed to a person. The settle job
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import uuid
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from portal.tracing import NO_TRACE, Trace
 
 from .. import services, takeover
 from ..connectors import LookupResult, RemoteSystem, connector_for
+from ..credentials import USE_LOOKUP
 from ..models import (
     Connector,
     Contract,
@@ -35,9 +37,16 @@ from ..models import (
     OperationState,
     Task,
 )
-from .call import call, issue_credential, payload
+from . import revocation
+from .call import authorize_call, call, issue_credential
 from .common import SYSTEM, TestHook, db_now, lock, no_hook, plan
-from .results import Authorized, GatewayResult, outcome_of, standing
+from .results import (
+    Authorized,
+    GatewayResult,
+    credentials_spend,
+    outcome_of,
+    standing,
+)
 
 LOOKUP_CREDENTIAL_TTL_S: Final = 60
 
@@ -53,6 +62,7 @@ class Lookup:
     task: Task
     connector: Connector
     token: str
+    credential_id: uuid.UUID
 
 
 @transaction.atomic(durable=True)
@@ -106,7 +116,7 @@ def recovery_claim(
     Operation.objects.filter(tenant=tenant, pk=operation.pk).update(
         next_check_at=now + dt.timedelta(seconds=settings.PORTAL_EXECUTION_DEADLINE_S)
     )
-    token, _ = issue_credential(
+    token, credential = issue_credential(
         tenant=tenant,
         task=task,
         operation=operation,
@@ -117,8 +127,15 @@ def recovery_claim(
         now=now,
         actor=SYSTEM,
         trace=trace,
+        use=USE_LOOKUP,
     )
-    return Lookup(operation=operation, task=task, connector=connector, token=token)
+    return Lookup(
+        operation=operation,
+        task=task,
+        connector=connector,
+        token=token,
+        credential_id=credential.pk,
+    )
 
 
 def operation_recover(
@@ -151,6 +168,14 @@ def operation_recover(
     )
     _test_hook("after_lookup")
     decision = recovery_decide(tenant=tenant, claim=claim, lookup=lookup, trace=trace)
+    if lookup.status != 200:
+        # The lookup may not have reached the target's replay cache.
+        revocation.credentials_notify(
+            tenant=tenant,
+            connector=claim.connector,
+            credential_ids=[claim.credential_id],
+            remote=remote,
+        )
     if not isinstance(decision, Authorized):
         return decision
     operation = call(
@@ -172,6 +197,8 @@ def recovery_decide(
     locked = lock(tenant=tenant, operation_id=claim.operation.pk)
     assert locked is not None  # operations are never deleted while in doubt
     task, operation = locked
+    # The lookup's credential is spent, whatever became of the operation meanwhile.
+    credentials_spend(tenant=tenant, credential_ids=[claim.credential_id])
     if operation.state_version != claim.operation.state_version:
         return GatewayResult(outcome=outcome_of(operation), operation=operation)
     audit_services.event_append(
@@ -297,14 +324,12 @@ def recovery_decide(
             attempts=operation.attempts,
             receipts=[],
         )
-    token, credential = issue_credential(
+    authorized = authorize_call(
         tenant=tenant,
         task=task,
         operation=operation,
         connector=claim.connector,
         ttl_s=contract.spec["policy"]["credential_ttl_s"],
-        field_names=sorted(operation.call_fields or {}),
-        action=operation.action,
         now=db_now(),
         actor=SYSTEM,
         trace=trace,
@@ -313,16 +338,10 @@ def recovery_decide(
         to=OperationState.EXECUTING,
         reason=None,
         check_in=dt.timedelta(seconds=settings.PORTAL_EXECUTION_DEADLINE_S),
-        data={"retry": True},
+        data={"retry": True, "jti": str(authorized.credential_id)},
         **common,
     )
-    return Authorized(
-        operation=moved,
-        connector=claim.connector,
-        credential_id=credential.pk,
-        token=token,
-        payload=payload(moved, task),
-    )
+    return dataclasses.replace(authorized, operation=moved)
 
 
 def unscoped_operations_due(

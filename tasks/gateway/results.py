@@ -17,6 +17,7 @@ from django.db import connection, transaction
 
 from audit import services as audit_services
 from audit.models import EventCode
+from portal import db as portal_db
 from portal.actors import Actor
 from portal.codes import ReasonCode
 from portal.models import Tenant
@@ -42,13 +43,28 @@ class GatewayResult:
 
 @dataclass(frozen=True, kw_only=True)
 class Authorized:
-    """Every check passed: what the call needs (its credential and body)."""
+    """Every check passed: what the call needs (its credentials and body).
+
+    ``token`` is good for one ``execute`` request carrying exactly ``body``;
+    ``lookup_token`` (when the connector looks receipts up) for one confirming
+    lookup by the operation's key.
+    """
 
     operation: Operation
     connector: Connector
     credential_id: uuid.UUID
     token: str
-    payload: dict[str, Any]
+    body: bytes
+    lookup_credential_id: uuid.UUID | None = None
+    lookup_token: str | None = None
+
+    @property
+    def credential_ids(self) -> list[uuid.UUID]:
+        """Every credential issued for this call: all are spent once it is made."""
+        ids = [self.credential_id]
+        if self.lookup_credential_id is not None:
+            ids.append(self.lookup_credential_id)
+        return ids
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,6 +108,27 @@ def credential_expired(*, tenant: Tenant, credential_id: uuid.UUID) -> bool:
     return bool(row and row[0])
 
 
+def credentials_spend(
+    *, tenant: Tenant, credential_ids: list[uuid.UUID]
+) -> list[uuid.UUID]:
+    """Revoke used credentials in the caller's transaction; returns those revoked now.
+
+    Raises:
+        TransactionRequired: called outside a transaction.
+    """
+    portal_db.require_transaction()
+    if not credential_ids:
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE tasks_credential SET revoked_at = app_now() "
+            "WHERE tenant_id = %s AND id = ANY(%s) AND revoked_at IS NULL "
+            "RETURNING id",
+            [tenant.pk, list(credential_ids)],
+        )
+        return sorted(row[0] for row in cursor.fetchall())
+
+
 @transaction.atomic(durable=True)
 def record_call(
     *,
@@ -102,8 +139,12 @@ def record_call(
     actor: Actor,
     trace: Trace,
     credential_id: uuid.UUID | None = None,
+    spent: list[uuid.UUID] | None = None,
 ) -> Operation:
     """Write what the call did, in a new transaction; one event for the call itself.
+
+    The call's credentials (``spent``) are revoked in the same transaction: each was
+    good for one request, and none is good for another.
 
     A success is ``verified`` only when its receipt stands alone: if the receipt
     lookup (``confirmation``) shows several receipts for the key, or none that match,
@@ -113,6 +154,7 @@ def record_call(
     ``CREDENTIAL_EXPIRED``, for a fresh credential under the same key.
     """
     lock(tenant=tenant, operation_id=operation.pk)
+    revoked = credentials_spend(tenant=tenant, credential_ids=spent or [])
     audit_services.event_append(
         tenant_id=tenant.pk,
         code=EventCode.CONNECTOR_CALLED,
@@ -120,7 +162,11 @@ def record_call(
         task_id=operation.task_id,
         operation_id=operation.pk,
         trace=trace,
-        data={"attempt": operation.attempts, **result.as_event_data()},
+        data={
+            "attempt": operation.attempts,
+            **result.as_event_data(),
+            "credentials_revoked": [str(pk) for pk in revoked],
+        },
     )
     common: dict[str, Any] = {
         "tenant": tenant,

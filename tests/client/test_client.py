@@ -432,7 +432,7 @@ def test_a_self_reported_outcome_on_a_governed_target_is_a_typed_refusal(
         tenant=identity.tenant,
         target="ticket-desk",
         base_url="http://127.0.0.1:9/",
-        signing_key="k-client-tests",
+        signing_key="k-client-tests-signing-key-32-bytes",
     )
     task = register(api, 7)
     claimed = api.claim_next(owner="worker-1", ttl_s=60)

@@ -169,7 +169,7 @@ def test_a_connector_change_is_audited_without_its_signing_key(cast: Cast):
         "connect_timeout_s": "2",
         "read_timeout_s": "5",
         "max_attempts": "3",
-        "signing_key": "first-very-secret-key",
+        "signing_key": "first-very-secret-key-of-32-bytes-or-more",
     }
     before = _event_ids(cast)
     assert client.post("/admin/tasks/connector/add/", form).status_code == 302
@@ -185,11 +185,13 @@ def test_a_connector_change_is_audited_without_its_signing_key(cast: Cast):
     }
     assert event.payload["signing_key_replaced"] is False
     connector.refresh_from_db()
-    assert connector.signing_key == "first-very-secret-key"  # blank kept it
+    assert (
+        connector.signing_key == "first-very-secret-key-of-32-bytes-or-more"
+    )  # blank kept it
     page = client.get(f"/admin/tasks/connector/{connector.pk}/change/")
-    assert b"first-very-secret-key" not in page.content
+    assert b"first-very-secret-key-of-32-bytes-or-more" not in page.content
     trail = json.dumps(list(Event.objects.values_list("payload", flat=True)))
-    assert "first-very-secret-key" not in trail
+    assert "first-very-secret-key-of-32-bytes-or-more" not in trail
 
 
 def test_an_admin_changes_the_tenant_settings(cast: Cast):
@@ -239,3 +241,20 @@ def test_the_last_administrator_cannot_be_removed_or_demoted(cast: Cast):
             tenant=cast.a, by=admin, username=admin.username, role=Role.REVIEWER
         )
     assert Membership.objects.get(pk=membership.pk).role == Role.ADMIN
+
+
+@pytest.mark.parametrize("key", ["short-key", "x" * 31])
+def test_a_connector_signing_key_shorter_than_32_bytes_is_refused(cast: Cast, key):
+    """HS256 wants a key as long as the hash (RFC 7518 section 3.2)."""
+    from portal.exceptions import ValidationFailed
+    from tasks import services as task_services
+
+    with pytest.raises(ValidationFailed):
+        task_services.connector_save(
+            tenant=cast.a,
+            target="short-keyed",
+            values={"base_url": "http://127.0.0.1:9/"},
+            signing_key=key,
+            by=cast.people["admin_a"].user,
+        )
+    assert not Connector.objects.filter(tenant=cast.a, target="short-keyed").exists()

@@ -6,12 +6,18 @@ import io
 
 import pytest
 from django.core.management import call_command
+from rest_framework.test import APIClient
 
+from portal.management.commands.seed_demo import seed as seed_function
 from portal.models import AgentGrant, AgentKey, Tenant
+from portal.selectors import agent_key_authenticate
 from tasks import services as task_services
 from tasks.models import Connector, Contract
 
 pytestmark = pytest.mark.django_db
+
+K1 = "first-desk-signing-key-of-32-bytes-or-more"
+K2 = "second-desk-signing-key-of-32-bytes-or-more"
 
 
 def seed(*args: str) -> str:
@@ -22,8 +28,8 @@ def seed(*args: str) -> str:
 
 def test_seed_demo_makes_the_customer_issue_world_once_and_repoints_the_desk() -> None:
     # When: it runs twice, the desk having moved in between.
-    first = seed("--ticketdesk-url", "http://127.0.0.1:8101", "--ticketdesk-key", "k1")
-    second = seed("--ticketdesk-url", "http://127.0.0.1:8102", "--ticketdesk-key", "k2")
+    first = seed("--ticketdesk-url", "http://127.0.0.1:8101", "--ticketdesk-key", K1)
+    second = seed("--ticketdesk-url", "http://127.0.0.1:8102", "--ticketdesk-key", K2)
 
     # Then: one published contract v1, as the example agent and gateway expect ...
     tenant = Tenant.objects.get(slug="demo")
@@ -46,15 +52,41 @@ def test_seed_demo_makes_the_customer_issue_world_once_and_repoints_the_desk() -
     [connector] = Connector.objects.filter(tenant=tenant, target="ticket-desk")
     assert (connector.base_url, connector.signing_key) == (
         "http://127.0.0.1:8102",
-        "k2",
+        K2,
     )
     assert "updated connector 'ticket-desk' -> http://127.0.0.1:8102" in second
-    # ... one grant for the demo agent, and a new key per run.
+    # ... one grant for the demo agent, and a new key per run, the old one revoked.
     grants = AgentGrant.objects.filter(tenant=tenant, agent__name="demo-agent")
     assert list(grants.values_list("action", "target")) == [
         ("create_ticket", "ticket-desk")
     ]
-    assert AgentKey.objects.filter(tenant=tenant, agent__name="demo-agent").count() == 2
+    keys = AgentKey.objects.filter(tenant=tenant, agent__name="demo-agent")
+    assert keys.count() == 2
+    assert keys.filter(revoked_at__isnull=True).count() == 1
+    assert "revoked the previous demo key(s) of 'demo-agent'" in second
+
+
+def test_up_run_twice_leaves_one_valid_demo_key() -> None:
+    """``up`` seeds through ``seed_demo.seed`` on every start (launcher/up.py)."""
+    lines: list[str] = []
+    first = seed_function(report=lines.append)
+    second = seed_function(report=lines.append)
+
+    first_check = agent_key_authenticate(secret=first)
+    second_check = agent_key_authenticate(secret=second)
+    assert first_check is not None and first_check.status == "revoked"
+    assert second_check is not None and second_check.status == "live"
+    live = AgentKey.objects.filter(
+        tenant__slug="demo", agent__name="demo-agent", revoked_at__isnull=True
+    )
+    assert list(live) == [second_check.key]
+    # The API agrees: the first start's key is refused, the second's works.
+    http = APIClient()
+    http.credentials(HTTP_AUTHORIZATION=f"Bearer {first}")
+    refused = http.get("/api/v1/tasks")
+    assert (refused.status_code, refused.json()["code"]) == (401, "API_KEY_REVOKED")
+    http.credentials(HTTP_AUTHORIZATION=f"Bearer {second}")
+    assert http.get("/api/v1/tasks").status_code == 200
 
 
 def test_seed_demo_leaves_an_existing_contract_version_alone() -> None:
@@ -77,4 +109,4 @@ def test_seed_demo_defaults_to_the_desk_up_runs(
 
     connector = Connector.objects.get(tenant__slug="demo", target="ticket-desk")
     assert connector.base_url == "http://127.0.0.1:8123"
-    assert connector.signing_key == "ticketdesk-demo-signing-key"
+    assert connector.signing_key == "ticketdesk-demo-signing-key-development-only"

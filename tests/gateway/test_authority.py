@@ -321,7 +321,9 @@ def test_a_credential_expired_mid_call_is_retried_once_with_a_fresh_one(
     assert world.tickets() == 1
     done = operation(started)
     assert done.attempts == 2
-    assert len(events(started, "credential.issued")) == 2
+    issued = events(started, "credential.issued")
+    # Each call: one execute credential and one for its confirming lookup.
+    assert [e.payload["use"] for e in issued].count("execute") == 2
     expired = events(started, "operation.unknown")
     assert [e.reason_code for e in expired] == ["CREDENTIAL_EXPIRED"]
     assert {

@@ -25,7 +25,7 @@ from portal import services as portal_services
 from portal.actors import Actor
 from portal.models import Role
 from tasks import gateway, services, takeover
-from tasks.credentials import credential_mint
+from tasks.credentials import body_digest, credential_mint, request_body
 from tasks.jobs import check_receipts_job
 from tasks.models import Escalation, Operation, OperationState, Task, TaskState
 from tests.support.concurrency import run_in_threads
@@ -423,26 +423,38 @@ def test_6_several_receipts_found_in_recovery_are_a_conflict(world: World):
     """Recovery finds two receipts for the key: stop, conflict, keep the evidence."""
     started = world.start_task()
     # Another delivery of the same action identity reached the desk twice over.
+    body = request_body(
+        {
+            "queue": "billing",
+            "summary": "stray",
+            "object": {"type": "customer_issue", "id": "1042"},
+        }
+    )
     token = credential_mint(
         claims={
+            "aud": "ticket-desk",
+            "iat": int(time.time()),
+            "exp": int(time.time()) + 60,
+            "jti": "x",
             "tenant": str(world.tenant.pk),
+            "use": "execute",
+            "action": "create_ticket",
+            "idempotency_key": "ticket-for-issue-1042",
             "object_type": "customer_issue",
             "object_id": "1042",
             "fields": [],
-            "action": "create_ticket",
-            "target": "ticket-desk",
-            "exp": int(time.time()) + 60,
-            "jti": "x",
+            "body_sha256": body_digest(body),
         },
         key=world.desk.signing_key,
     )
     world.desk.set_fault("duplicate")
     stray = httpx.post(
         f"{world.desk.url}/tickets",
-        json={"queue": "billing", "summary": "stray"},
+        content=body,
         headers={
             "Authorization": f"Bearer {token}",
             "Idempotency-Key": "ticket-for-issue-1042",
+            "Content-Type": "application/json",
         },
     )
     assert stray.status_code == 201

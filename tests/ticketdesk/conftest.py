@@ -9,14 +9,15 @@ from __future__ import annotations
 import http.client
 import json
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from ticketdesk.credentials import mint
+from ticketdesk.credentials import body_digest, mint
 from ticketdesk.harness import TicketDesk, start_ticketdesk
 
 TENANT = "acme"
@@ -37,18 +38,33 @@ class Reply:
     body: Any
 
 
-def claims(**overrides: Any) -> dict[str, Any]:
-    """Claims of a credential for creating BODY's ticket, valid for a minute."""
-    return {
+def encoded(body: Any) -> bytes:
+    """The bytes ``call`` sends for a JSON ``body``."""
+    return json.dumps(body).encode("utf-8")
+
+
+def claims(
+    *, key: str = "op-1", body: Any = BODY, use: str = "execute", **overrides: Any
+) -> dict[str, Any]:
+    """Claims of a single-use credential (a fresh ``jti``) for one request, valid
+    for a minute: by default the create of BODY under ``op-1``."""
+    now = int(time.time())
+    granted: dict[str, Any] = {
+        "aud": "ticket-desk",
+        "iat": now,
+        "exp": now + 60,
+        "jti": f"jti-{uuid.uuid4()}",
         "tenant": TENANT,
+        "use": use,
+        "action": "create_ticket",
+        "idempotency_key": key,
         "object_type": ORDER["type"],
         "object_id": ORDER["id"],
         "fields": ["priority", "channel"],
-        "action": "create_ticket",
-        "target": "ticket-desk",
-        "exp": int(time.time()) + 60,
-        "jti": "jti-1",
-    } | overrides
+    }
+    if use == "execute":
+        granted["body_sha256"] = body_digest(encoded(body))
+    return granted | overrides
 
 
 def token(desk: TicketDesk, **overrides: Any) -> str:
@@ -97,18 +113,22 @@ def create(
     desk: TicketDesk, key: str, body: Any = None, **claim_overrides: Any
 ) -> Reply:
     """POST /tickets as the gateway does: BODY unless told, a fresh credential."""
+    body = BODY if body is None else body
     return call(
         desk,
         "POST",
         "/tickets",
-        body=BODY if body is None else body,
-        bearer=token(desk, **claim_overrides),
+        body=body,
+        bearer=token(desk, key=key, body=body, **claim_overrides),
         key=key,
     )
 
 
 def lookup(desk: TicketDesk, query: str, **claim_overrides: Any) -> Reply:
-    return call(desk, "GET", f"/tickets?{query}", bearer=token(desk, **claim_overrides))
+    """GET /tickets?query with a fresh lookup credential for the query's key."""
+    key = parse_qs(query).get("idempotency_key", ["op-1"])[-1]
+    bearer = token(desk, use="lookup", key=key, **claim_overrides)
+    return call(desk, "GET", f"/tickets?{query}", bearer=bearer)
 
 
 @pytest.fixture(scope="module")

@@ -1,146 +1,135 @@
-"""The credential format: mint and verify agree, and anything else is refused."""
+"""The credential format: an HS256 JWT that a stock library verifies; mint and
+verify agree, and anything else is refused."""
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
-import json
+import time
 from typing import Any
 
+import jwt
 import pytest
 
+from tasks.credentials import credential_mint, request_body
 from ticketdesk import credentials
 from ticketdesk.credentials import (
     CredentialExpired,
     CredentialInvalid,
     CredentialScope,
-    check_scope,
+    body_digest,
+    check_call,
     mint,
     verify,
 )
 
-from .conftest import claims
+from .conftest import BODY, claims, encoded
 
-KEY = "test-signing-key"
-NOW = 1_800_000_000.0
-
-
-def b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+KEY = "test-signing-key-of-thirty-two-bytes"
 
 
-def signed(payload: str, key: str = KEY) -> str:
-    """A token built by hand from the README's definition."""
-    mac = hmac.new(key.encode(), payload.encode("ascii"), hashlib.sha256).digest()
-    return f"{payload}.{b64(mac)}"
+def test_a_minted_token_is_a_standard_hs256_jwt() -> None:
+    granted = claims()
+
+    token = mint(granted, KEY)
+
+    assert jwt.get_unverified_header(token) == {"alg": "HS256", "typ": "JWT"}
+    decoded = jwt.decode(token, KEY, algorithms=["HS256"], audience="ticket-desk")
+    assert decoded == granted
 
 
-def test_minted_token_follows_the_documented_format() -> None:
-    token = mint(claims(exp=NOW + 60), KEY)
+def test_the_portal_mints_what_the_desk_verifies() -> None:
+    """tasks.credentials (the portal) and ticketdesk.credentials (the target) agree."""
+    body = request_body(BODY)
+    granted = claims(body=BODY) | {"body_sha256": body_digest(body)}
 
-    payload = token.split(".")[0]
-    assert "=" not in token
-    assert json.loads(base64.urlsafe_b64decode(payload + "==")) == claims(exp=NOW + 60)
-    assert token == signed(payload)
+    token = credential_mint(claims=granted, key=KEY)
+
+    check_call(
+        verify(token, KEY, audience="ticket-desk"),
+        use="execute",
+        actions=["create_ticket"],
+        idempotency_key="op-1",
+        object_ref=BODY["object"],
+        fields=["priority"],
+        body=body,
+    )
 
 
-def test_verify_returns_the_claims_of_a_hand_built_token() -> None:
-    body = dict(claims(exp=NOW + 60), iat=NOW)  # extra claims are carried along
-    token = signed(b64(json.dumps(body).encode()))
-
-    assert verify(token, KEY, NOW) == body
-
-
-def test_expiry_is_exclusive() -> None:
-    assert verify(mint(claims(exp=NOW + 0.5), KEY), KEY, NOW)["exp"] == NOW + 0.5
+def test_an_expired_token_is_refused() -> None:
     with pytest.raises(CredentialExpired):
-        verify(mint(claims(exp=NOW), KEY), KEY, NOW)
-
-
-def _tampered() -> str:
-    signature = mint(claims(exp=NOW + 60), KEY).split(".")[1]
-    other = b64(json.dumps(claims(exp=NOW + 60, tenant="globex")).encode())
-    return f"{other}.{signature}"
+        verify(mint(claims(exp=int(time.time()) - 1), KEY), KEY, audience="ticket-desk")
 
 
 @pytest.mark.parametrize(
     "token",
     [
-        pytest.param(mint(claims(exp=NOW + 60), "another-key"), id="other-key"),
-        pytest.param(_tampered(), id="tampered-claims"),
-        pytest.param("", id="empty"),
-        pytest.param("abc", id="one-segment"),
-        pytest.param("a.b.c", id="three-segments"),
-        pytest.param(mint(claims(exp=NOW + 60), KEY) + "=", id="padded"),
-        pytest.param(signed(b64(b"not json")), id="not-json"),
-        pytest.param(signed(b64(b"[1, 2]")), id="not-an-object"),
-        pytest.param(signed(b64(b'{"exp": NaN}')), id="nan-expiry"),
+        pytest.param(lambda: mint(claims(), KEY + "-other"), id="other-key"),
+        pytest.param(lambda: mint(claims(), KEY) + "x", id="signature-changed"),
         pytest.param(
-            signed(b64(json.dumps({**claims(exp=NOW + 60), "fields": "a"}).encode())),
+            lambda: jwt.encode(claims(), KEY * 2, algorithm="HS512"), id="other-alg"
+        ),
+        pytest.param(lambda: jwt.encode(claims(), "", algorithm="none"), id="none"),
+        pytest.param(
+            lambda: jwt.encode(claims() | {"fields": "a"}, KEY, algorithm="HS256"),
             id="fields-not-a-list",
         ),
+        pytest.param(lambda: "", id="empty"),
+        pytest.param(lambda: "a.b.c", id="not-base64-json"),
+        pytest.param(lambda: "x" * 20_000, id="too-long"),
     ],
 )
-def test_verify_refuses_tokens_that_are_not_genuine_and_complete(token: str) -> None:
-    with pytest.raises(CredentialInvalid) as caught:
-        verify(token, KEY, NOW)
-
-    assert caught.value.code == "credential_invalid"
-    assert caught.value.status == 401
+def test_a_bad_token_is_invalid(token: Any) -> None:
+    with pytest.raises(CredentialInvalid):
+        verify(token(), KEY, audience="ticket-desk")
 
 
-@pytest.mark.parametrize("missing", ["tenant", "object_id", "fields", "exp", "jti"])
+def test_a_token_for_another_target_is_out_of_scope() -> None:
+    with pytest.raises(CredentialScope):
+        verify(mint(claims(aud="crm"), KEY), KEY, audience="ticket-desk")
+
+
+@pytest.mark.parametrize(
+    "missing", ["tenant", "object_id", "fields", "exp", "iat", "jti", "aud", "use"]
+)
 def test_mint_refuses_incomplete_claims(missing: str) -> None:
     incomplete = claims()
     del incomplete[missing]
-
     with pytest.raises(ValueError, match=missing):
         mint(incomplete, KEY)
 
 
-def test_mint_refuses_an_empty_key() -> None:
-    with pytest.raises(ValueError, match="empty"):
-        mint(claims(), "")
+def test_mint_refuses_a_short_key() -> None:
+    """RFC 7518 section 3.2: an HS256 key has at least 32 bytes."""
+    with pytest.raises(ValueError):
+        mint(claims(), "short")
 
 
 @pytest.mark.parametrize(
     ("scope", "allowed"),
     [
-        ({"actions": ["create_ticket"]}, True),
+        ({}, True),
         ({"actions": ["lookup_tickets"]}, False),
-        (
-            {
-                "actions": ["create_ticket"],
-                "object_ref": {"type": "order", "id": "ORD-1"},
-            },
-            True,
-        ),
-        (
-            {
-                "actions": ["create_ticket"],
-                "object_ref": {"type": "order", "id": "ORD-2"},
-            },
-            False,
-        ),
-        (
-            {
-                "actions": ["create_ticket"],
-                "object_ref": {"type": "quote", "id": "ORD-1"},
-            },
-            False,
-        ),
-        ({"actions": ["create_ticket"], "fields": ["priority"]}, True),
-        ({"actions": ["create_ticket"], "fields": ["priority", "refund_iban"]}, False),
+        ({"use": "lookup"}, False),
+        ({"idempotency_key": "op-2"}, False),
+        ({"object_ref": {"type": "order", "id": "ORD-2"}}, False),
+        ({"object_ref": {"type": "quote", "id": "ORD-1"}}, False),
+        ({"fields": ["priority", "refund_iban"]}, False),
+        ({"body": encoded(BODY | {"summary": "x"})}, False),
     ],
 )
-def test_check_scope(scope: dict[str, Any], allowed: bool) -> None:
-    granted = claims()
+def test_check_call(scope: dict[str, Any], allowed: bool) -> None:
+    request: dict[str, Any] = {
+        "use": "execute",
+        "actions": ["create_ticket"],
+        "idempotency_key": "op-1",
+        "object_ref": {"type": "order", "id": "ORD-1"},
+        "fields": ["priority"],
+        "body": encoded(BODY),
+    } | scope
     if allowed:
-        check_scope(granted, **scope)
+        check_call(claims(), **request)
     else:
         with pytest.raises(CredentialScope) as caught:
-            check_scope(granted, **scope)
+            check_call(claims(), **request)
         assert (caught.value.code, caught.value.status) == ("credential_scope", 403)
 
 

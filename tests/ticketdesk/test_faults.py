@@ -158,7 +158,7 @@ def test_lookup_slow_delays_lookups(desk: TicketDesk) -> None:
     desk.set_fault("lookup_slow", delay_s=0.3)
 
     started = time.monotonic()
-    reply = call(desk, "GET", "/tickets/TCK-000001", bearer=token(desk))
+    reply = call(desk, "GET", "/tickets/TCK-000001", bearer=token(desk, use="lookup"))
 
     assert reply.status == 404
     assert time.monotonic() - started >= 0.3

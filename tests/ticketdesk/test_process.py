@@ -48,7 +48,7 @@ def test_given_port_is_used(tmp_path: Path) -> None:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
 
-    with start_ticketdesk(port=port, signing_key="k2") as desk:
+    with start_ticketdesk(port=port, signing_key="k2-" + "x" * 32) as desk:
         assert desk.url == f"http://127.0.0.1:{port}"
         assert desk.effects()["tickets_created"] == 0
 

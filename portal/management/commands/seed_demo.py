@@ -45,7 +45,8 @@ USERS: Final = (
 TICKETDESK_TARGET: Final = "ticket-desk"
 TICKETDESK_ACTION: Final = "create_ticket"
 TICKETDESK_DEFAULT_PORT: Final = 8100
-TICKETDESK_DEMO_KEY: Final = "ticketdesk-demo-signing-key"
+# 32 bytes or more: an HS256 key as long as the hash (RFC 7518 section 3.2).
+TICKETDESK_DEMO_KEY: Final = "ticketdesk-demo-signing-key-development-only"
 CONTRACT_KEY: Final = "customer-issue"
 # The seed's worked example: an issue may become a ticket only with a fresh e-mail
 # address from the CRM and a plan from billing; the desk sees the e-mail only.
@@ -80,6 +81,9 @@ def seed(
     ticketdesk_key: str = TICKETDESK_DEMO_KEY,
 ) -> str:
     """Create or refresh the demo data; return the new agent key's secret.
+
+    Each run issues the demo agent a new key and revokes its older ones, so exactly
+    one demo key is valid after it.
 
     ``ticketdesk_url`` (default: ``http://127.0.0.1:$PORTAL_TICKETDESK_PORT``, port
     8100) and ``ticketdesk_key`` say where the ``ticket-desk`` connector calls and
@@ -146,8 +150,13 @@ def _seed_tenant(
         key=ticketdesk_key,
         report=report,
     )
-    issued = services.agent_key_issue(agent=agent)
+    # Only the hash of a key is stored, so the last one cannot be shown again: each
+    # run issues a fresh key and revokes the ones before (one valid demo key).
+    issued, revoked = services.agent_key_replace(agent=agent)
     report(f"issued a new API key for {agent.name!r}: {issued.secret} (shown once)")
+    if revoked:
+        prefixes = ", ".join(key.prefix for key in revoked)
+        report(f"revoked the previous demo key(s) of {agent.name!r}: {prefixes}")
     return issued.secret
 
 
