@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any, Final
 
 import jsonschema
+
+from audit.redaction import SENSITIVE_KINDS
 
 from .exceptions import ContractInvalid
 
@@ -47,6 +50,15 @@ CONTRACT_SPEC_SCHEMA: Final[dict[str, Any]] = {
             "required": ["required", "type"],
             "properties": {"required": {"type": "boolean"}, "type": _NAME},
         },
+        # Field names whose values are personal data or secrets, wherever they
+        # appear as a key (the operation's input, call fields, result, evidence):
+        # stored as a keyed hash, never as the value (docs/redaction.md).
+        "sensitive_fields": {
+            "type": "object",
+            "maxProperties": 100,
+            "propertyNames": _NAME,
+            "additionalProperties": {"enum": sorted(SENSITIVE_KINDS)},
+        },
     },
 }
 
@@ -75,3 +87,14 @@ def contract_spec_validate(spec: Any) -> None:
             )
     if problems:
         raise ContractInvalid(problems=problems)
+
+
+def contract_sensitive_fields(spec: Any) -> dict[str, str]:
+    """The spec's declared sensitive fields (name -> ``personal`` | ``secret``).
+
+    Versions published before ``sensitive_fields`` existed declare none.
+    """
+    if isinstance(spec, str | bytes):  # a raw statement's jsonb
+        spec = json.loads(spec)
+    declared = spec.get("sensitive_fields") if isinstance(spec, dict) else None
+    return dict(declared) if isinstance(declared, dict) else {}

@@ -209,8 +209,8 @@ class OperationAdmin(TenantScopedAdmin):
         )
 
     @staticmethod
-    def _redacted(value: Any) -> SafeString:
-        lines = display.redacted_lines(value)
+    def _redacted(value: Any, operation: Operation) -> SafeString:
+        lines = display.redacted_lines(value, tenant_id=operation.tenant_id)
         return format_html(
             '<dl class="payload">{}</dl>',
             format_html_join("", "<dt>{}</dt><dd>{}</dd>", lines),
@@ -218,15 +218,15 @@ class OperationAdmin(TenantScopedAdmin):
 
     @admin.display(description="input (redacted)")
     def input_redacted(self, operation: Operation) -> SafeString:
-        return self._redacted(operation.input)
+        return self._redacted(operation.input, operation)
 
     @admin.display(description="call fields (redacted)")
     def call_fields_redacted(self, operation: Operation) -> SafeString:
-        return self._redacted(operation.call_fields)
+        return self._redacted(operation.call_fields, operation)
 
     @admin.display(description="result (redacted)")
     def result_redacted(self, operation: Operation) -> SafeString:
-        return self._redacted(operation.result)
+        return self._redacted(operation.result, operation)
 
 
 class ContractVersionForm(forms.ModelForm):
