@@ -149,6 +149,7 @@ _BASE64 = Base64HighEntropyString()  # limit 4.5, detect-secrets' default
 _HEX = HexHighEntropyString()  # limit 3.0
 _ENTROPY_TOKEN = re.compile(r"[A-Za-z0-9+/=_\\-]{16,}")
 _HEX_TOKEN = re.compile(r"^[0-9a-fA-F]+$")
+_HEX_RUN = re.compile(r"[0-9a-fA-F]{16,}")
 _UUID = re.compile(
     r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", re.IGNORECASE
 )
@@ -184,6 +185,11 @@ _EMAIL = re.compile(
 # the card networks' numbers do (a millisecond timestamp starts with 1).
 _CARD = re.compile(r"(?<![\d-])[2-6](?:[ -]?\d){12,18}(?![\d])")
 _MARKER = re.compile(r"\[(?:REDACTED(?::[a-z_]+)?|[a-z]+:hm_[0-9a-f]+)\]")
+# What this module writes: a marker, or a bare keyed hash (digests, long strings).
+# Detectors skip it, so a stored value redacted again (for display) stays the same.
+_OWN_OUTPUT = re.compile(
+    r"\[(?:REDACTED(?::[a-z_]+)?|[a-z]+:hm_[0-9a-f]+)\]|\bhm_[0-9a-f]{16,64}\b"
+)
 
 
 def tenant_key(tenant_id: uuid.UUID | str, *, purpose: str = "redaction") -> bytes:
@@ -294,6 +300,17 @@ def _findings(text: str, entropy: bool) -> tuple[Finding, ...]:
         for match in _ENTROPY_TOKEN.finditer(text):
             if _entropy_secret(match.group()):
                 found.append(Finding(match.start(), match.end(), "high_entropy"))
+        # A hex secret glued to other letters ("x9f86d0…") is no token of its own.
+        for match in _HEX_RUN.finditer(text):
+            if _entropy_secret(match.group()):
+                found.append(Finding(match.start(), match.end(), "high_entropy"))
+    own = [(m.start(), m.end()) for m in _OWN_OUTPUT.finditer(text)]
+    if own:
+        found = [
+            f
+            for f in found
+            if not any(f.start < end and start < f.end for start, end in own)
+        ]
     merged: list[Finding] = []
     for finding in sorted(found, key=lambda f: (f.start, -f.end)):
         if merged and finding.start < merged[-1].end:
@@ -345,11 +362,38 @@ def json_dumps(value: Any) -> str:
 class _Context:
     tenant_id: uuid.UUID | str
     sensitive: Mapping[str, str]
+    # Declared values found in this same value, with their markers: a customer's
+    # name under ``customer`` is also cut out of the ``summary`` beside it.
+    known: tuple[tuple[re.Pattern[str], str], ...] = ()
+
+
+def _declared_values(
+    value: Any, sensitive: Mapping[str, str], depth: int = 0
+) -> Iterator[tuple[str, str]]:
+    """(kind, text) of every string value under a declared key, at any depth."""
+    if depth > MAX_DEPTH:
+        return
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            kind = sensitive.get(str(key))
+            if kind is not None and isinstance(item, str | int) and len(str(item)) >= 3:
+                yield kind, str(item)
+            else:
+                yield from _declared_values(item, sensitive, depth + 1)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _declared_values(item, sensitive, depth + 1)
 
 
 def _declared(context: _Context, kind: str, value: Any) -> str:
     text = value if isinstance(value, str) else json_dumps(value)
     return f"[{kind}:{keyed_hash(context.tenant_id, text)}]"
+
+
+def _replace_known(text: str, context: _Context) -> str:
+    for pattern, marker in context.known:
+        text = pattern.sub(marker, text)
+    return text
 
 
 def _walk(value: Any, context: _Context, depth: int, key: str | None) -> Any:
@@ -368,7 +412,11 @@ def _walk(value: Any, context: _Context, depth: int, key: str | None) -> Any:
             elif _SENSITIVE_KEY.search(name) and name not in _PUBLIC_KEYS:
                 out[shown] = REDACTED if item not in (None, "") else item
             elif _DIGEST_KEY.match(name) and item not in (None, ""):
-                out[shown] = _digest(context.tenant_id, item)
+                already = isinstance(item, Mapping) and set(item) == {
+                    "_digest",
+                    "_bytes",
+                }
+                out[shown] = dict(item) if already else _digest(context.tenant_id, item)
             else:
                 out[shown] = _walk(item, context, depth + 1, name)
         if len(items) > MAX_ITEMS:
@@ -387,6 +435,7 @@ def _walk(value: Any, context: _Context, depth: int, key: str | None) -> Any:
             return f"[card:{keyed_hash(context.tenant_id, digits)}]"
         return value
     text = value if isinstance(value, str) else str(value)
+    text = _replace_known(text, context)
     text = _redact_text(text, context.tenant_id, entropy=key not in _IDENTIFIER_KEYS)
     if len(text) > MAX_STRING_CHARS:
         reference = keyed_hash(context.tenant_id, text, chars=64)
@@ -419,7 +468,17 @@ def redact(
     detector finds, is in the result; equal declared values, e-mail addresses and
     card numbers give equal ``hm_`` hashes within the tenant.
     """
-    context = _Context(tenant_id=tenant_id, sensitive=sensitive or {})
+    sensitive = sensitive or {}
+    known = tuple(
+        (
+            re.compile(re.escape(text), re.IGNORECASE),
+            f"[{kind}:{keyed_hash(tenant_id, text)}]",
+        )
+        for kind, text in sorted(
+            set(_declared_values(value, sensitive)), key=lambda k: -len(k[1])
+        )
+    )
+    context = _Context(tenant_id=tenant_id, sensitive=sensitive, known=known)
     redacted = _walk(value, context, 0, None)
     if max_bytes is None or not isinstance(redacted, dict):
         return redacted

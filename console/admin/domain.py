@@ -28,7 +28,7 @@ from tasks.models import (
 
 from .. import display, search, story
 from ..paginator import CappedPaginator
-from .base import TenantScopedAdmin
+from .base import TenantScopedAdmin, tenant_ids
 
 
 @admin.register(Task)
@@ -171,13 +171,16 @@ class OperationAdmin(TenantScopedAdmin):
     list_display_links = ["operation_id", "idempotency_key"]
     list_filter = ["state", "reason_code", "tenant"]
     search_fields = ["idempotency_key"]  # get_search_results does the work
-    search_help_text = "Exact: an idempotency key, an operation id or a task id."
+    search_help_text = (
+        "Exact: an idempotency key, an operation id or a task id; "
+        "value:<e-mail, card number or declared field value> finds redacted values."
+    )
     list_select_related = ["tenant"]
     ordering = ["-id"]  # served by UNIQUE (tenant_id, id)
     sortable_by = ()
     paginator = CappedPaginator
     list_per_page = 100
-    exclude = ["input", "call_fields", "field_provenance", "result"]
+    exclude = ["input", "call_fields", "field_provenance", "result", "sealed"]
     readonly_fields = [
         "task_link",
         "input_redacted",
@@ -188,7 +191,10 @@ class OperationAdmin(TenantScopedAdmin):
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Operation], search_term: str
     ) -> tuple[QuerySet[Operation], bool]:
-        return search.operation_search(queryset, term=search_term), False
+        found = search.operation_search(
+            queryset, term=search_term, tenant_ids=tenant_ids(request, self.view_perm)
+        )
+        return found, False
 
     @admin.display(description="operation")
     def operation_id(self, operation: Operation) -> SafeString:

@@ -184,3 +184,22 @@ def test_identifiers_carrying_secrets_or_personal_data_are_refused_unnamed():
     assert refused.value.status == 422
     assert refused.value.context == {"field": "object_id", "detected": "email"}
     assert EMAIL not in str(refused.value)
+
+
+def test_a_declared_value_is_cut_out_of_the_text_beside_it():
+    redacted = redact(
+        {"customer": "Ana Lima", "summary": "Refund for ANA LIMA, today"},
+        tenant_id=TENANT,
+        sensitive={"customer": "personal"},
+    )
+    marker = f"[personal:{keyed_hash(TENANT, 'Ana Lima')}]"
+    assert redacted == {"customer": marker, "summary": f"Refund for {marker}, today"}
+
+
+def test_redacting_a_stored_value_again_changes_nothing():
+    """The admin redacts stored values again when it shows them."""
+    once = redact(
+        {"note": f"{EMAIL} {CARD} {GHP} " + "x" * 300, "prompt": "p"},
+        tenant_id=TENANT,
+    )
+    assert redact(once, tenant_id=TENANT) == once
