@@ -449,7 +449,7 @@ def test_no_canary_reaches_any_sink(world: World, caplog: pytest.LogCaptureFixtu
     for kind in ("csv", "jsonl"):
         export = reading.get(f"/admin/audit/event/export/{kind}/")
         assert export.status_code == 200
-        body = b"".join(export.streaming_content).decode()
+        body = b"".join(export.streaming_content).decode()  # type: ignore[attr-defined]
         assert str(task["id"]) in body
         sinks.add(f"export {kind}", body)
     for who, client in (("reviewer", reading), ("support", desk)):
@@ -477,10 +477,10 @@ def test_no_canary_reaches_any_sink(world: World, caplog: pytest.LogCaptureFixtu
         page = page.replace(variant, "")  # the search box shows the term back
     sinks.add("admin search", page)
 
-    for response in responses:
-        sinks.add("API responses", f"{response.url}\n{response.text}")
-    for response in staff_responses:
-        sinks.add("API responses", response.content.decode())
+    for kept in responses:
+        sinks.add("API responses", f"{kept.url}\n{kept.text}")
+    for staff_response in staff_responses:
+        sinks.add("API responses", staff_response.content.decode())
     tables = _every_table_as_text()
     assert "canary-1" in tables["tasks_task"]  # the scan reads the rows
     for table, text in tables.items():
