@@ -410,7 +410,9 @@ def _walk(value: Any, context: _Context, depth: int, key: str | None) -> Any:
             if declared is not None and item is not None:
                 out[shown] = _declared(context, declared, item)
             elif _SENSITIVE_KEY.search(name) and name not in _PUBLIC_KEYS:
-                out[shown] = REDACTED if item not in (None, "") else item
+                # A flag or an absence says nothing secret ("signing_key_replaced").
+                keep = item is None or item == "" or isinstance(item, bool)
+                out[shown] = item if keep else REDACTED
             elif _DIGEST_KEY.match(name) and item not in (None, ""):
                 already = isinstance(item, Mapping) and set(item) == {
                     "_digest",

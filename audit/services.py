@@ -120,13 +120,12 @@ def event_append(
     data: Mapping[str, Any] | None = None,
     trace: Trace = NO_TRACE,
     publish: bool = True,
-    sensitive: Mapping[str, str] | None = None,
 ) -> uuid.UUID:
     """Append one event and, when ``publish``, its outbox row, in the caller's txn.
 
-    Guarantee: the payload is redacted (``audit.redaction.redact``, with the pinned
-    contract's ``sensitive`` fields when the caller knows them) and bounded before
-    it is written, and the outbox row carries the same redacted payload; the event and
+    Guarantee: the payload is redacted (``audit.redaction.redact``: value detectors,
+    sensitive key names, docs/redaction.md) and bounded before it is written, and
+    the outbox row carries the same redacted payload; the event and
     its outbox row commit or roll back with the caller's state change. The event is
     linked into its chain (the task's, or the tenant's when ``task_id`` is None):
     appends to one chain wait for each other on a transaction-level advisory lock,
@@ -140,7 +139,6 @@ def event_append(
     payload = redact(
         dict(data or {}),
         tenant_id=tenant_id,
-        sensitive=sensitive,
         max_bytes=settings.PORTAL_EVENT_PAYLOAD_MAX_BYTES // 2,
     )
     event_id = new_id()

@@ -44,7 +44,7 @@ from audit.models import Outbox
 from portal import services as portal_services
 from portal.models import Role
 from tasks import services as task_services
-from tasks.models import Connector, Operation, OperationState, Task, TaskState
+from tasks.models import Operation, OperationState, Task, TaskState
 from tests.conftest import db_now
 from tests.gateway.conftest import SPEC, TARGET, World, minutes_ago
 
@@ -495,4 +495,3 @@ def test_no_canary_reaches_any_sink(world: World, caplog: pytest.LogCaptureFixtu
 
     # then: no canary in any sink, in any encoding
     assert sinks.hits(c) == []
-    assert Connector.objects.filter(tenant=tenant).exists()

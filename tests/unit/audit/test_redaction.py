@@ -203,3 +203,16 @@ def test_redacting_a_stored_value_again_changes_nothing():
         tenant_id=TENANT,
     )
     assert redact(once, tenant_id=TENANT) == once
+
+
+def test_a_flag_under_a_sensitive_key_is_kept():
+    """Found by the connector audit: ``signing_key_replaced: false`` was blanked."""
+    redacted = redact(
+        {"signing_key_replaced": False, "signing_key": "k", "password": None},
+        tenant_id=TENANT,
+    )
+    assert redacted == {
+        "signing_key_replaced": False,
+        "signing_key": REDACTED,
+        "password": None,
+    }
