@@ -111,6 +111,9 @@ _IDENTIFIER_KEYS: Final = frozenset(
         "head_hash",
         "trace_id",
         "span_id",
+        "trace",
+        "span",
+        "q",  # an export's search term: an exact id (a trace id is 32 hex digits)
         "jti",
         "digest",
         "_digest",
