@@ -53,10 +53,11 @@ CONTRACT_SPEC_SCHEMA: Final[dict[str, Any]] = {
         # Field names whose values are personal data or secrets, wherever they
         # appear as a key (the operation's input, call fields, result, evidence):
         # stored as a keyed hash, never as the value (docs/redaction.md).
+        # (Names are checked by contract_spec_validate: OpenAPI 3.0, which embeds
+        # this schema, has no propertyNames.)
         "sensitive_fields": {
             "type": "object",
             "maxProperties": 100,
-            "propertyNames": _NAME,
             "additionalProperties": {"enum": sorted(SENSITIVE_KINDS)},
         },
     },
@@ -85,6 +86,14 @@ def contract_spec_validate(spec: Any) -> None:
             problems.append(
                 {"path": "/required_fields", "message": f"duplicate names {duplicates}"}
             )
+        for name in spec.get("sensitive_fields") or {}:
+            if not 0 < len(name) <= 100:
+                problems.append(
+                    {
+                        "path": "/sensitive_fields",
+                        "message": "a field name is 1 to 100 characters",
+                    }
+                )
     if problems:
         raise ContractInvalid(problems=problems)
 
