@@ -47,11 +47,16 @@ INSERTED: Final = "inserted"
 REORDERED: Final = "reordered"
 FORGED_CHECKPOINT: Final = "forged checkpoint"
 
-_EVENTS: Final = f"""
-SELECT id, task_id, operation_id, code, actor_type, actor_id, reason_code,
+# An event row as the hash saw it: ``row_content`` turns the first 13 columns into
+# the hashed content (also used by the evidence bundle, audit/evidence.py).
+EVENT_COLUMNS: Final = f"""
+    id, task_id, operation_id, code, actor_type, actor_id, reason_code,
     contract_key, contract_version, payload::text, trace_id, span_id,
     {chain.CREATED_AT_SQL.format(column="created_at")}, created_at,
     chain_seq, prev_hash, hash
+"""
+_EVENTS: Final = f"""
+SELECT {EVENT_COLUMNS}
 FROM audit_event WHERE tenant_id = %s
 ORDER BY task_id NULLS FIRST, chain_seq NULLS LAST, id
 """
@@ -104,26 +109,31 @@ def _chain_name(task_id: uuid.UUID | None) -> str:
     return f"task:{task_id}" if task_id is not None else "tenant"
 
 
+def row_content(row: Sequence[Any], tenant_id: uuid.UUID) -> dict[str, Any]:
+    """The hashed content of a row selected with ``EVENT_COLUMNS``."""
+    return chain.event_content(
+        event_id=row[0],
+        tenant_id=tenant_id,
+        task_id=row[1],
+        operation_id=row[2],
+        code=row[3],
+        actor_type=row[4],
+        actor_id=row[5],
+        reason_code=row[6],
+        contract_key=row[7],
+        contract_version=row[8],
+        payload=chain.stored_payload(row[9]),
+        trace_id=row[10],
+        span_id=row[11],
+        created_at=row[12],
+    )
+
+
 def _rows(cursor: Any, tenant_id: uuid.UUID) -> Iterator[_Row]:
     cursor.execute(_EVENTS, [tenant_id])
     while batch := cursor.fetchmany(2000):
         for r in batch:
-            content = chain.event_content(
-                event_id=r[0],
-                tenant_id=tenant_id,
-                task_id=r[1],
-                operation_id=r[2],
-                code=r[3],
-                actor_type=r[4],
-                actor_id=r[5],
-                reason_code=r[6],
-                contract_key=r[7],
-                contract_version=r[8],
-                payload=chain.stored_payload(r[9]),
-                trace_id=r[10],
-                span_id=r[11],
-                created_at=r[12],
-            )
+            content = row_content(r, tenant_id)
             yield _Row(r[0], r[1], content, r[13], r[14], r[15], r[16])
 
 

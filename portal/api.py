@@ -14,7 +14,7 @@ import uuid
 from typing import Any, TypeVar
 
 from django.core.exceptions import RequestDataTooBig
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, QueryDict
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import exceptions as drf_exceptions
 from rest_framework import serializers
@@ -29,7 +29,7 @@ from rest_framework.response import Response
 from rest_framework.throttling import SimpleRateThrottle
 from rest_framework.views import APIView
 
-from . import idempotency, selectors, services
+from . import api_input, idempotency, selectors, services
 from .actors import Actor
 from .exceptions import PortalError, ValidationFailed
 from .models import Agent, Tenant
@@ -349,7 +349,13 @@ class PortalApi(APIView):
         return super().initialize_request(request, *args, **kwargs)
 
     def validated(self, serializer_class: type[S], data: Any) -> dict[str, Any]:
-        """Validate input with a plain serializer; raise 400 VALIDATION_FAILED."""
+        """Validate input with a plain serializer; raise 400 VALIDATION_FAILED.
+
+        A query string is validated as a plain dict, so an empty value is checked
+        like any other instead of counting as absent (``api_input.query_data``).
+        """
+        if isinstance(data, QueryDict):
+            data = api_input.query_data(data)
         reject_unstorable_text(data)
         serializer = serializer_class(data=data)
         serializer.is_valid(raise_exception=True)
@@ -416,7 +422,8 @@ class AgentApi(PortalApi):
     def lease_token(self, request: Request) -> int:
         """The ``Lease-Token`` header: the fencing token of the caller's lease."""
         raw = request.headers.get(LEASE_TOKEN_HEADER, "")
-        if not raw.isdigit() or len(raw) > 18:
+        # isdigit() alone admits "²" (int() refuses it) and "٣" (int() reads 3).
+        if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
             raise ValidationFailed(
                 f"Send the fencing token of your lease in the {LEASE_TOKEN_HEADER} "
                 "header (a non-negative integer).",

@@ -168,6 +168,12 @@ SPECTACULAR_SETTINGS: dict[str, Any] = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # What the server checks beyond DRF's defaults, stated in the schema
+    # (portal/api_input.py): free-form JSON components, and no NUL in request text.
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "portal.api_input.api_schema_hook",
+    ],
     "ENUM_NAME_OVERRIDES": {
         "ReasonCodeEnum": "portal.codes.ReasonCode",
         "TaskStateEnum": "tasks.models.TaskState",

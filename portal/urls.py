@@ -14,6 +14,7 @@ from drf_spectacular.views import (
 from audit.api import AuditPublicKeyApi
 from portal.api_root import ApiRootApi
 from tasks.api import agent as agent_api
+from tasks.api import evidence as evidence_api
 from tasks.api import staff as staff_api
 
 handler404 = "portal.api.not_found_view"
@@ -29,6 +30,7 @@ api_v1 = [
     path("tasks/<uuid:task_id>/transitions", agent_api.TaskTransitionApi.as_view()),
     path("tasks/<uuid:task_id>/operations", agent_api.OperationReserveApi.as_view()),
     path("tasks/<uuid:task_id>/events", agent_api.TaskEventsApi.as_view()),
+    path("tasks/<uuid:task_id>/evidence", evidence_api.TaskEvidenceApi.as_view()),
     path("operations/<uuid:operation_id>", agent_api.OperationDetailApi.as_view()),
     path("operations/<uuid:operation_id>/start", agent_api.OperationStartApi.as_view()),
     path(

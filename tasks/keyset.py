@@ -16,7 +16,7 @@ from typing import Any, Final
 
 from django.db.models import Q, QuerySet
 
-from portal.exceptions import ValidationFailed
+from portal.exceptions import NotFound
 
 from .models import Task
 
@@ -24,8 +24,12 @@ DEFAULT_PAGE_SIZE: Final = 50
 MAX_PAGE_SIZE: Final = 200
 
 
-class InvalidCursor(ValidationFailed):
-    """That page link is not valid; start again from the first page."""
+class InvalidCursor(NotFound):
+    """That page link is not valid; start again from the first page.
+
+    A 404, like an agent list's unknown ``cursor``: no schema can tell a cursor
+    this portal wrote from any other string, so it is "no such page", not bad input.
+    """
 
 
 # --- keyset pages --------------------------------------------------------------------

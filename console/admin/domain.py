@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from portal import roles
+from portal.actors import Actor
+from portal.exceptions import PortalError
 from portal.models import TenantPerm
+from tasks import evidence as task_evidence
 from tasks import services as task_services
 from tasks.contracts import contract_spec_validate
 from tasks.exceptions import ContractInvalid
@@ -81,6 +88,7 @@ class TaskAdmin(TenantScopedAdmin):
     sortable_by = ()
     paginator = CappedPaginator
     list_per_page = 100
+    actions = ["export_evidence"]
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Task], search_term: str
@@ -98,7 +106,86 @@ class TaskAdmin(TenantScopedAdmin):
         context = dict(extra_context or {})
         if task is not None and self.has_view_permission(request, task):
             context.update(story.story_context(story.task_story(task=task)))
+            if task.tenant_id in tenant_ids(request, TenantPerm.EXPORT_TRAIL):
+                context["evidence_url"] = reverse(
+                    "admin:tasks_task_evidence", args=[task.pk]
+                )
         return super().change_view(request, object_id, form_url, context)
+
+    # --- evidence bundle (tasks/evidence.py) -------------------------------------
+
+    def get_urls(self) -> list[URLPattern]:
+        evidence_url = path(
+            "<path:object_id>/evidence/",
+            self.admin_site.admin_view(self.evidence_view),
+            name="tasks_task_evidence",
+        )
+        return [evidence_url, *super().get_urls()]
+
+    def has_export_permission(self, request: HttpRequest) -> bool:
+        return bool(tenant_ids(request, TenantPerm.EXPORT_TRAIL))
+
+    def _evidence_download(self, request: HttpRequest, task: Task) -> HttpResponse:
+        """The bundle as a file; the person's right to export was checked."""
+        try:
+            bundle = task_evidence.task_evidence_bundle(
+                task=task, by=Actor.of_user(request.user)
+            )
+        except PortalError as error:  # e.g. no signing key configured
+            self.message_user(request, error.detail, messages.ERROR)
+            return HttpResponseRedirect(
+                reverse("admin:tasks_task_change", args=[task.pk])
+            )
+        response = HttpResponse(
+            task_evidence.evidence_json(bundle), content_type="application/json"
+        )
+        filename = task_evidence.evidence_filename(task)
+        response["Content-Disposition"] = f'attachment; filename="{filename}"'
+        response["Cache-Control"] = "no-store"
+        return response
+
+    def evidence_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """GET: the task's evidence bundle, for people with ``export_trail`` there.
+
+        A task outside the person's tenants is 404, as everywhere in the admin; a
+        tenant they read without the export permission is 403.
+        """
+        if request.method != "GET":
+            return HttpResponse(status=405, headers={"Allow": "GET"})
+        try:
+            task_id = uuid.UUID(object_id)
+        except ValueError:
+            raise Http404("No such task.") from None
+        try:
+            task = task_evidence.task_get_for_exporter(
+                user=request.user, task_id=task_id
+            )
+        except roles.PermissionDenied:
+            raise PermissionDenied from None
+        except PortalError:
+            raise Http404("No such task.") from None
+        return self._evidence_download(request, task)
+
+    @admin.action(
+        description="Export the evidence bundle of the selected task",
+        permissions=["export"],
+    )
+    def export_evidence(
+        self, request: HttpRequest, queryset: QuerySet[Task]
+    ) -> HttpResponse | None:
+        allowed = queryset.filter(
+            tenant_id__in=tenant_ids(request, TenantPerm.EXPORT_TRAIL)
+        )
+        tasks = list(allowed.select_related("tenant")[:2])
+        if len(tasks) != 1 or queryset.count() != 1:
+            self.message_user(
+                request,
+                "Select exactly one task of a tenant where your role may export: "
+                "a bundle holds one task's chain.",
+                messages.WARNING,
+            )
+            return None
+        return self._evidence_download(request, tasks[0])
 
     def get_object(
         self, request: HttpRequest, object_id: str, from_field: str | None = None

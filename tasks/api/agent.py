@@ -12,6 +12,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiExample,
     OpenApiParameter,
+    PolymorphicProxySerializer,
     extend_schema,
     extend_schema_serializer,
 )
@@ -23,11 +24,17 @@ from rest_framework.response import Response
 from audit import selectors as audit_selectors
 from audit.models import Event
 from portal.api import LEASE_TOKEN_HEADER, AgentApi, problem_responses
+from portal.api_input import (
+    CanonicalJsonValueField,
+    JsonObjectField,
+    QueryInput,
+    StrictInput,
+)
 from portal.codes import ReasonCode
 
 from .. import dispatch, gateway, selectors, services
 from ..exceptions import gateway_refusal
-from ..models import ObjectVersion, TaskState
+from ..models import ObjectVersion, OperationState, TaskState
 from .serializers import (
     ContractOutputSerializer,
     EventOutputSerializer,
@@ -92,7 +99,7 @@ class TaskCollectionApi(AgentApi):
     pagination_class = TaskListPagination  # also tells the schema the page shape
 
     @extend_schema_serializer(component_name="TaskRegisterInput")
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(StrictInput):
         client_task_id = serializers.CharField(max_length=200)
         workflow_key = serializers.CharField(max_length=100)
         workflow_version = serializers.CharField(max_length=50)
@@ -108,12 +115,18 @@ class TaskCollectionApi(AgentApi):
         )
 
     @extend_schema_serializer(component_name="TaskListFilter")
-    class FilterSerializer(serializers.Serializer):
+    class FilterSerializer(QueryInput):
         state = serializers.ChoiceField(choices=TaskState.choices, required=False)
         object_type = serializers.CharField(max_length=100, required=False)
         object_id = serializers.CharField(max_length=200, required=False)
         trace_id = serializers.CharField(max_length=32, required=False)
         updated_since = serializers.DateTimeField(required=False)
+        cursor = serializers.CharField(
+            required=False, help_text="From the `next` or `previous` link."
+        )
+        page_size = serializers.IntegerField(
+            min_value=1, max_value=TaskListPagination.max_page_size, required=False
+        )
 
     @extend_schema(
         operation_id="tasks_register",
@@ -154,11 +167,15 @@ class TaskCollectionApi(AgentApi):
     @extend_schema(
         operation_id="tasks_list",
         parameters=[FilterSerializer],
-        responses={200: TaskOutputSerializer(many=True), **problem_responses()},
-        description="The tenant's tasks, oldest first, cursor-paginated.",
+        responses={200: TaskOutputSerializer(many=True), **problem_responses(404)},
+        description="The tenant's tasks, oldest first, cursor-paginated (404 for a "
+        "cursor this portal did not write).",
     )
     def get(self, request: Request) -> Response:
         filters = self.validated(self.FilterSerializer, request.query_params)
+        # Validated above; the paginator reads them from the query string itself.
+        filters.pop("cursor", None)
+        filters.pop("page_size", None)
         tasks = selectors.task_list(tenant=self.tenant, **filters)
         paginator = self.pagination_class()
         page = paginator.paginate_queryset(tasks, request, view=self)
@@ -179,7 +196,7 @@ class TaskDetailApi(AgentApi):
 
 class TaskClaimNextApi(AgentApi):
     @extend_schema_serializer(component_name="TaskClaimNextInput")
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(StrictInput):
         owner = serializers.CharField(max_length=200, help_text="Your worker's name.")
         ttl_s = serializers.IntegerField(min_value=1, max_value=3600, required=False)
 
@@ -265,7 +282,7 @@ class TaskLeaseReleaseApi(AgentApi):
 
 class TaskTransitionApi(AgentApi):
     @extend_schema_serializer(component_name="TaskTransitionInput")
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(StrictInput):
         to = serializers.ChoiceField(choices=TaskState.choices)
         expected_state_version = serializers.IntegerField(
             min_value=1, max_value=2**31 - 1
@@ -275,13 +292,33 @@ class TaskTransitionApi(AgentApi):
             choices=ReasonCode.choices, required=False
         )
         wake_at = serializers.DateTimeField(required=False)
-        payload = serializers.DictField(
+        payload = JsonObjectField(
             required=False, help_text="Facts for the event (redacted, bounded)."
         )
 
+    # The schema's two shapes of the one input: wake_at only with to: waiting (the
+    # service refuses it otherwise). oneOf, told apart by `to`.
+    @extend_schema_serializer(component_name="TaskTransitionToWaiting")
+    class ToWaitingSerializer(InputSerializer):
+        to = serializers.ChoiceField(choices=[TaskState.WAITING])
+        wake_at = serializers.DateTimeField(
+            required=False, help_text="When a worker moves it back to pending."
+        )
+
+    @extend_schema_serializer(component_name="TaskTransitionToOther")
+    class ToOtherSerializer(InputSerializer):
+        to = serializers.ChoiceField(
+            choices=[s for s in TaskState.values if s != TaskState.WAITING]
+        )
+        wake_at = None  # type: ignore[assignment]  # DRF drops it: only with waiting
+
     @extend_schema(
         operation_id="tasks_transition",
-        request=InputSerializer,
+        request=PolymorphicProxySerializer(
+            component_name="TaskTransitionInput",
+            serializers=[ToWaitingSerializer, ToOtherSerializer],
+            resource_type_field_name=None,
+        ),
         responses={200: TaskOutputSerializer, **problem_responses(404, 409, post=True)},
         parameters=[LEASE_HEADER, *POST_HEADERS],
         description="Move the task under your lease. 409 STALE_STATE when "
@@ -325,8 +362,14 @@ class TaskEventsApi(AgentApi):
     pagination_class = EventPagination  # also tells the schema the page shape
 
     @extend_schema_serializer(component_name="EventListFilter")
-    class FilterSerializer(serializers.Serializer):
+    class FilterSerializer(QueryInput):
         order = serializers.ChoiceField(choices=["oldest", "newest"], default="oldest")
+        cursor = serializers.CharField(
+            required=False, help_text="From the `next` or `previous` link."
+        )
+        page_size = serializers.IntegerField(
+            min_value=1, max_value=EventPagination.max_page_size, required=False
+        )
 
     @extend_schema(
         operation_id="tasks_events",
@@ -355,13 +398,15 @@ class TaskEventsApi(AgentApi):
 
 class OperationReserveApi(AgentApi):
     @extend_schema_serializer(component_name="OperationReserveInput")
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(StrictInput):
         idempotency_key = serializers.CharField(
             max_length=200, help_text="The business identity of the side effect."
         )
         action = serializers.CharField(max_length=100)
         target = serializers.CharField(max_length=200)
-        input = serializers.JSONField(help_text="Hashed with RFC 8785 + SHA-256.")
+        input = CanonicalJsonValueField(
+            allow_null=True, help_text="Hashed with RFC 8785 + SHA-256."
+        )
 
     @extend_schema(
         operation_id="operations_reserve",
@@ -434,17 +479,36 @@ class OperationStartApi(AgentApi):
 
 class OperationOutcomeApi(AgentApi):
     @extend_schema_serializer(component_name="OperationOutcomeInput")
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(StrictInput):
         outcome = serializers.ChoiceField(choices=services.OUTCOMES)
         provider_reference = serializers.CharField(max_length=200, required=False)
-        result = serializers.DictField(required=False, help_text="Stored redacted.")
+        result = JsonObjectField(required=False, help_text="Stored redacted.")
         reason_code = serializers.ChoiceField(
             choices=ReasonCode.choices, required=False
         )
 
+    # The schema's two shapes: verified needs the receipt id (the service refuses
+    # it otherwise); failed and unknown may carry one. oneOf, told apart by outcome.
+    @extend_schema_serializer(component_name="OperationOutcomeVerified")
+    class VerifiedSerializer(InputSerializer):
+        outcome = serializers.ChoiceField(choices=[OperationState.VERIFIED])
+        provider_reference = serializers.CharField(
+            max_length=200, help_text="The provider's receipt id."
+        )
+
+    @extend_schema_serializer(component_name="OperationOutcomeNotVerified")
+    class NotVerifiedSerializer(InputSerializer):
+        outcome = serializers.ChoiceField(
+            choices=[OperationState.FAILED, OperationState.UNKNOWN]
+        )
+
     @extend_schema(
         operation_id="operations_report_outcome",
-        request=InputSerializer,
+        request=PolymorphicProxySerializer(
+            component_name="OperationOutcomeInput",
+            serializers=[VerifiedSerializer, NotVerifiedSerializer],
+            resource_type_field_name=None,
+        ),
         responses={
             200: OperationOutputSerializer,
             **problem_responses(404, 409, post=True),
@@ -476,11 +540,11 @@ class OperationOutcomeApi(AgentApi):
 
 class ObjectVersionApi(AgentApi):
     @extend_schema_serializer(component_name="ObjectVersionInput")
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(StrictInput):
         version = serializers.CharField(max_length=100)
 
     @extend_schema_serializer(component_name="ObjectVersionPath")
-    class PathSerializer(serializers.Serializer):
+    class PathSerializer(QueryInput):
         object_type = serializers.CharField(max_length=100)
         object_id = serializers.CharField(max_length=200)
 
@@ -517,7 +581,7 @@ class ObjectVersionApi(AgentApi):
 
 class OperationExecuteApi(AgentApi):
     @extend_schema_serializer(component_name="OperationExecuteInput")
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(StrictInput):
         field_values = serializers.ListField(
             child=FieldValueSerializer(),
             max_length=100,
@@ -577,7 +641,7 @@ class OperationExecuteApi(AgentApi):
 
 class ContractCollectionApi(AgentApi):
     @extend_schema_serializer(component_name="ContractListFilter")
-    class FilterSerializer(serializers.Serializer):
+    class FilterSerializer(QueryInput):
         key = serializers.CharField(max_length=100, required=False)
 
     @extend_schema(

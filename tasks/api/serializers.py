@@ -12,6 +12,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from audit.models import EventCode
+from portal.api_input import JsonValueField, StrictInput
 from portal.codes import ReasonCode
 
 from ..models import OperationState, Task, TaskState
@@ -172,18 +173,18 @@ class ContractOutputSerializer(serializers.Serializer):
 # --- Input shared by several views ---------------------------------------------------
 
 
-class LeaseInputSerializer(serializers.Serializer):
+class LeaseInputSerializer(StrictInput):
     owner = serializers.CharField(max_length=200)
     ttl_s = serializers.IntegerField(min_value=1, max_value=3600, required=False)
 
 
-class RenewInputSerializer(serializers.Serializer):
+class RenewInputSerializer(StrictInput):
     ttl_s = serializers.IntegerField(min_value=1, max_value=3600, required=False)
 
 
-class FieldValueSerializer(serializers.Serializer):
+class FieldValueSerializer(StrictInput):
     name = serializers.CharField(max_length=100)
-    value = serializers.JSONField()
+    value = JsonValueField(allow_null=True)
     # A declared field named like Field.source: the metaclass moves it, so it works.
     source = serializers.CharField(max_length=100)  # type: ignore[assignment]
     observed_at = serializers.DateTimeField()

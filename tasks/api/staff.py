@@ -12,6 +12,7 @@ from django.utils.decorators import method_decorator
 from django.views.decorators.csrf import ensure_csrf_cookie
 from drf_spectacular.utils import (
     extend_schema,
+    extend_schema_field,
     extend_schema_serializer,
     inline_serializer,
 )
@@ -21,10 +22,11 @@ from rest_framework.response import Response
 
 from portal import selectors as portal_selectors
 from portal.api import StaffApi, problem_responses
+from portal.api_input import QueryInput, StrictInput
 from portal.codes import ReasonCode
 from portal.models import TenantPerm
 
-from .. import gateway, keyset, services, takeover
+from .. import contracts, gateway, keyset, services, takeover
 from .serializers import (
     ContractOutputSerializer,
     FieldValueSerializer,
@@ -38,7 +40,7 @@ from .serializers import (
 
 class TakeoverQueueApi(StaffApi):
     @extend_schema_serializer(component_name="TakeoverQueueFilter")
-    class FilterSerializer(serializers.Serializer):
+    class FilterSerializer(QueryInput):
         reason_code = serializers.ChoiceField(
             choices=ReasonCode.choices, required=False
         )
@@ -65,7 +67,7 @@ class TakeoverQueueApi(StaffApi):
                     "results": TakeoverItemSerializer(many=True),
                 },
             ),
-            **problem_responses(400, 403),
+            **problem_responses(400, 403, 404),
         },
         description="Tasks waiting for a person in your tenants, oldest first "
         "(`order=newest` for the other end), a page at a time: follow `next` until "
@@ -127,7 +129,7 @@ class TakeoverReleaseApi(StaffApi):
 
 class TakeoverResolveApi(StaffApi):
     @extend_schema_serializer(component_name="TakeoverResolveInput")
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(StrictInput):
         resolution = serializers.ChoiceField(choices=takeover.RESOLUTIONS)
         operation_id = serializers.UUIDField(required=False)
         provider_reference = serializers.CharField(max_length=200, required=False)
@@ -155,7 +157,7 @@ class TakeoverResolveApi(StaffApi):
 
 class TakeoverEditApi(StaffApi):
     @extend_schema_serializer(component_name="TakeoverEditInput")
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(StrictInput):
         operation_id = serializers.UUIDField()
         field_values = serializers.ListField(
             child=FieldValueSerializer(),
@@ -204,11 +206,20 @@ class TakeoverEditApi(StaffApi):
 # --- Contracts (tenant administrators) ------------------------------------------------
 
 
+@extend_schema_field(
+    {k: v for k, v in contracts.CONTRACT_SPEC_SCHEMA.items() if k != "$schema"}
+)
+class ContractSpecField(serializers.JSONField):
+    """A contract spec; the service checks it against the same JSON Schema."""
+
+
 class TenantContractCreateApi(StaffApi):
     @extend_schema_serializer(component_name="ContractCreateInput")
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(StrictInput):
         key = serializers.SlugField(max_length=100)
-        spec = serializers.JSONField(help_text="Validated against the contract schema.")
+        spec = ContractSpecField(
+            help_text="The contract spec. Its required fields' names must differ."
+        )
         publish = serializers.BooleanField(default=False)
 
     @extend_schema(

@@ -167,4 +167,4 @@ def test_the_queue_pages_past_any_size_both_ways(make_task, tenant):
         assert len(seen) == len(set(seen)) == 250
         expected = [str(pk) for pk in tasks]
         assert seen == (expected if order == "oldest" else expected[::-1])
-    assert support.get("/api/v1/takeover/queue?after=garbage").status_code == 400
+    assert support.get("/api/v1/takeover/queue?after=garbage").status_code == 404

@@ -160,8 +160,11 @@ def test_object_versions_are_per_tenant(api, victim):
 
 
 def test_a_body_cannot_choose_the_tenant(api, victim):
-    """Unknown fields such as tenant or tenant_id are ignored: the key decides."""
-    created = api.post(
+    """Unknown members such as tenant or tenant_id are refused: the key decides."""
+    from tasks.models import Task
+
+    before = Task.objects.count()
+    refused = api.post(
         "/api/v1/tasks",
         {
             **REGISTRATION,
@@ -169,9 +172,11 @@ def test_a_body_cannot_choose_the_tenant(api, victim):
             "tenant_id": str(victim["tenant"].pk),
         },
     )
+    assert refused.status_code == 400
+    assert set(refused.json()["errors"]) == {"tenant", "tenant_id"}
+    assert Task.objects.count() == before
+    created = api.post("/api/v1/tasks", REGISTRATION)
     assert created.status_code == 201
-    from tasks.models import Task
-
     assert str(Task.objects.get(pk=created.json()["id"]).tenant_id) == str(
         api.tenant.pk
     )

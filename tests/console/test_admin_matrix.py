@@ -125,11 +125,15 @@ def _request_of(client: Client, person):
 def test_a_refused_change_changes_nothing(world, persona):
     """Every action and every change form, posted against A's rows by each person:
     rows of A change only when the person manages A, and B never changes."""
+    from audit.models import Event, EventCode
+    from portal.models import TenantPerm
+
     cast, rows_a, _ = world
     person = cast.people[persona]
     client = _client(cast, persona)
     before_b = tenant_fingerprint(cast.b.pk)
     before_a = tenant_fingerprint(cast.a.pk)
+    events_a = set(Event.objects.filter(tenant=cast.a).values_list("pk", flat=True))
     managed_a = False
     for model, model_admin in _pages():
         row = _row(rows_a, model)
@@ -148,8 +152,18 @@ def test_a_refused_change_changes_nothing(world, persona):
         # a change form posted with the row's own values plus a rename
         client.post(_url(model, "change", row.pk), {"name": "renamed-by-post"})
     assert tenant_fingerprint(cast.b.pk) == before_b
+    # The task page's evidence export is an action that changes nothing but the
+    # trail's record of it (an audit.exported event, and the checkpoint it signs).
+    added = Event.objects.filter(tenant=cast.a).exclude(pk__in=events_a)
+    exported = added.filter(code=EventCode.AUDIT_EXPORTED)
+    assert exported.exists() == person.may(TenantPerm.EXPORT_TRAIL, cast.a)
     if not managed_a:
-        assert tenant_fingerprint(cast.a.pk) == before_a
+        assert {event.code for event in added} <= {EventCode.AUDIT_EXPORTED}
+        trail = ("audit_event", "audit_outbox", "audit_checkpoint")
+        after_a = tenant_fingerprint(cast.a.pk)
+        for table in trail:
+            before_a.pop(table), after_a.pop(table)
+        assert after_a == before_a
 
 
 @pytest.mark.parametrize("persona", PERSONAS)

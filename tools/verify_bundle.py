@@ -1,0 +1,525 @@
+#!/usr/bin/env python3
+"""Verify a task's evidence bundle offline, with the portal's published public key.
+
+    python3 tools/verify_bundle.py BUNDLE.json --public-key KEY [--public-key KEY]
+
+``KEY`` is a PEM file with the Ed25519 public key, or the JSON answer of
+``GET /api/v1/audit/public-key`` saved to a file, or the PEM text itself. Exit 0 when
+the bundle is intact; 1 with the first failure and its kind; 2 when the command
+line or a key is unusable. Needs Python 3.11+ and ``cryptography``, nothing else:
+no Django, no database, no network (docs/audit-integrity.md, "Evidence bundles").
+
+What is checked, in this order, stopping at the first failure:
+
+1. ``forged checkpoint``: the checkpoint's Ed25519 signature over its fields does
+   not verify with a given key (changed fields, another key, an unknown key id);
+2. the chain, event by event: ``inserted`` (an event of another chain, one with no
+   chain link, two in one place, one spliced in), ``altered`` (the content and the
+   previous hash do not give the stored hash), ``reordered`` (a link to a later
+   event, numbers that disagree with the links), ``deleted`` (a link to a missing
+   event);
+3. the checkpoint against the chain: ``deleted`` (the chain ends before the signed
+   head: a cut tail), ``altered`` (the event at the signed head is not the signed
+   one), ``not covered`` (no checkpoint, one of another chain, or events after the
+   signed head that nobody signed).
+
+A bundle that is not the expected JSON at all is ``malformed``. The walk mirrors
+``manage.py verify_audit``'s (audit/verify.py) on purpose: this file must stand
+alone, so it cannot import it; a test pins the names and formats they share. The
+canonical JSON
+here is a second, standard-library implementation of RFC 8785 that must agree byte
+for byte with the ``rfc8785`` package the portal hashes with (audit/chain.py);
+tests/unit/audit/test_verify_bundle_canonical.py compares the two.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+BUNDLE_FORMAT: Final = "agent-governance-portal/evidence-bundle"
+BUNDLE_VERSIONS: Final = frozenset({1})
+CHAIN_FORMAT_VERSIONS: Final = frozenset({1})  # the events' "v" (audit/chain.py)
+SIGNATURE_FORMAT_VERSIONS: Final = frozenset({1})  # the checkpoints' "v"
+GENESIS: Final = "0" * 64
+# The checkpoint fields the signature covers (audit/checkpoints.py signed_message).
+SIGNED_FIELDS: Final = (
+    "v",
+    "tenant_id",
+    "task_id",
+    "head_seq",
+    "head_event_id",
+    "head_hash",
+    "event_count",
+    "signed_at",
+    "key_id",
+)
+
+# The kinds, named as manage.py verify_audit names them (audit/verify.py).
+ALTERED: Final = "altered"
+DELETED: Final = "deleted"
+INSERTED: Final = "inserted"
+REORDERED: Final = "reordered"
+FORGED_CHECKPOINT: Final = "forged checkpoint"
+NOT_COVERED: Final = "not covered"
+MALFORMED: Final = "malformed"
+
+EXIT_INTACT: Final = 0
+EXIT_BROKEN: Final = 1
+EXIT_USAGE: Final = 2
+
+
+# --- RFC 8785 canonical JSON ---------------------------------------------------------
+
+
+class CanonicalizationError(ValueError):
+    """A value RFC 8785 cannot represent (NaN, infinity, a huge integer, a lone
+    surrogate, a non-string key)."""
+
+
+# An integer beyond this is not exact as an IEEE 754 double: refused, as rfc8785
+# refuses it (the portal hashes such integers as strings).
+_MAX_SAFE_INTEGER: Final = 2**53 - 1
+_SHORT_ESCAPES: Final = {
+    '"': '\\"',
+    "\\": "\\\\",
+    "\b": "\\b",
+    "\f": "\\f",
+    "\n": "\\n",
+    "\r": "\\r",
+    "\t": "\\t",
+}
+
+
+def _string(text: str) -> str:
+    """RFC 8785 3.2.2.2: quotes, backslash and controls escaped, the rest as is."""
+    out = ['"']
+    for char in text:
+        escaped = _SHORT_ESCAPES.get(char)
+        if escaped is not None:
+            out.append(escaped)
+        elif char < " ":
+            out.append(f"\\u{ord(char):04x}")
+        else:
+            out.append(char)
+    out.append('"')
+    return "".join(out)
+
+
+def _number(value: float) -> str:
+    """ECMAScript's Number::toString of a double (RFC 8785 3.2.2.3).
+
+    ``repr`` gives the shortest digits that round-trip, as ECMAScript requires;
+    this places the decimal point (or the exponent) the way ECMAScript does.
+    """
+    if math.isnan(value) or math.isinf(value):
+        raise CanonicalizationError(f"{value!r} has no JSON form")
+    if value == 0:
+        return "0"  # -0 too
+    if value < 0:
+        return "-" + _number(-value)
+    mantissa, _, exponent_text = repr(value).partition("e")
+    whole, _, fraction = mantissa.partition(".")
+    digits = whole + fraction
+    # value = 0.<digits> x 10^point, once leading zeros are dropped from digits
+    point = len(whole) + int(exponent_text or "0")
+    stripped = digits.lstrip("0")
+    point -= len(digits) - len(stripped)
+    digits = stripped.rstrip("0")
+    k = len(digits)
+    if k <= point <= 21:
+        return digits + "0" * (point - k)
+    if 0 < point <= 21:
+        return f"{digits[:point]}.{digits[point:]}"
+    if -6 < point <= 0:
+        return "0." + "0" * -point + digits
+    exponent = point - 1
+    sign = "+" if exponent >= 0 else "-"
+    head = digits[0] + (f".{digits[1:]}" if k > 1 else "")
+    return f"{head}e{sign}{abs(exponent)}"
+
+
+def _canonical_text(value: Any) -> str:
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, int):
+        if abs(value) > _MAX_SAFE_INTEGER:
+            raise CanonicalizationError(f"{value} is beyond the exact integers")
+        return str(value)
+    if isinstance(value, float):
+        return _number(value)
+    if isinstance(value, str):
+        return _string(value)
+    if isinstance(value, Mapping):
+        if not all(isinstance(key, str) for key in value):
+            raise CanonicalizationError("object keys must be strings")
+        # RFC 8785 3.2.3: members sorted by their names' UTF-16 code units.
+        names = sorted(
+            value, key=lambda name: name.encode("utf-16-be", "surrogatepass")
+        )
+        members = (f"{_string(name)}:{_canonical_text(value[name])}" for name in names)
+        return "{" + ",".join(members) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(_canonical_text(item) for item in value) + "]"
+    raise CanonicalizationError(f"{type(value).__name__} is not JSON")
+
+
+def canonical(value: Any) -> bytes:
+    """The RFC 8785 canonical JSON of ``value``, UTF-8."""
+    try:
+        return _canonical_text(value).encode("utf-8")
+    except UnicodeEncodeError as error:  # a lone surrogate
+        raise CanonicalizationError("text is not valid Unicode") from error
+
+
+def event_hash(*, prev_hash: str | None, content: Any) -> str:
+    """SHA-256 of the previous hash (64 hex digits; zeros first) and the content."""
+    digest = hashlib.sha256((prev_hash or GENESIS).encode("ascii"))
+    digest.update(canonical(content))
+    return digest.hexdigest()
+
+
+# --- Keys ----------------------------------------------------------------------------
+
+
+class UnusableKey(Exception):
+    """A public key that cannot be used (exit 2)."""
+
+
+def key_id_of(public: Ed25519PublicKey) -> str:
+    """The first 16 hex digits of SHA-256 of the raw key, as checkpoints name it."""
+    raw = public.public_bytes(
+        encoding=serialization.Encoding.Raw, format=serialization.PublicFormat.Raw
+    )
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
+def load_public_key(source: str) -> tuple[str, Ed25519PublicKey]:
+    """A key from a PEM file, the public-key endpoint's JSON saved to a file, or PEM
+    text; returns (key id, key).
+
+    Raises:
+        UnusableKey: unreadable, not Ed25519, or its JSON names another key id.
+    """
+    text = source
+    if not source.lstrip().startswith("-----BEGIN"):
+        try:
+            text = Path(source).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise UnusableKey(f"{source}: {error}") from error
+    declared_id = None
+    if text.lstrip().startswith("{"):
+        try:
+            answer = json.loads(text)
+            text, declared_id = answer["public_key_pem"], answer.get("key_id")
+        except (ValueError, KeyError, TypeError) as error:
+            raise UnusableKey(
+                f"{source}: not the public-key endpoint's JSON"
+            ) from error
+    try:
+        public = serialization.load_pem_public_key(text.encode("ascii"))
+    except (ValueError, TypeError, UnicodeEncodeError) as error:
+        raise UnusableKey(f"{source}: not a PEM public key") from error
+    if not isinstance(public, Ed25519PublicKey):
+        raise UnusableKey(f"{source}: not an Ed25519 public key")
+    key_id = key_id_of(public)
+    if declared_id is not None and declared_id != key_id:
+        raise UnusableKey(f"{source}: says key id {declared_id}, the key is {key_id}")
+    return key_id, public
+
+
+# --- Verification --------------------------------------------------------------------
+
+
+class Failure(Exception):
+    """The first place where the bundle and its signature disagree."""
+
+    def __init__(
+        self, kind: str, detail: str, seq: Any = None, event_id: Any = None
+    ) -> None:
+        super().__init__(kind, detail)
+        self.kind = kind
+        self.detail = detail
+        self.seq = seq
+        self.event_id = event_id
+
+    def __str__(self) -> str:
+        where = ""
+        if self.seq is not None:
+            where += f" at #{self.seq}"
+        if self.event_id is not None:
+            where += f" (event {self.event_id})"
+        return f"{self.kind}{where}: {self.detail}"
+
+
+@dataclass(frozen=True)
+class Intact:
+    """What a successful verification saw."""
+
+    tenant_id: str
+    task_id: str
+    events: int
+    head_hash: str
+    signed_at: str
+    key_id: str
+
+    def __str__(self) -> str:
+        return (
+            f"intact: task {self.task_id} of tenant {self.tenant_id}: "
+            f"{self.events} events, head {self.head_hash[:16]}…, signed "
+            f"{self.signed_at} with key {self.key_id}"
+        )
+
+
+def _malformed(detail: str) -> Failure:
+    return Failure(MALFORMED, detail)
+
+
+def _object(value: Any, what: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise _malformed(f"{what} is not a JSON object")
+    return value
+
+
+def _check_signature(
+    checkpoint: Mapping[str, Any], public_keys: Mapping[str, Ed25519PublicKey]
+) -> None:
+    if checkpoint.get("v") not in SIGNATURE_FORMAT_VERSIONS:
+        raise _malformed(f"checkpoint format {checkpoint.get('v')!r} is not known")
+    missing = [name for name in (*SIGNED_FIELDS, "signature") if name not in checkpoint]
+    if missing:
+        raise _malformed(f"checkpoint lacks {', '.join(missing)}")
+    seq, head = checkpoint["head_seq"], checkpoint["head_event_id"]
+    public = public_keys.get(checkpoint["key_id"])
+    if public is None:
+        raise Failure(
+            FORGED_CHECKPOINT,
+            f"signed with key {checkpoint['key_id']!r}, not a key given",
+            seq,
+            head,
+        )
+    try:
+        message = canonical({name: checkpoint[name] for name in SIGNED_FIELDS})
+        public.verify(bytes.fromhex(checkpoint["signature"]), message)
+    except (InvalidSignature, ValueError, TypeError):
+        raise Failure(
+            FORGED_CHECKPOINT, "the signature does not verify", seq, head
+        ) from None
+
+
+def _check_chain(
+    events: Sequence[Any], *, tenant_id: str, task_id: str
+) -> list[Mapping[str, Any]]:
+    """Each event's hash and link, in stored order (as audit/verify.py walks)."""
+    rows = [_object(event, f"event {i + 1}") for i, event in enumerate(events)]
+    position = {
+        row["hash"]: i for i, row in enumerate(rows) if isinstance(row.get("hash"), str)
+    }
+    expected_prev: str | None = None
+    for i, row in enumerate(rows):
+        content = row.get("content")
+        seq = row.get("seq")
+        event_id = content.get("id") if isinstance(content, Mapping) else None
+        if not isinstance(content, Mapping) or (
+            content.get("tenant_id"),
+            content.get("task_id"),
+        ) != (tenant_id, task_id):
+            raise Failure(INSERTED, "not an event of this task's chain", seq, event_id)
+        if content.get("v") not in CHAIN_FORMAT_VERSIONS:
+            raise _malformed(f"event format {content.get('v')!r} is not known")
+        stored = row.get("hash")
+        if not isinstance(seq, int) or not isinstance(stored, str):
+            detail = "no chain link: not written by event_append"
+            raise Failure(INSERTED, detail, seq, event_id)
+        if i and seq == rows[i - 1].get("seq"):
+            raise Failure(INSERTED, "two events in one place", seq, event_id)
+        prev = row.get("prev_hash")
+        try:
+            recomputed = event_hash(prev_hash=prev, content=content)
+        except (CanonicalizationError, UnicodeEncodeError, AttributeError, TypeError):
+            recomputed = None
+        if recomputed != stored:
+            detail = "content does not match its hash"
+            raise Failure(ALTERED, detail, seq, event_id)
+        if prev != expected_prev:
+            found = position.get(prev) if isinstance(prev, str) else None
+            if found is not None and found > i:
+                detail = "links to an event stored after it"
+                raise Failure(REORDERED, detail, seq, event_id)
+            if found is not None:
+                detail = "the event before it is not the one it links to"
+                raise Failure(INSERTED, detail, seq, event_id)
+            raise Failure(DELETED, "the event it links to is missing", seq, event_id)
+        if seq != i + 1:
+            detail = f"numbered #{seq} but linked as #{i + 1}"
+            raise Failure(REORDERED, detail, seq, event_id)
+        expected_prev = stored
+    return rows
+
+
+def _check_coverage(
+    rows: Sequence[Mapping[str, Any]],
+    checkpoint: Mapping[str, Any] | None,
+    *,
+    tenant_id: str,
+    task_id: str,
+) -> None:
+    if checkpoint is None:
+        raise Failure(NOT_COVERED, "the bundle has no checkpoint: nothing is signed")
+    if (checkpoint["tenant_id"], checkpoint["task_id"]) != (tenant_id, task_id):
+        raise Failure(NOT_COVERED, "the checkpoint signs another chain")
+    signed = checkpoint["head_seq"]
+    if not isinstance(signed, int) or signed < 1:
+        raise _malformed(f"checkpoint head_seq {signed!r}")
+    if len(rows) < signed:
+        detail = f"the chain ends at #{len(rows)}, signed up to #{signed}"
+        raise Failure(DELETED, detail, signed, checkpoint["head_event_id"])
+    head = rows[signed - 1]
+    if (
+        head["content"]["id"] != checkpoint["head_event_id"]
+        or head["hash"] != checkpoint["head_hash"]
+    ):
+        detail = "not the event and hash the checkpoint signed"
+        raise Failure(ALTERED, detail, signed, head["content"]["id"])
+    if len(rows) > signed:
+        detail = (
+            f"events #{signed + 1}-#{len(rows)} come after the signed head "
+            f"#{signed}: no checkpoint signs them (export the bundle again)"
+        )
+        raise Failure(NOT_COVERED, detail, signed + 1, rows[signed]["content"]["id"])
+
+
+def verify_bundle(bundle: Any, public_keys: Mapping[str, Ed25519PublicKey]) -> Intact:
+    """Check a parsed bundle; returns what was verified.
+
+    Raises:
+        Failure: the first failure, with its kind.
+    """
+    try:
+        return _verify(bundle, public_keys)
+    except Failure:
+        raise
+    except (KeyError, TypeError, AttributeError, ValueError) as error:
+        # A field of an unexpected type somewhere: never a traceback, never intact.
+        raise _malformed(
+            f"unexpected content ({type(error).__name__}: {error})"
+        ) from None
+
+
+def _verify(bundle: Any, public_keys: Mapping[str, Ed25519PublicKey]) -> Intact:
+    bundle = _object(bundle, "the bundle")
+    if bundle.get("format") != BUNDLE_FORMAT:
+        raise _malformed(f"not an evidence bundle (format {bundle.get('format')!r})")
+    if bundle.get("version") not in BUNDLE_VERSIONS:
+        raise _malformed(f"bundle version {bundle.get('version')!r} is not known")
+    chain = _object(bundle.get("chain"), "chain")
+    tenant_id, task_id = chain.get("tenant_id"), chain.get("task_id")
+    if not isinstance(tenant_id, str) or not isinstance(task_id, str):
+        raise _malformed("the chain does not name its tenant and task")
+    task = _object(bundle.get("task"), "task")
+    if task.get("id") != task_id:
+        raise _malformed("the task section names another task than the chain")
+    events = chain.get("events")
+    if not isinstance(events, list):
+        raise _malformed("chain.events is not a list")
+    checkpoint = bundle.get("checkpoint")
+    if checkpoint is not None:
+        checkpoint = _object(checkpoint, "checkpoint")
+        _check_signature(checkpoint, public_keys)
+    rows = _check_chain(events, tenant_id=tenant_id, task_id=task_id)
+    _check_coverage(rows, checkpoint, tenant_id=tenant_id, task_id=task_id)
+    assert checkpoint is not None  # _check_coverage refuses a bundle without
+    return Intact(
+        tenant_id=tenant_id,
+        task_id=task_id,
+        events=len(rows),
+        head_hash=rows[-1]["hash"],
+        signed_at=str(checkpoint["signed_at"]),
+        key_id=str(checkpoint["key_id"]),
+    )
+
+
+def _unique_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object; a name given twice would let two readers see two values."""
+    members: dict[str, Any] = {}
+    for name, value in pairs:
+        if name in members:
+            raise _malformed(f"the member {name!r} appears twice in one object")
+        members[name] = value
+    return members
+
+
+def _reject_constant(name: str) -> Any:
+    raise _malformed(f"{name} is not JSON")
+
+
+def parse_bundle(data: bytes) -> Any:
+    """The bundle's JSON (UTF-8, strict: no NaN, no repeated member names).
+
+    Raises:
+        Failure: ``malformed``.
+    """
+    try:
+        return json.loads(
+            data.decode("utf-8"),
+            object_pairs_hook=_unique_members,
+            parse_constant=_reject_constant,
+        )
+    except (UnicodeDecodeError, ValueError) as error:
+        raise _malformed(f"not JSON: {error}") from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Verify a task's evidence bundle offline (exit 0 intact, 1 "
+        "broken, 2 unusable arguments)."
+    )
+    parser.add_argument("bundle", help="the bundle's JSON file ('-': standard input)")
+    parser.add_argument(
+        "--public-key",
+        action="append",
+        required=True,
+        metavar="KEY",
+        help="a PEM file, the JSON of GET /api/v1/audit/public-key saved to a file, "
+        "or PEM text; repeat for rotated keys",
+    )
+    args = parser.parse_args(argv)
+    try:
+        public_keys = dict(load_public_key(source) for source in args.public_key)
+    except UnusableKey as error:
+        print(f"unusable key: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        if args.bundle == "-":
+            data = sys.stdin.buffer.read()
+        else:
+            data = Path(args.bundle).read_bytes()
+    except OSError as error:
+        print(f"cannot read the bundle: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        intact = verify_bundle(parse_bundle(data), public_keys)
+    except Failure as failure:
+        print(f"FAILED {failure}")
+        return EXIT_BROKEN
+    print(intact)
+    return EXIT_INTACT
+
+
+if __name__ == "__main__":
+    sys.exit(main())
