@@ -56,6 +56,8 @@ from portal import db as portal_db
 from portal.exceptions import PortalError
 from portal.models import Tenant
 
+from .redaction import redact
+
 logger = logging.getLogger(__name__)
 
 RELAY_JOB_NAME: Final = "audit.jobs.relay_outbox_job"
@@ -358,6 +360,8 @@ def outbox_relay_once(
                 hook("after_record")
                 continue
         report.failed += 1
+        # A broker's error can quote the message it refused: redacted like a payload.
+        error = str(redact(error, tenant_id=message.tenant_id))
         if _record_failure(message, error=error):
             report.dead += 1
             logger.error("outbox row %s is dead after %s attempts: %s",

@@ -16,7 +16,7 @@ from portal.ids import new_id
 from portal.tracing import NO_TRACE, Trace
 
 from . import chain, relay
-from .redaction import redact_payload
+from .redaction import redact
 
 ENVELOPE_SCHEMA_VERSION: Final = 1
 
@@ -123,7 +123,9 @@ def event_append(
 ) -> uuid.UUID:
     """Append one event and, when ``publish``, its outbox row, in the caller's txn.
 
-    Guarantee: the payload is redacted and bounded before it is written; the event and
+    Guarantee: the payload is redacted (``audit.redaction.redact``: value detectors,
+    sensitive key names, docs/redaction.md) and bounded before it is written, and
+    the outbox row carries the same redacted payload; the event and
     its outbox row commit or roll back with the caller's state change. The event is
     linked into its chain (the task's, or the tenant's when ``task_id`` is None):
     appends to one chain wait for each other on a transaction-level advisory lock,
@@ -134,7 +136,11 @@ def event_append(
         TransactionRequired: called outside a transaction.
     """
     portal_db.require_transaction()
-    payload = redact_payload(data or {})
+    payload = redact(
+        dict(data or {}),
+        tenant_id=tenant_id,
+        max_bytes=settings.PORTAL_EVENT_PAYLOAD_MAX_BYTES // 2,
+    )
     event_id = new_id()
     contract_key, contract_version = contract if contract else (None, None)
     params = event_params(

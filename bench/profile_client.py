@@ -60,7 +60,7 @@ def components(workload: str, raw: Any) -> list[tuple[str, float]]:
     from django.db import connection, transaction
 
     from audit import services as audit_services
-    from audit.redaction import redact_payload
+    from audit.redaction import redact
     from bench import workloads
     from portal import db as portal_db
     from portal import selectors as portal_selectors
@@ -120,7 +120,10 @@ def components(workload: str, raw: Any) -> list[tuple[str, float]]:
             _us(lambda: client_cursor.mogrify(services._TRANSITION.sql, params)),  # type: ignore[attr-defined]
         ),
         ("`to not in TaskState.values`", _us(lambda: "x" in TaskState.values)),
-        ("redact_payload(transition data)", _us(lambda: redact_payload(data))),
+        (
+            "redact(transition data)",
+            _us(lambda: redact(data, tenant_id=tenant.pk)),
+        ),
         (
             "model_from_row(Task, row)",
             _us(

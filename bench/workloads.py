@@ -28,7 +28,7 @@ from django.db.models.functions import Now
 
 from audit import services as audit_services
 from audit.models import EventCode, Outbox
-from audit.redaction import redact_payload
+from audit.redaction import redact
 from portal import scope
 from portal import selectors as portal_selectors
 from portal.actors import Actor, ActorType
@@ -466,7 +466,7 @@ def orm_task_transition(
     )
     if not moved:
         raise StaleState(task_id=str(task_id), expected_state_version=expected_version)
-    payload = redact_payload(
+    payload = redact(
         {
             "from": task.state,
             "to": to,
@@ -474,7 +474,8 @@ def orm_task_transition(
             "step": task.current_step,
             "lease_token": lease_token,
             "data": {},
-        }
+        },
+        tenant_id=tenant.pk,
     )
     # The event through event_append (without its outbox row): the hash chain is
     # computed in its INSERT, which Event.objects.create() cannot do.

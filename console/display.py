@@ -19,7 +19,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from audit.redaction import redact_payload
+from audit.redaction import redact
 from portal.actors import ActorType
 from portal.models import Agent
 
@@ -121,16 +121,16 @@ def payload_lines(payload: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
         yield prefix or "(value)", _scalar(payload)
 
 
-def redacted_lines(value: Any) -> list[tuple[str, str]]:
-    """``payload_lines`` of a stored JSON value passed through event redaction.
+def redacted_lines(value: Any, *, tenant_id: uuid.UUID) -> list[tuple[str, str]]:
+    """``payload_lines`` of a stored JSON value passed through redaction again.
 
-    For columns written before redaction (an operation's input, a result, evidence):
-    whatever they hold, the page shows only what an event payload could.
+    The columns are redacted when written; rows written before that (or by a raw
+    statement) still show only what an event payload could.
     """
     if value is None:
         return []
     data = value if isinstance(value, Mapping) else {"value": value}
-    return list(payload_lines(redact_payload(data)))
+    return list(payload_lines(redact(data, tenant_id=tenant_id)))
 
 
 def _as_uuid(text: str) -> uuid.UUID | None:

@@ -21,12 +21,18 @@ from typing import Final
 from django.db.models import Q, QuerySet
 
 from audit.models import Event
+from audit.redaction import search_token
 from tasks.models import Operation, Task
 
 # How many tasks (or operations) one search term may fan out to; an object id with
 # more tasks than this shows the events of the newest ones.
 FAN_OUT_LIMIT: Final = 1000
 MAX_TERM_CHARS: Final = 200
+# "value:<text>" finds operations whose stored (redacted) input, call fields or
+# result carry the keyed hash of <text>: an e-mail address, a card number or a
+# declared field's value, matched without the value being stored. Not index-served
+# (a scan of the person's tenants' operations), so only on this explicit prefix.
+VALUE_PREFIX: Final = "value:"
 
 
 def _uuid(term: str) -> uuid.UUID | None:
@@ -95,12 +101,30 @@ def task_search(queryset: QuerySet[Task], *, term: str) -> QuerySet[Task]:
 
 
 def operation_search(
-    queryset: QuerySet[Operation], *, term: str
+    queryset: QuerySet[Operation],
+    *,
+    term: str,
+    tenant_ids: Sequence[uuid.UUID] = (),
 ) -> QuerySet[Operation]:
-    """Operations for one term: the idempotency key, or an operation or task id."""
+    """Operations for one term: the idempotency key, or an operation or task id;
+    ``value:<text>``: the operations whose redacted values hold <text>'s keyed hash
+    in one of ``tenant_ids`` (each tenant hashes with its own key)."""
     term = clean_term(term)
     if not term:
         return queryset
+    if term.startswith(VALUE_PREFIX):
+        value = term[len(VALUE_PREFIX) :].strip()
+        by_value = Q(pk__in=[])
+        for tenant_id in tenant_ids:
+            token = search_token(tenant_id, value)
+            if token is None:
+                continue
+            by_value |= Q(tenant_id=tenant_id) & (
+                Q(input__icontains=token)
+                | Q(call_fields__icontains=token)
+                | Q(result__icontains=token)
+            )
+        return queryset.filter(by_value)
     match = Q(idempotency_key=term)
     as_uuid = _uuid(term)
     if as_uuid is not None:

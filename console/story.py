@@ -158,7 +158,9 @@ def story_context(story: TaskStory) -> dict[str, Any]:
             "operation": item.operation,
             "updated": when(item.operation.updated_at),
             "trace": trace_link(item.operation.trace_id),
-            "result": redacted_lines(item.operation.result),
+            "result": redacted_lines(
+                item.operation.result, tenant_id=item.operation.tenant_id
+            ),
             "credentials": [
                 {
                     "id": model_link("tasks.credential", c.pk),
@@ -181,7 +183,7 @@ def story_context(story: TaskStory) -> dict[str, Any]:
             "created": when(e.created_at),
             "resolved": when(e.resolved_at) if e.resolved_at else "",
             "resolved_by": e.resolved_by.get_username() if e.resolved_by else "",
-            "evidence": redacted_lines(e.evidence),
+            "evidence": redacted_lines(e.evidence, tenant_id=e.tenant_id),
         }
         for e in story.escalations
     ]

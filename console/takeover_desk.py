@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from audit.models import Event
-from audit.redaction import redact_payload
+from audit.redaction import redact
 from portal.actors import ActorType
 from portal.codes import ReasonCode
 from portal.models import TenantPerm
@@ -166,8 +166,9 @@ def desk_evidence(*, task: Task) -> DeskEvidence:
 
     The open escalation (else the latest) supplies the plan, conflicting fields and
     receipts; the current object version is read live; operations show their call
-    fields and input through ``redact_payload``; the task's events come with their
-    actors' names. A fixed number of queries, whatever the task holds.
+    fields and input through ``redact`` again (they are stored redacted already);
+    the task's events come with their actors' names. A fixed number of queries,
+    whatever the task holds.
     """
     escalations = list(
         Escalation.objects.filter(tenant_id=task.tenant_id, task_id=task.pk)
@@ -177,7 +178,9 @@ def desk_evidence(*, task: Task) -> DeskEvidence:
     escalation = next((e for e in escalations if e.resolved_at is None), None)
     if escalation is None and escalations:
         escalation = escalations[0]
-    evidence = redact_payload(escalation.evidence if escalation else {})
+    evidence = redact(
+        escalation.evidence if escalation else {}, tenant_id=task.tenant_id
+    )
     plan = evidence.get("plan") if isinstance(evidence.get("plan"), dict) else None
     current = (
         ObjectVersion.objects.filter(
@@ -195,12 +198,13 @@ def desk_evidence(*, task: Task) -> DeskEvidence:
         OperationEvidence(
             operation=operation,
             call_fields=(
-                redact_payload(operation.call_fields)
+                redact(operation.call_fields, tenant_id=task.tenant_id)
                 if isinstance(operation.call_fields, dict)
                 else None
             ),
-            input=redact_payload(
-                operation.input if isinstance(operation.input, dict) else {}
+            input=redact(
+                operation.input if isinstance(operation.input, dict) else {},
+                tenant_id=task.tenant_id,
             ),
         )
         for operation in Operation.objects.filter(

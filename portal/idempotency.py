@@ -82,6 +82,11 @@ def validate_key(key: str) -> str:
     return key
 
 
+def stored_key(key: str) -> str:
+    """What the ``key`` column holds for a header value: its SHA-256, hex."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
 _BEGIN = """
 INSERT INTO portal_idempotentrequest AS r (
     id, tenant_id, agent_id, key, fingerprint, state, response_body,
@@ -113,13 +118,16 @@ def idempotent_request_begin(*, agent: Agent, key: str, fingerprint: str) -> uui
     """Claim the key for this request, or say why not.
 
     A record whose holder died (still in flight after ``locked_until``) is taken over
-    by a request with the same fingerprint.
+    by a request with the same fingerprint. The key is stored as its SHA-256 (the
+    header is the agent's text: it must not become a column anyone reads), and the
+    errors do not echo it.
 
     Raises:
         IdempotentReplay: the same request finished before; carries its answer.
         IdempotencyKeyMismatch: the key belongs to a different request.
         IdempotentRequestInFlight: the first delivery is still running.
     """
+    key = stored_key(key)
     with connection.cursor() as cursor:
         cursor.execute(
             _BEGIN,
@@ -139,12 +147,12 @@ def idempotent_request_begin(*, agent: Agent, key: str, fingerprint: str) -> uui
         cursor.execute(_LOOKUP, [agent.tenant_id, agent.pk, key])
         row = cursor.fetchone()
     if row is None:  # expired and purged between the two statements: rare; retry
-        raise IdempotentRequestInFlight(idempotency_key=key)
+        raise IdempotentRequestInFlight()
     stored_fingerprint, state, status, body, content_type = row
     if stored_fingerprint != fingerprint:
-        raise IdempotencyKeyMismatch(idempotency_key=key)
+        raise IdempotencyKeyMismatch()
     if state != "completed":
-        raise IdempotentRequestInFlight(idempotency_key=key)
+        raise IdempotentRequestInFlight()
     raise IdempotentReplay(
         StoredResponse(status=status, body=body.encode(), content_type=content_type)
     )

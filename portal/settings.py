@@ -273,6 +273,12 @@ PORTAL_AUDIT_SIGNING_KEY = os.environ.get("PORTAL_AUDIT_SIGNING_KEY", "")
 PORTAL_AUDIT_SIGNING_KEY_FILE = os.environ.get("PORTAL_AUDIT_SIGNING_KEY_FILE", "")
 PORTAL_AUDIT_DEV_SIGNING_KEY_FILE = VAR_DIR / "audit-signing-key.pem"
 
+# Redaction (docs/redaction.md): the server secret the per-tenant keys of the keyed
+# hashes and of the sealed operation values are derived from; empty: SECRET_KEY.
+# Outside the database; changing it makes old hashes unsearchable and sealed values
+# of unfinished operations unreadable.
+PORTAL_REDACTION_SECRET = os.environ.get("PORTAL_REDACTION_SECRET", "")
+
 # Domain settings.
 PORTAL_EVENT_PAYLOAD_MAX_BYTES = 8192  # copied into audit migration 0002 (R7)
 # Where the admin links a trace id: a URL with "{trace_id}", e.g. Jaeger's

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any, Final
 
 import jsonschema
+
+from audit.redaction import SENSITIVE_KINDS
 
 from .exceptions import ContractInvalid
 
@@ -47,6 +50,16 @@ CONTRACT_SPEC_SCHEMA: Final[dict[str, Any]] = {
             "required": ["required", "type"],
             "properties": {"required": {"type": "boolean"}, "type": _NAME},
         },
+        # Field names whose values are personal data or secrets, wherever they
+        # appear as a key (the operation's input, call fields, result, evidence):
+        # stored as a keyed hash, never as the value (docs/redaction.md).
+        # (Names are checked by contract_spec_validate: OpenAPI 3.0, which embeds
+        # this schema, has no propertyNames.)
+        "sensitive_fields": {
+            "type": "object",
+            "maxProperties": 100,
+            "additionalProperties": {"enum": sorted(SENSITIVE_KINDS)},
+        },
     },
 }
 
@@ -73,5 +86,24 @@ def contract_spec_validate(spec: Any) -> None:
             problems.append(
                 {"path": "/required_fields", "message": f"duplicate names {duplicates}"}
             )
+        for name in spec.get("sensitive_fields") or {}:
+            if not 0 < len(name) <= 100:
+                problems.append(
+                    {
+                        "path": "/sensitive_fields",
+                        "message": "a field name is 1 to 100 characters",
+                    }
+                )
     if problems:
         raise ContractInvalid(problems=problems)
+
+
+def contract_sensitive_fields(spec: Any) -> dict[str, str]:
+    """The spec's declared sensitive fields (name -> ``personal`` | ``secret``).
+
+    Versions published before ``sensitive_fields`` existed declare none.
+    """
+    if isinstance(spec, str | bytes):  # a raw statement's jsonb
+        spec = json.loads(spec)
+    declared = spec.get("sensitive_fields") if isinstance(spec, dict) else None
+    return dict(declared) if isinstance(declared, dict) else {}

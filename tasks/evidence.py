@@ -30,7 +30,7 @@ from audit import evidence as audit_evidence
 from audit import services as audit_services
 from audit.checkpoints import signed_at_text
 from audit.models import EventCode
-from audit.redaction import redact_payload
+from audit.redaction import redact
 from portal import db as portal_db
 from portal.actors import Actor
 from portal.models import TenantPerm
@@ -102,10 +102,14 @@ def _id(value: Any) -> str | None:
     return str(value) if value is not None else None
 
 
-def _redacted(value: Any) -> Any:
+def _redacted(value: Any, *, tenant_id: uuid.UUID) -> Any:
+    """Stored values are redacted when written; redacted again here for rows
+    written before that (docs/redaction.md)."""
     if value is None:
         return None
-    return redact_payload(value if isinstance(value, Mapping) else {"value": value})
+    return redact(
+        value if isinstance(value, Mapping) else {"value": value}, tenant_id=tenant_id
+    )
 
 
 def _task_json(task: Task) -> dict[str, Any]:
@@ -202,15 +206,17 @@ def _operations_json(
                 "action": operation.action,
                 "target": operation.target,
                 "input_hash": operation.input_hash,
-                "input": _redacted(operation.input),
-                "call_fields": _redacted(operation.call_fields),
+                "input": _redacted(operation.input, tenant_id=operation.tenant_id),
+                "call_fields": _redacted(
+                    operation.call_fields, tenant_id=operation.tenant_id
+                ),
                 "state": operation.state,
                 "state_version": operation.state_version,
                 "reason_code": operation.reason_code,
                 "attempts": operation.attempts,
                 "lookups": operation.lookups,
                 "provider_reference": operation.provider_reference,
-                "result": _redacted(operation.result),
+                "result": _redacted(operation.result, tenant_id=operation.tenant_id),
                 "reserved_by_agent_id": _id(operation.agent_id),
                 "executed_by_agent_id": _id(operation.executed_by_agent_id),
                 "authorized_at": _when(operation.authorized_at),
@@ -243,7 +249,7 @@ def _escalations_json(task: Task) -> list[dict[str, Any]]:
             "id": str(escalation.pk),
             "operation_id": _id(escalation.operation_id),
             "reason_code": escalation.reason_code,
-            "evidence": _redacted(escalation.evidence),
+            "evidence": _redacted(escalation.evidence, tenant_id=escalation.tenant_id),
             "responsible_owner": escalation.responsible_owner,
             "created_at": _when(escalation.created_at),
             "resolution": escalation.resolution or None,

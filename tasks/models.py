@@ -236,7 +236,7 @@ class Operation(models.Model):
     target = models.CharField(max_length=200)
     # SHA-256 of the input in RFC 8785 canonical JSON (tasks/hashing.py).
     input_hash = models.CharField(max_length=64)
-    input = models.JSONField()
+    input = models.JSONField()  # redacted; the real one is sealed until settled
     # The agent that reserved it (its grant was checked at the reservation).
     agent = models.ForeignKey(
         "portal.Agent",
@@ -260,7 +260,10 @@ class Operation(models.Model):
     )
     # The contract fields the gateway passed on, fixed at the first authorised call
     # so every retry under the same key sends the identical request.
-    call_fields = models.JSONField(null=True, blank=True)
+    call_fields = models.JSONField(null=True, blank=True)  # redacted
+    # The real input and call fields, encrypted, while a call may still follow;
+    # emptied when the operation is settled (tasks/sealed.py, docs/redaction.md).
+    sealed = models.TextField(null=True, blank=True, editable=False)
     # Queued execution: the checks passed at authorized_at under this fencing token;
     # the worker that runs it re-checks what time can change, from this provenance
     # (name, source, observed_at of every field the agent gave), and runs only while
@@ -309,6 +312,12 @@ class Operation(models.Model):
             models.CheckConstraint(
                 condition=~Q(state="verified") | Q(provider_reference__isnull=False),
                 name="tasks_operation_verified_has_receipt_check",
+            ),
+            # A settled operation makes no more calls: its real values are gone.
+            models.CheckConstraint(
+                condition=Q(sealed__isnull=True)
+                | ~Q(state__in=["verified", "failed", "conflict"]),
+                name="tasks_operation_sealed_open_only_check",
             ),
         ]
         indexes = [

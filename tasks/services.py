@@ -25,7 +25,7 @@ from django.db.models.functions import Now
 
 from audit import services as audit_services
 from audit.models import EventCode
-from audit.redaction import redact_payload
+from audit.redaction import redact, refuse_sensitive
 from portal import db as portal_db
 from portal import selectors as portal_selectors
 from portal.actors import Actor, ActorType
@@ -43,7 +43,7 @@ from portal.roles import Person, require_tenant_perm
 from portal.tracing import NO_TRACE, Trace
 
 from . import selectors
-from .contracts import contract_spec_validate
+from .contracts import contract_sensitive_fields, contract_spec_validate
 from .credentials import MIN_KEY_BYTES
 from .exceptions import (
     ActionNotGranted,
@@ -68,6 +68,7 @@ from .models import (
     Task,
     TaskState,
 )
+from .sealed import SETTLED_STATES, seal
 from .task_state import (
     TASK_COLUMNS,
     TaskStateWrite,
@@ -84,6 +85,22 @@ _OPERATION_SOURCES: Final[dict[str, list[str]]] = {
     for target in OperationState.values
 }
 LEASABLE_STATES: Final = (TaskState.PENDING, TaskState.RUNNING, TaskState.WAITING)
+
+
+def task_sensitive_fields(
+    *, tenant_id: uuid.UUID, task_id: uuid.UUID
+) -> dict[str, str]:
+    """The sensitive fields the task's pinned contract declares (none unpinned)."""
+    row = _fetch(
+        """
+        SELECT c.spec FROM tasks_task AS t
+        JOIN tasks_contract AS c ON c.tenant_id = t.tenant_id
+            AND c.key = t.contract_key AND c.version = t.contract_version
+        WHERE t.tenant_id = %s AND t.id = %s
+        """,
+        [tenant_id, task_id],
+    )
+    return contract_sensitive_fields(row[0]) if row else {}
 
 
 def _seconds(value: float) -> dt.timedelta:
@@ -186,7 +203,16 @@ def task_register(
         TaskIdReused: the id was registered with different details.
         ContractNotFound: no such published contract version.
         ContractRetired: the pinned version is retired.
+        SensitiveValue: an identifier carries a secret or personal data.
     """
+    refuse_sensitive(
+        client_task_id=client_task_id,
+        workflow_key=workflow_key,
+        workflow_version=workflow_version,
+        object_type=object_type,
+        object_id=object_id,
+        object_version=object_version,
+    )
     if contract_key is not None:
         if contract_version is None:
             contract = selectors.contract_latest_published(
@@ -296,6 +322,7 @@ def task_transition(
     """
     if to not in TaskState.values:
         raise ValidationFailed(field="to", value=str(to))
+    refuse_sensitive(step=step)
     if wake_at is not None and to != TaskState.WAITING:
         raise ValidationFailed(
             "wake_at is only for moves to 'waiting'.", field="wake_at"
@@ -391,7 +418,9 @@ def task_lease_acquire(
         TaskNotFound: no such task in the tenant.
         TaskNotLeasable: the task is not pending, running or waiting.
         LeaseHeld: someone else holds an unexpired lease.
+        SensitiveValue: the owner name carries a secret or personal data.
     """
+    refuse_sensitive(owner=owner)
     ttl = _lease_ttl(ttl_s)
     row = _fetch(
         _LEASE_ACQUIRE,
@@ -560,7 +589,11 @@ def task_claim_next(
 
     Safe on many workers at once: locked candidates are skipped, never waited on, and
     each task is claimed by exactly one caller. Returns None when nothing is pending.
+
+    Raises:
+        SensitiveValue: the owner name carries a secret or personal data.
     """
+    refuse_sensitive(owner=owner)
     rows = task_state_write(
         statement=_CLAIM_NEXT,
         moves=_CLAIM_NEXT_MOVES,
@@ -609,11 +642,11 @@ _RESERVE = f"""
 WITH lease AS ({_LIVE_LEASE})
 INSERT INTO tasks_operation AS o (
     id, tenant_id, task_id, idempotency_key, action, target, input_hash, input,
-    agent_id, state, state_version, attempts, lookups, trace_id, span_id
+    sealed, agent_id, state, state_version, attempts, lookups, trace_id, span_id
 )
 SELECT %(id)s, lease.tenant_id, lease.id, %(key)s, %(action)s, %(target)s,
-       %(input_hash)s, %(input)s::jsonb, %(agent_id)s, 'reserved', 1, 0, 0,
-       %(trace_id)s, %(span_id)s
+       %(input_hash)s, %(input)s::jsonb, %(sealed)s, %(agent_id)s, 'reserved', 1,
+       0, 0, %(trace_id)s, %(span_id)s
 FROM lease
 ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
 RETURNING {_OPERATION_COLUMNS}
@@ -648,24 +681,42 @@ def operation_reserve(
         TaskNotFound: no such task in the tenant.
         LeaseExpired: the token is not current or the lease lapsed.
         InputNotCanonicalisable: the input has no RFC 8785 form.
+        SensitiveValue: the key, action or target carries a secret or personal data.
+
+    The input is stored redacted (the pinned contract's ``sensitive_fields`` as
+    keyed hashes, detected secrets and personal data cut out); the real input is
+    sealed for the call (tasks/sealed.py). ``input_hash`` is over the real input.
     """
+    refuse_sensitive(idempotency_key=idempotency_key, action=action, target=target)
     if actor.type == ActorType.AGENT and not portal_selectors.agent_may(
         agent_id=actor.id, tenant=tenant, action=action, target=target
     ):
         raise ActionNotGranted(action=action, target=target)
     digest = input_hash(input)
+    operation_id = new_id()
     row = _fetch(
         _RESERVE,
         {
             "tenant_id": tenant.pk,
             "task_id": task_id,
             "lease_token": lease_token,
-            "id": new_id(),
+            "id": operation_id,
             "key": idempotency_key,
             "action": action,
             "target": target,
             "input_hash": digest,
-            "input": audit_services.json_text(input),
+            "input": audit_services.json_text(
+                redact(
+                    input,
+                    tenant_id=tenant.pk,
+                    sensitive=task_sensitive_fields(
+                        tenant_id=tenant.pk, task_id=task_id
+                    ),
+                )
+            ),
+            "sealed": seal(
+                tenant_id=tenant.pk, operation_id=operation_id, values={"input": input}
+            ),
             "agent_id": actor.id if actor.type == ActorType.AGENT else None,
             "trace_id": trace.trace_id,
             "span_id": trace.span_id,
@@ -709,6 +760,9 @@ _OPERATION_SET = """
     reason_code = %(reason)s,
     provider_reference = COALESCE(%(provider_reference)s, o.provider_reference),
     result = COALESCE(%(result)s::jsonb, o.result),
+    -- Settled: no call can follow, so the real values go (tasks/sealed.py).
+    sealed = CASE WHEN %(to)s::varchar = ANY(%(settled)s::varchar[])
+        THEN NULL ELSE o.sealed END,
     next_check_at = app_now() + %(check_in)s,
     updated_at = statement_timestamp()
 """
@@ -785,7 +839,24 @@ def operation_move(
     portal_db.require_transaction()
     if (lease_token is None) == (expected_version is None):
         raise TypeError("pass exactly one of lease_token and expected_version")
-    redacted = redact_payload(result) if result is not None else None
+    if result is not None:
+        task_id = (
+            Operation.objects.filter(tenant=tenant, pk=operation_id)
+            .values_list("task_id", flat=True)
+            .first()
+        )
+        sensitive = (
+            task_sensitive_fields(tenant_id=tenant.pk, task_id=task_id)
+            if task_id
+            else {}
+        )
+        redacted = redact(dict(result), tenant_id=tenant.pk, sensitive=sensitive)
+    else:
+        redacted = None
+    if provider_reference is not None:
+        # The remote's (or a person's) receipt id: kept readable unless a detector
+        # finds a secret or personal data in it.
+        provider_reference = str(redact(provider_reference, tenant_id=tenant.pk))
     row = _fetch(
         _OPERATION_MOVE_UNDER_LEASE
         if lease_token is not None
@@ -801,6 +872,7 @@ def operation_move(
             "lookup": int(lookup),
             "provider_reference": provider_reference,
             "result": audit_services.json_text(redacted) if redacted else None,
+            "settled": list(SETTLED_STATES),
             "check_in": check_in,
             "sources": [
                 source
@@ -972,6 +1044,7 @@ def operation_record_outcome(
 
     Raises:
         ValidationFailed: not an outcome, or ``verified`` without a receipt id.
+        SensitiveValue: the receipt id carries a secret or personal data.
         OperationNotFound: no such operation in the tenant.
         GatewayGoverned: the target has a connector; nothing changed.
         LeaseExpired: the task's lease token is not current or lapsed.
@@ -987,6 +1060,7 @@ def operation_record_outcome(
         )
     if state == OperationState.UNKNOWN and reason is None:
         reason = ReasonCode.RESULT_UNKNOWN
+    refuse_sensitive(provider_reference=provider_reference)
     _require_self_reported(tenant=tenant, operation_id=operation_id)
     return operation_move(
         tenant=tenant,

@@ -18,13 +18,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import QuerySet
 from django.db.models.functions import Now
 
 from audit import services as audit_services
 from audit.models import EventCode
-from audit.redaction import redact_payload
+from audit.redaction import redact
 from portal import db as portal_db
 from portal.actors import Actor
 from portal.codes import ReasonCode
@@ -186,7 +187,11 @@ def escalate(
         task_id=task.pk,
         operation=operation,
         reason_code=reason,
-        evidence=redact_payload(evidence),
+        evidence=redact(
+            dict(evidence),
+            tenant_id=tenant.pk,
+            max_bytes=settings.PORTAL_EVENT_PAYLOAD_MAX_BYTES // 4,
+        ),
         responsible_owner=task.lease_owner or actor.id,
     )
     audit_services.event_append(

@@ -258,13 +258,16 @@ class OperationAdmin(TenantScopedAdmin):
     list_display_links = ["operation_id", "idempotency_key"]
     list_filter = ["state", "reason_code", "tenant"]
     search_fields = ["idempotency_key"]  # get_search_results does the work
-    search_help_text = "Exact: an idempotency key, an operation id or a task id."
+    search_help_text = (
+        "Exact: an idempotency key, an operation id or a task id; "
+        "value:<e-mail, card number or declared field value> finds redacted values."
+    )
     list_select_related = ["tenant"]
     ordering = ["-id"]  # served by UNIQUE (tenant_id, id)
     sortable_by = ()
     paginator = CappedPaginator
     list_per_page = 100
-    exclude = ["input", "call_fields", "field_provenance", "result"]
+    exclude = ["input", "call_fields", "field_provenance", "result", "sealed"]
     readonly_fields = [
         "task_link",
         "input_redacted",
@@ -275,7 +278,10 @@ class OperationAdmin(TenantScopedAdmin):
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Operation], search_term: str
     ) -> tuple[QuerySet[Operation], bool]:
-        return search.operation_search(queryset, term=search_term), False
+        found = search.operation_search(
+            queryset, term=search_term, tenant_ids=tenant_ids(request, self.view_perm)
+        )
+        return found, False
 
     @admin.display(description="operation")
     def operation_id(self, operation: Operation) -> SafeString:
@@ -296,8 +302,8 @@ class OperationAdmin(TenantScopedAdmin):
         )
 
     @staticmethod
-    def _redacted(value: Any) -> SafeString:
-        lines = display.redacted_lines(value)
+    def _redacted(value: Any, operation: Operation) -> SafeString:
+        lines = display.redacted_lines(value, tenant_id=operation.tenant_id)
         return format_html(
             '<dl class="payload">{}</dl>',
             format_html_join("", "<dt>{}</dt><dd>{}</dd>", lines),
@@ -305,15 +311,15 @@ class OperationAdmin(TenantScopedAdmin):
 
     @admin.display(description="input (redacted)")
     def input_redacted(self, operation: Operation) -> SafeString:
-        return self._redacted(operation.input)
+        return self._redacted(operation.input, operation)
 
     @admin.display(description="call fields (redacted)")
     def call_fields_redacted(self, operation: Operation) -> SafeString:
-        return self._redacted(operation.call_fields)
+        return self._redacted(operation.call_fields, operation)
 
     @admin.display(description="result (redacted)")
     def result_redacted(self, operation: Operation) -> SafeString:
-        return self._redacted(operation.result)
+        return self._redacted(operation.result, operation)
 
 
 class ContractVersionForm(forms.ModelForm):

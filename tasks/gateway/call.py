@@ -43,6 +43,7 @@ from ..models import (
     OperationState,
     Task,
 )
+from ..sealed import operation_values
 from . import revocation
 from .checks import caller_may_execute, checked, refuse, version_conflict_evidence
 from .common import TestHook, db_now, lock, plan
@@ -50,14 +51,15 @@ from .results import Authorized, Refused, record_call, standing
 
 
 def payload(operation: Operation, task: Task) -> dict[str, Any]:
-    """The request body: a pure function of the operation, so retries send the same."""
-    body = (
-        dict(operation.input)
-        if isinstance(operation.input, dict)
-        else {"input": operation.input}
-    )
+    """The request body: a pure function of the operation, so retries send the same.
+
+    Built from the real values, unsealed here (tasks/sealed.py); the stored input
+    and call fields are redacted.
+    """
+    real_input, call_fields = operation_values(operation)
+    body = dict(real_input) if isinstance(real_input, dict) else {"input": real_input}
     body["object"] = {"type": task.object_type, "id": task.object_id}
-    body["fields"] = operation.call_fields or {}
+    body["fields"] = call_fields or {}
     return body
 
 
@@ -161,7 +163,7 @@ def authorize_call(
     caller replaces it in the result with ``dataclasses.replace``).
     """
     body = request_body(payload(operation, task))
-    field_names = sorted(operation.call_fields or {})
+    field_names = sorted(operation_values(operation)[1] or {})
     token, credential = issue_credential(
         tenant=tenant,
         task=task,

@@ -17,6 +17,7 @@ from typing import Final
 
 from django.db import transaction
 
+from audit.redaction import redact
 from portal import db as portal_db
 from portal.actors import Actor, ActorType
 from portal.codes import ReasonCode
@@ -24,8 +25,10 @@ from portal.exceptions import LeaseExpired
 from portal.models import Tenant
 from portal.tracing import NO_TRACE, Trace
 
+from ..contracts import contract_sensitive_fields
 from ..exceptions import ActionNotGranted, OperationNotFound
 from ..models import Contract, Escalation, Operation, OperationState, TaskState
+from ..sealed import operation_values, seal
 from .call import authorize_call, begin_call, call
 from .checks import (
     CHECKS,
@@ -151,11 +154,21 @@ def authorize(
     spec = contract.spec
     # 7. Credential: scoped to this tenant, object, fields, action and target.
     given = {field.name: field.value for field in fields}
-    if operation.call_fields is None:
+    real_input, call_fields = operation_values(operation)
+    if call_fields is None:
         read_fields = spec["policy"]["read_fields"]
-        operation.call_fields = {
-            name: given[name] for name in read_fields if name in given
-        }
+        call_fields = {name: given[name] for name in read_fields if name in given}
+        # Stored redacted; the real values are sealed with the input for the call.
+        operation.call_fields = redact(
+            call_fields,
+            tenant_id=tenant.pk,
+            sensitive=contract_sensitive_fields(spec),
+        )
+        operation.sealed = seal(
+            tenant_id=tenant.pk,
+            operation_id=operation.pk,
+            values={"input": real_input, "call_fields": call_fields},
+        )
     # Whose authority this execution runs under: the calling agent (a queued run
     # executes for it), or None for a person (the events name the person).
     operation.executed_by_agent_id = (
@@ -163,6 +176,7 @@ def authorize(
     )
     Operation.objects.filter(tenant=tenant, pk=operation.pk).update(
         call_fields=operation.call_fields,
+        sealed=operation.sealed,
         executed_by_agent_id=operation.executed_by_agent_id,
     )
     if queue:
@@ -274,7 +288,7 @@ def operation_run_queued(
     operation = Operation.objects.get(tenant=tenant, pk=operation_id)
     if operation.state != OperationState.RESERVED or operation.authorized_at is None:
         return standing(operation)
-    values = operation.call_fields or {}
+    values = operation_values(operation)[1] or {}
     fields = [
         FieldValue(
             name=item["name"],

@@ -240,7 +240,9 @@ def record_call(
         return services.operation_move(
             to=OperationState.VERIFIED,
             provider_reference=result.provider_reference,
-            result=result.body,
+            # The provider's answer is kept as a keyed digest and its size (the
+            # receipt id is the reference): never the body, which echoes the input.
+            result={"status": result.status, "provider_response": result.body},
             data={
                 "confirmed": confirmation is not None and confirmation.kind == "found"
             },
@@ -265,7 +267,7 @@ def record_call(
     if result.kind == "rejected":
         return services.operation_move(
             to=OperationState.FAILED,
-            result=result.body or {"status": result.status},
+            result={"status": result.status, "provider_response": result.body},
             **common,
         )
     # In doubt (or throttled): recovery looks the receipt up, same key, later.

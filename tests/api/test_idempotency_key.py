@@ -10,6 +10,7 @@ from django.conf import settings
 from django.db import connection
 
 from audit.models import Event
+from portal import idempotency
 from tasks import services
 from tasks.models import Task
 from tests.support.concurrency import run_in_threads
@@ -146,7 +147,8 @@ def test_a_duplicate_while_the_first_is_in_flight_is_409(api):
             for _ in range(100):
                 with connection.cursor() as cursor:
                     cursor.execute(
-                        "SELECT count(*) FROM portal_idempotentrequest WHERE key = 'finish-1'"
+                        "SELECT count(*) FROM portal_idempotentrequest WHERE key = %s",
+                        [idempotency.stored_key("finish-1")],
                     )
                     if cursor.fetchone()[0]:
                         break

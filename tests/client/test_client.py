@@ -347,7 +347,7 @@ def test_a_request_in_flight_is_retried_under_the_same_key_until_it_runs(
         with connection.cursor() as cursor:
             cursor.execute(
                 "UPDATE portal_idempotentrequest SET locked_until = app_now() + interval '0.6 second' WHERE key = %s",
-                [key],
+                [idempotency.stored_key(key)],
             )
 
     transport = FaultyTransport(before_send=first_delivery_running)

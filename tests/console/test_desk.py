@@ -12,6 +12,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from audit.models import Event, EventCode
+from audit.redaction import keyed_hash
 from console import takeover_desk as desk
 from console.admin.desk import TakeoverDeskAdmin
 from portal import services as portal_services
@@ -175,8 +176,11 @@ def test_the_evidence_page_shows_plan_versions_fields_receipts_redacted(
     assert "differs from the version read" in body  # 9 against 7
     assert 'id="desk-conflicting-fields"' in body and "FIELD_STALE" in body
     assert "T-1042-a" in body and "T-1042-b" in body
-    assert "ana@example.com" in body  # call fields are shown…
-    assert SECRET not in body  # …redacted
+    # call fields are shown redacted: the e-mail as its keyed hash, the key cut out
+    # (issue 9: the customer's e-mail was on this page)
+    assert "ana@example.com" not in body
+    assert f"[email:{keyed_hash(escalated.tenant_id, 'ana@example.com')}]" in body
+    assert SECRET not in body
     assert "[REDACTED]" in body
     assert "task.escalated" in body  # the timeline
     assert 'id="desk-claim"' in body

@@ -235,6 +235,7 @@ ERRORS_BY_CODE: Final[Mapping[str, type[PortalError]]] = {
     "IDEMPOTENCY_KEY_MISMATCH": IdempotencyKeyMismatch,
     "NOT_FOUND": NotFound,
     "VALIDATION_FAILED": ValidationFailed,
+    "SENSITIVE_VALUE": ValidationFailed,
     "CONTRACT_INVALID": ValidationFailed,
     "MALFORMED_REQUEST": ValidationFailed,
     "REQUEST_TOO_LARGE": ValidationFailed,
