@@ -33,15 +33,16 @@ def clock() -> Iterator[object]:
 
     class Clock:
         def move(self, seconds: int) -> None:
+            # The owner's definer function: no setting moves the clock.
             with connection.cursor() as cursor:
                 cursor.execute(
-                    "SELECT set_config('portal.clock_offset', %s, false)",
+                    "SELECT portal_set_clock_offset(%s::interval)",
                     [f"{seconds} seconds"],
                 )
 
     yield Clock()
     with connection.cursor() as cursor:
-        cursor.execute("RESET portal.clock_offset")
+        cursor.execute("SELECT portal_reset_clock_offset()")
 
 
 def _get(secret: str) -> tuple[int, str | None, str]:
