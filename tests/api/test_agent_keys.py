@@ -1,7 +1,7 @@
 """Agent API keys expire, rotate with overlap and are revoked (issue 10 §2).
 
-The clock is the database's (``app_now()``); tests move it with the
-``portal.clock_offset`` setting on the connection the test client's requests use.
+The clock is the database's (``app_now()``); tests move it with the owner's
+``portal_set_clock_offset`` on the connection the test client's requests use.
 """
 
 from __future__ import annotations
