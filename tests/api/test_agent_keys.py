@@ -1,7 +1,7 @@
 """Agent API keys expire, rotate with overlap and are revoked (issue 10 §2).
 
-The clock is the database's (``app_now()``); tests move it with the
-``portal.clock_offset`` setting on the connection the test client's requests use.
+The clock is the database's (``app_now()``); tests move it with the owner's
+``portal_set_clock_offset`` on the connection the test client's requests use.
 """
 
 from __future__ import annotations
@@ -33,15 +33,16 @@ def clock() -> Iterator[object]:
 
     class Clock:
         def move(self, seconds: int) -> None:
+            # The owner's definer function: no setting moves the clock.
             with connection.cursor() as cursor:
                 cursor.execute(
-                    "SELECT set_config('portal.clock_offset', %s, false)",
+                    "SELECT portal_set_clock_offset(%s::interval)",
                     [f"{seconds} seconds"],
                 )
 
     yield Clock()
     with connection.cursor() as cursor:
-        cursor.execute("RESET portal.clock_offset")
+        cursor.execute("SELECT portal_reset_clock_offset()")
 
 
 def _get(secret: str) -> tuple[int, str | None, str]:
