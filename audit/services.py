@@ -28,12 +28,13 @@ ENVELOPE_SCHEMA_VERSION: Final = 1
 _INSERT_EVENT = f"""
 INSERT INTO audit_event (
     id, tenant_id, task_id, operation_id, code, actor_type, actor_id, reason_code,
-    contract_key, contract_version, payload, trace_id, span_id,
+    contract_key, contract_version, payload, payload_digest, trace_id, span_id,
     created_at, chain_seq, prev_hash, hash
 )
 SELECT %(id)s, %(tenant_id)s, %(task_id)s, %(operation_id)s, %(code)s,
     %(actor_type)s, %(actor_id)s, %(reason_code)s, %(contract_key)s,
-    %(contract_version)s, %(payload)s::jsonb, %(trace_id)s, %(span_id)s,
+    %(contract_version)s, %(payload)s::jsonb, %(payload_digest)s, %(trace_id)s,
+    %(span_id)s,
     now(), COALESCE(head.head_seq, 0) + 1, head.head_hash,
     encode(sha256(
         convert_to(COALESCE(head.head_hash, '{chain.GENESIS}'), 'UTF8')
@@ -73,7 +74,8 @@ def event_params(
     span_id: str,
 ) -> dict[str, Any]:
     """Parameters of ``_INSERT_EVENT``, including the canonical content around
-    ``created_at`` that the statement hashes (audit/chain.py)."""
+    ``created_at`` that the statement hashes (audit/chain.py, format v2: the hash
+    covers the payload's digest, stored beside it)."""
     columns: dict[str, Any] = {
         "tenant_id": tenant_id,
         "task_id": task_id,
@@ -87,9 +89,11 @@ def event_params(
         "trace_id": trace_id,
         "span_id": span_id,
     }
+    digest = chain.payload_digest(chain.stored_payload(payload_json))
     content = chain.event_content(
         event_id=event_id,
-        payload=chain.stored_payload(payload_json),
+        payload=None,
+        payload_digest=digest,
         created_at="",
         **columns,
     )
@@ -97,6 +101,7 @@ def event_params(
     return {
         "id": event_id,
         "payload": payload_json,
+        "payload_digest": digest,
         "content_before": before,
         "content_after": after,
         **columns,

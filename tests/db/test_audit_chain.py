@@ -26,6 +26,7 @@ from audit import chain, checkpoints
 from audit import services as audit_services
 from audit.jobs import checkpoint_audit_job
 from audit.models import Checkpoint, Event, EventCode
+from portal import ids
 from portal.actors import Actor
 from portal.models import Tenant
 from tests.support.concurrency import run_in_threads
@@ -185,7 +186,7 @@ def _forged_row(tenant: Tenant, task_id: uuid.UUID) -> tuple[str, list[Any]]:
         " payload, trace_id, span_id, created_at)"
         " VALUES (%s, %s, %s, 'task.resolved', 'system', 'forger', '{}', '', '',"
         " now() - interval '1 hour')",
-        [uuid.uuid4(), tenant.pk, task_id],
+        [ids.new_id(), tenant.pk, task_id],
     )
 
 
@@ -204,7 +205,7 @@ def test_forged_event_spliced_in_with_a_valid_hash_is_detected(
     # and the later events renumbered to make room
     tenant, task_id = trail["tenant"], trail["a"]
     second = event_at(task_id, 2)
-    forged_id = uuid.uuid4()
+    forged_id = ids.id_at(dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
     created = "2026-01-01T00:00:00.000000Z"
     content = chain.event_content(
         event_id=forged_id, tenant_id=tenant.pk, task_id=task_id, operation_id=None,

@@ -24,10 +24,19 @@ from django.db.models import Model
 from guardian.shortcuts import assign_perm
 
 from audit import checkpoints
-from audit.models import Checkpoint, Event, EventCode, Outbox
+from audit.models import (
+    Checkpoint,
+    Event,
+    EventCode,
+    Outbox,
+    RetentionAnchor,
+    RetentionPolicy,
+    RetentionPurge,
+)
 from portal import selectors as portal_selectors
 from portal import services as portal_services
 from portal.actors import Actor, ActorType
+from portal.ids import new_id
 from portal.models import (
     AgentGrant,
     EventsOnDelete,
@@ -213,6 +222,15 @@ def populate(
         assign_perm("tasks.view_task", user, task)
         assign_perm("portal.view_tenant", user, tenant)
         assign_perm("tasks.view_contract", group, contract)
+        RetentionPolicy.objects.create(tenant=tenant, event_months=12, payload_days=30)
+        # A purge record and its anchor, as audit_retention_purge writes them.
+        purge = RetentionPurge.objects.create(
+            id=new_id(), tenant=tenant, before_id=new_id(), events=0
+        )
+        RetentionAnchor.objects.create(
+            tenant=tenant, purge=purge, task_id=task.pk, seq=1, event_id=new_id(),
+            hash="0" * 64,
+        )  # fmt: skip
         checkpoints.tenant_checkpoint(
             tenant_id=tenant.pk, key=checkpoints.signing_key()
         )
@@ -248,14 +266,20 @@ def test_keep_policy_empties_every_table_but_events_and_leaves_a_tombstone(
     report = deletion.tenant_delete(tenant=keep_tenant, actor=SYSTEM)
 
     # then every tenant-owned table is empty for it, except the kept events and
-    # the checkpoints that vouch for them
+    # the checkpoints and retention records that vouch for them
+    vouching = {"audit_retentionpurge": 1, "audit_retentionanchor": 1}
     left = {table: n for table, n in rows_of(keep_tenant.pk).items() if n}
-    assert left == {"audit_event": events_before + 1, "audit_checkpoint": signed}
+    assert left == {
+        "audit_event": events_before + 1,
+        "audit_checkpoint": signed,
+        **vouching,
+    }
     keep_tenant.refresh_from_db()
     assert keep_tenant.deleted_at is not None
     assert report.kept == {
         "audit_event": events_before,
         "audit_checkpoint": signed,
+        **vouching,
         "portal_tenant": 1,
     }
     assert "audit_event" not in report.deleted
