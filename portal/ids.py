@@ -22,7 +22,8 @@ def id_floor(at: dt.datetime) -> uuid.UUID:
 
     ``audit_uuid7_floor`` in SQL (audit migration 0010) computes the same.
     """
-    return uuid.UUID(int=_millis(at) << 80)
+    millis = min(max(_millis(at), 0), (1 << 48) - 1)  # times beyond the format
+    return uuid.UUID(int=millis << 80)
 
 
 def id_at(at: dt.datetime) -> uuid.UUID:

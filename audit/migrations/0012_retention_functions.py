@@ -84,8 +84,9 @@ BEGIN
 END $$;
 
 -- The id below which one tenant's events are expired: the start of the month
--- p_months before the current one (app_now(), UTC), but never past an event whose
--- outbox message is still undelivered (pending or dead).
+-- p_months before the current one (app_now(), UTC), but never into the current
+-- month of the real clock, nor past an event whose outbox message is still
+-- undelivered (pending or dead).
 CREATE FUNCTION audit_retention_horizon(p_tenant uuid, p_default_months integer)
 RETURNS uuid LANGUAGE plpgsql STABLE SET search_path = public, pg_temp AS $$
 DECLARE
@@ -102,6 +103,13 @@ BEGIN
     v_before := audit_uuid7_floor(
         (date_trunc('month', app_now() AT TIME ZONE 'UTC')
          - make_interval(months => v_months)) AT TIME ZONE 'UTC');
+    -- Never the month being written (whatever the test clock says): new events
+    -- and this purge's own tombstone land there.
+    v_held := audit_uuid7_floor(
+        date_trunc('month', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC');
+    IF v_held < v_before THEN
+        v_before := v_held;
+    END IF;
     SELECT o.event_id INTO v_held FROM audit_outbox o
     WHERE o.tenant_id = p_tenant AND o.state IN ('pending', 'dead')
     ORDER BY o.event_id LIMIT 1;
