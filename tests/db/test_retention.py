@@ -529,9 +529,7 @@ def test_retention_policy_bounds_are_checked(make_tenant):
     with refused_by("audit_retentionpolicy_days_range_check"):
         RetentionPolicy.objects.create(tenant=tenant, event_months=1, payload_days=90)
     with refused_by("audit_retentionpolicy_months_range_check"):
-        RetentionPolicy.objects.create(
-            tenant=tenant, event_months=1201, payload_days=1
-        )
+        RetentionPolicy.objects.create(tenant=tenant, event_months=1201, payload_days=1)
 
 
 def test_purge_records_are_append_only(two_tenants):
