@@ -235,6 +235,9 @@ class RetentionPolicy(models.Model):
             models.UniqueConstraint(
                 fields=["tenant"], name="audit_retentionpolicy_tenant_uniq"
             ),
+            models.UniqueConstraint(
+                fields=["tenant", "id"], name="audit_retentionpolicy_tenant_id_uniq"
+            ),
             models.CheckConstraint(
                 condition=Q(event_months__gte=1) & Q(event_months__lte=1200),
                 name="audit_retentionpolicy_months_range_check",
@@ -294,9 +297,8 @@ class RetentionAnchor(models.Model):
 
     id = models.BigAutoField(primary_key=True)
     tenant = models.ForeignKey("portal.Tenant", on_delete=models.PROTECT)
-    purge = models.ForeignKey(
-        RetentionPurge, on_delete=models.PROTECT, db_constraint=False
-    )
+    # The RetentionPurge that wrote it (same tenant; read together by tenant).
+    purge_id = models.UUIDField()
     # The chain: a task's, or the tenant's own (NULL).
     task_id = models.UUIDField(null=True, blank=True)
     seq = models.BigIntegerField()
@@ -304,6 +306,11 @@ class RetentionAnchor(models.Model):
     hash = models.CharField(max_length=64)
 
     class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "id"], name="audit_retentionanchor_tenant_id_uniq"
+            ),
+        ]
         indexes = [
             models.Index(
                 fields=["tenant", "task_id", "seq"], name="audit_anchor_chain_idx"

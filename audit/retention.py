@@ -95,7 +95,9 @@ def tenant_events_purge(*, tenant_id: uuid.UUID) -> int:
     if not events:
         return 0
     purge = RetentionPurge.objects.get(pk=purge_id)
-    anchors = list(RetentionAnchor.objects.filter(tenant_id=tenant_id, purge=purge))
+    anchors = list(
+        RetentionAnchor.objects.filter(tenant_id=tenant_id, purge_id=purge.pk)
+    )
     services.event_append(
         tenant_id=tenant_id,
         code=EventCode.AUDIT_PURGED,

@@ -423,10 +423,20 @@ def _verify_chains(
 ) -> Break | None:
     """Walk every chain of the tenant; the first break, if any."""
     with connection.chunked_cursor() as cursor:
-        for events in _chains(_rows(cursor, tenant_id)):
-            task_id = events[0].task_id
+        for stored in _chains(_rows(cursor, tenant_id)):
+            task_id = stored[0].task_id
             name = _chain_name(task_id)
             seen.add(task_id)
+            # Rows a purge covers but whose partition is not dropped yet (the drop
+            # waits for every tenant's purge): gone by the record, not checked.
+            events = [
+                row
+                for row in stored
+                if purges.before_id is None or row.id >= purges.before_id
+            ]
+            if not events:
+                seen.discard(task_id)
+                continue
             report.chains += 1
             report.events += len(events)
             anchor = purges.anchors.get(task_id)

@@ -23,7 +23,7 @@ from __future__ import annotations
 from django.db import migrations
 
 # How far an event's id time may be from its created_at (see audit/partitions.py).
-ID_TIME_TOLERANCE = "1 day"  # copy of audit.partitions.ID_TIME_TOLERANCE
+ID_TIME_TOLERANCE = "1 day"  # copy of audit.selectors.ID_TIME_TOLERANCE (R7)
 # The legacy partition takes ids up to the migration time plus this margin, so rows
 # whose ids were minted just before the swap still find their partition.
 LEGACY_MARGIN = "1 day"

@@ -275,7 +275,8 @@ def test_tail_cut_before_the_next_checkpoint_is_the_window(
 def test_consistent_rewrite_of_a_chain_is_detected(
     trail: dict[str, Any], superuser: Any
 ) -> None:
-    # given an attacker who alters #3 and recomputes every hash after it
+    # given an attacker who alters #3 and recomputes every hash after it (and the
+    # payload digest of format v2)
     task_id = trail["a"]
     statements: list[tuple[str, list[Any]]] = []
     prev = event_at(task_id, 2).hash
@@ -294,14 +295,20 @@ def test_consistent_rewrite_of_a_chain_is_detected(
             operation_id=None, code=event.code, actor_type=event.actor_type,
             actor_id=event.actor_id, reason_code=None, contract_key=None,
             contract_version=None, payload=payload, trace_id="", span_id="",
-            created_at=created,
+            created_at=created, payload_digest=chain.payload_digest(payload),
         )  # fmt: skip
         digest = chain.event_hash(prev_hash=prev, content=content)
         statements.append(
             (
-                "UPDATE audit_event SET payload = %s::jsonb, prev_hash = %s,"
-                " hash = %s WHERE id = %s",
-                [audit_services.json_text(payload), prev, digest, event.pk],
+                "UPDATE audit_event SET payload = %s::jsonb, payload_digest = %s,"
+                " prev_hash = %s, hash = %s WHERE id = %s",
+                [
+                    audit_services.json_text(payload),
+                    chain.payload_digest(payload),
+                    prev,
+                    digest,
+                    event.pk,
+                ],
             )
         )
         prev = digest
@@ -407,10 +414,15 @@ def test_checkpoint_job_signs_only_moved_heads(trail: dict[str, Any]) -> None:
 def test_the_migration_backfill_chains_old_events(
     trail: dict[str, Any], superuser: Any
 ) -> None:
-    # given events from before the chain (no links) and no checkpoints
+    # given events from before the chain (no links, no payload digests: format v1)
+    # and no checkpoints
     superuser(
         ("DELETE FROM audit_checkpoint", []),
-        ("UPDATE audit_event SET chain_seq = NULL, prev_hash = NULL, hash = NULL", []),
+        (
+            "UPDATE audit_event SET chain_seq = NULL, prev_hash = NULL, hash = NULL,"
+            " payload_digest = NULL",
+            [],
+        ),
     )
     # when the migration's backfill runs
     migration = importlib.import_module("audit.migrations.0009_event_hash_chain")

@@ -8,6 +8,7 @@ Each test runs in the test case's transaction: the partition layout a test build
 from __future__ import annotations
 
 import datetime as dt
+import importlib
 import io
 import uuid
 from collections.abc import Callable
@@ -538,4 +539,30 @@ def test_purge_records_are_append_only(two_tenants):
     with refused_by("audit_retention_append_only_trg"):
         RetentionPurge.objects.filter(pk=purge.pk).update(events=0)
     with refused_by("audit_retention_append_only_trg"):
-        RetentionAnchor.objects.filter(purge=purge).delete()
+        RetentionAnchor.objects.filter(purge_id=purge.pk).delete()
+
+
+def test_verify_audit_passes_while_a_purged_partition_waits_for_its_drop(two_tenants):
+    """Between the tenants' purges and the partition drop, the covered rows are
+    still there: the purge records account for them."""
+    a, b = two_tenants["a"], two_tenants["b"]
+    m3 = two_tenants["months"][0]
+    for tenant in (a, b):
+        retention.tenant_events_purge(tenant_id=tenant.pk)
+    assert partition(m3) in partitions()
+    assert Event.objects.filter(tenant=b, created_at=at(m3)).exists()
+    assert verify(a)[0] == 0, verify(a)[1]
+    assert verify(b)[0] == 0, verify(b)[1]
+
+
+def test_the_migrations_copy_of_the_id_time_tolerance_matches(db):
+    migration = importlib.import_module("audit.migrations.0010_event_partitions")
+    days = int(migration.ID_TIME_TOLERANCE.split()[0])
+    assert dt.timedelta(days=days) == audit_selectors.ID_TIME_TOLERANCE
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_get_constraintdef(oid) FROM pg_constraint"
+            " WHERE conrelid = 'audit_event'::regclass"
+            " AND conname = 'audit_event_id_time_check'"
+        )
+        assert f"'{migration.ID_TIME_TOLERANCE}'" in cursor.fetchone()[0]

@@ -228,7 +228,7 @@ def populate(
             id=new_id(), tenant=tenant, before_id=new_id(), events=0
         )
         RetentionAnchor.objects.create(
-            tenant=tenant, purge=purge, task_id=task.pk, seq=1, event_id=new_id(),
+            tenant=tenant, purge_id=purge.pk, task_id=task.pk, seq=1, event_id=new_id(),
             hash="0" * 64,
         )  # fmt: skip
         checkpoints.tenant_checkpoint(
