@@ -94,8 +94,11 @@ class Event(models.Model):
     contract_key = models.CharField(max_length=100, null=True, blank=True)
     contract_version = models.PositiveIntegerField(null=True, blank=True)
     # Redacted, bounded facts and references; the size bound is a CHECK (migration).
-    # NULL once retention dropped it (chain format v2 keeps ``payload_digest``).
-    payload = models.JSONField(default=dict, null=True)
+    # NULL once retention dropped it (chain format v2 keeps ``payload_digest``):
+    # the column is nullable in the database (migration 0012) but not here, so
+    # code that writes events cannot store NULL and readers of live payloads keep
+    # their type; the few that show old events check for None.
+    payload = models.JSONField(default=dict)
     # SHA-256 of the RFC 8785 canonical payload (chain format v2, audit/chain.py);
     # NULL for format v1 events, whose hash covers the payload itself.
     payload_digest = models.CharField(

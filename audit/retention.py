@@ -160,10 +160,11 @@ def outbox_sent_purge(*, older_than: dt.timedelta | None = None) -> int:
                 DELETE FROM audit_outbox WHERE id IN (
                     SELECT id FROM audit_outbox
                     WHERE state IN ('sent', 'dismissed')
-                      AND coalesce(sent_at, created_at) < app_now() - %s
+                      AND coalesce(sent_at, created_at)
+                          < app_now() - make_interval(secs => %s)
                     LIMIT 5000)
                 """,
-                [older_than],
+                [older_than.total_seconds()],
             )
             batch = cursor.rowcount
         deleted += batch

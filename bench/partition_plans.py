@@ -75,7 +75,7 @@ def main() -> int:
                 {
                     "tenant": tenant.pk,
                     "start": dt.datetime.combine(start, dt.time(), dt.UTC),
-                    "span": add_months(start, 1) - start,
+                    "span": f"{(add_months(start, 1) - start).days} days",
                     "n": args.events_per_month,
                 },
             )

@@ -33,6 +33,8 @@ from django.db import migrations
 CHECKPOINT_LOCK = "audit.checkpoint:"
 
 FORWARD = f"""
+-- A dropped payload is NULL (the model keeps NOT NULL for writers, see Event).
+ALTER TABLE audit_event ALTER COLUMN payload DROP NOT NULL;
 CREATE FUNCTION audit_retention_append_only() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -289,6 +291,7 @@ DROP FUNCTION audit_retention_horizon(uuid, integer);
 DROP TRIGGER audit_retention_append_only_trg ON audit_retentionanchor;
 DROP TRIGGER audit_retention_append_only_trg ON audit_retentionpurge;
 DROP FUNCTION audit_retention_append_only();
+ALTER TABLE audit_event ALTER COLUMN payload SET NOT NULL;
 """
 
 
