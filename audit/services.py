@@ -53,7 +53,9 @@ FROM audit_event_chain_head(%(tenant_id)s, %(task_id)s) AS head
 # than the generic one over all partitions), which cost about 1.3 ms per row with
 # five partitions and 1.9 ms with 27 (docs/retention.md). A generic plan prunes the
 # partitions at executor start instead. Transaction-local, like every setting here;
-# it only changes plans that PostgreSQL caches (PL/pgSQL, RI checks), not the ORM's.
+# for the rest of the caller's transaction every plan PostgreSQL caches (PL/pgSQL,
+# RI checks, the ORM's server-side prepared statements) is generic: the hot paths'
+# statements are key lookups, whose generic plan is the custom one.
 _INSERT_EVENT_AND_OUTBOX = f"""
 WITH generic AS (
     SELECT set_config('plan_cache_mode', 'force_generic_plan', true)
