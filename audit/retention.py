@@ -94,7 +94,7 @@ def tenant_events_purge(*, tenant_id: uuid.UUID) -> int:
         events = int(cursor.fetchone()[0])
     if not events:
         return 0
-    purge = RetentionPurge.objects.get(pk=purge_id)
+    purge = RetentionPurge.objects.get(tenant_id=tenant_id, pk=purge_id)
     anchors = list(
         RetentionAnchor.objects.filter(tenant_id=tenant_id, purge_id=purge.pk)
     )
