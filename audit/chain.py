@@ -8,8 +8,20 @@ Every event belongs to one chain: its task's (``task_id`` set) or its tenant's
 
 with ``prev_hash`` as 64 lower-case hex digits (``GENESIS``, 64 zeros, for the first
 event of a chain) and the hash written the same way. The content is every column that
-says what happened: ``event_content`` lists them. ``chain_seq`` itself is not covered:
-the links say the order, and the number only finds the head quickly.
+says what happened: ``event_content`` lists them.
+
+Two formats, told apart by the content's ``"v"``:
+
+- v1 (events written before migration 0012, ``payload_digest`` NULL): the content
+  holds the payload itself, under ``"payload"``.
+- v2 (every event since): the content holds ``"payload_digest"`` instead, the
+  SHA-256 (64 lower-case hex digits) of the RFC 8785 canonical payload (with the
+  same large-integer rule as the content). Retention may later set the payload to
+  NULL; the digest stays in its column and the hash still verifies. Where the
+  payload is still there, the verifier also checks it against the digest.
+
+``chain_seq`` itself is not covered: the links say the order, and the number only
+finds the head quickly.
 
 ``event_append`` computes the hash inside its INSERT, because ``created_at`` is the
 database's ``now()``: Python canonicalises everything else and hands the database the
@@ -31,7 +43,8 @@ from typing import Any, Final
 
 import rfc8785
 
-FORMAT_VERSION: Final = 1
+FORMAT_VERSION: Final = 2
+FORMAT_V1: Final = 1
 GENESIS: Final = "0" * 64
 # ``created_at`` as text, in UTC with microseconds: the database writes it for the
 # hash at insert time, and the verifier reads it back the same way.
@@ -76,10 +89,53 @@ def event_content(
     trace_id: str,
     span_id: str,
     created_at: str,
+    payload_digest: str | None = None,
 ) -> dict[str, Any]:
-    """Everything an event's hash covers, as a JSON object."""
+    """Everything an event's hash covers, as a JSON object.
+
+    With ``payload_digest`` the content is format v2 (the digest stands for the
+    payload, which may be None once dropped); without it, format v1.
+    """
+    if payload_digest is not None:
+        v2 = _content(
+            FORMAT_VERSION, event_id, tenant_id, task_id, operation_id, code,
+            actor_type, actor_id, reason_code, contract_key, contract_version,
+            trace_id, span_id, created_at,
+        )  # fmt: skip
+        v2["payload_digest"] = payload_digest
+        return v2
+    v1 = _content(
+        FORMAT_V1, event_id, tenant_id, task_id, operation_id, code, actor_type,
+        actor_id, reason_code, contract_key, contract_version, trace_id, span_id,
+        created_at,
+    )  # fmt: skip
+    v1["payload"] = _hashable(payload)
+    return v1
+
+
+def payload_digest(payload: Any) -> str:
+    """SHA-256 hex of the RFC 8785 canonical payload: what a v2 hash covers."""
+    return hashlib.sha256(canonical(_hashable(payload))).hexdigest()
+
+
+def _content(
+    version: int,
+    event_id: uuid.UUID | str,
+    tenant_id: uuid.UUID | str,
+    task_id: uuid.UUID | str | None,
+    operation_id: uuid.UUID | str | None,
+    code: str,
+    actor_type: str,
+    actor_id: str,
+    reason_code: str | None,
+    contract_key: str | None,
+    contract_version: int | None,
+    trace_id: str,
+    span_id: str,
+    created_at: str,
+) -> dict[str, Any]:
     return {
-        "v": FORMAT_VERSION,
+        "v": version,
         "id": str(event_id),
         "tenant_id": str(tenant_id),
         "task_id": str(task_id) if task_id is not None else None,
@@ -90,14 +146,13 @@ def event_content(
         "reason_code": reason_code,
         "contract_key": contract_key,
         "contract_version": contract_version,
-        "payload": _hashable(payload),
         "trace_id": trace_id,
         "span_id": span_id,
         "created_at": created_at,
     }
 
 
-def canonical(content: Mapping[str, Any]) -> bytes:
+def canonical(content: Any) -> bytes:
     """RFC 8785 canonical JSON of ``content``."""
     return bytes(rfc8785.dumps(content))
 

@@ -191,8 +191,12 @@ WITH heads AS (
     WHERE tenant_id = %(tenant_id)s
     ORDER BY task_id, signed_at DESC, head_seq DESC
 ), total AS (
-    SELECT count(*) AS n FROM audit_event
-    WHERE tenant_id = %(tenant_id)s AND chain_seq IS NOT NULL
+    -- Purged events count too: the signed count is every event the chains ever
+    -- held, which is what the checkpoints' head numbers add up to.
+    SELECT ((SELECT count(*) FROM audit_event
+            WHERE tenant_id = %(tenant_id)s AND chain_seq IS NOT NULL)
+        + (SELECT coalesce(sum(events), 0) FROM audit_retentionpurge
+           WHERE tenant_id = %(tenant_id)s))::bigint AS n
 )
 SELECT heads.task_id, heads.chain_seq, heads.id, heads.hash, total.n,
     clock_timestamp()

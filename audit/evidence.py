@@ -16,6 +16,14 @@ event count that the other chains' checkpoints do not add up to. When the head s
 is not covered after ``SIGN_ATTEMPTS`` runs (appends keep coming, or another run holds
 the tenant's checkpoint lock each time), the chain says so (``complete`` false) and
 the verifier refuses it as not covered.
+
+Chain format v2 events (audit/chain.py) carry their ``payload_digest`` in the hashed
+content and the stored payload beside it (``payload``, None once retention dropped
+it). A chain that retention purged (docs/retention.md) starts after its anchor: the
+first event links to the anchor's hash and is numbered ``anchor.seq`` + 1; the
+bundle carries the anchor, which only ``manage.py verify_audit`` can prove (by its
+``audit.purged`` tombstone in the tenant's chain), so the offline verifier checks
+everything after it and then says it cannot vouch for the anchor.
 """
 
 from __future__ import annotations
@@ -26,8 +34,8 @@ from typing import Any, Final
 
 from django.db import connection, transaction
 
-from . import checkpoints
-from .models import Checkpoint
+from . import chain, checkpoints
+from .models import Checkpoint, RetentionAnchor
 from .verify import EVENT_COLUMNS, row_content
 
 SIGN_ATTEMPTS: Final = 3
@@ -43,14 +51,29 @@ ORDER BY chain_seq NULLS LAST, id
 
 @dataclass(frozen=True, kw_only=True)
 class ChainEvidence:
-    """A task chain as stored, and its latest checkpoint (None: never signed)."""
+    """A task chain as stored, its latest checkpoint (None: never signed) and, for
+    a chain retention purged, the anchor it continues from (None: it starts at #1)."""
 
     events: list[dict[str, Any]]
     checkpoint: dict[str, Any] | None
+    anchor: dict[str, Any] | None = None
+
+    @property
+    def first_seq(self) -> int:
+        """The number the chain's first exported event should have."""
+        return (self.anchor["seq"] if self.anchor else 0) + 1
 
     @property
     def signed_events(self) -> int:
-        return self.checkpoint["head_seq"] if self.checkpoint else 0
+        """How many of the exported events the checkpoint signs (numbers up to its
+        head; the purged ones before the anchor are not exported)."""
+        if not self.checkpoint:
+            return 0
+        return max(self.checkpoint["head_seq"] - self.first_seq + 1, 0)
+
+    def _at(self, seq: int) -> dict[str, Any] | None:
+        index = seq - self.first_seq
+        return self.events[index] if 0 <= index < len(self.events) else None
 
     @property
     def grew_since_signed(self) -> bool:
@@ -62,9 +85,11 @@ class ChainEvidence:
         if self.checkpoint is None:
             return bool(self.events)
         signed = self.checkpoint["head_seq"]
-        if not 0 < signed < len(self.events):
+        if not self.events or signed >= self.events[-1]["seq"]:
             return False
-        head = self.events[signed - 1]
+        head = self._at(signed)
+        if head is None:  # signed below the anchor: the purge removed its head
+            return signed < self.first_seq
         return (
             head["seq"] == signed
             and head["hash"] == self.checkpoint["head_hash"]
@@ -78,9 +103,17 @@ class ChainEvidence:
             return self.checkpoint is None
         return (
             self.checkpoint is not None
-            and self.checkpoint["head_seq"] == len(self.events)
+            and self.checkpoint["head_seq"] == self.events[-1]["seq"]
             and self.checkpoint["head_hash"] == self.events[-1]["hash"]
         )
+
+
+def event_payload(event: dict[str, Any]) -> Any:
+    """An exported event's payload: in the content (v1) or beside it (v2, None
+    once dropped)."""
+    if event["content"].get("v") == chain.FORMAT_V1:
+        return event["content"]["payload"]
+    return event.get("payload")
 
 
 def checkpoint_json(checkpoint: Checkpoint) -> dict[str, Any]:
@@ -113,18 +146,39 @@ def _read(*, tenant_id: uuid.UUID, task_id: uuid.UUID) -> ChainEvidence:
     )
     with connection.cursor() as cursor:
         cursor.execute(_CHAIN_EVENTS, [tenant_id, task_id])
-        events = [
-            {
-                "seq": row[14],
-                "prev_hash": row[15],
-                "hash": row[16],
-                "content": row_content(row, tenant_id),
-            }
-            for row in cursor.fetchall()
-        ]
+        events = [_event_json(row, tenant_id) for row in cursor.fetchall()]
+    first = events[0]["seq"] if events else None
+    anchors = RetentionAnchor.objects.filter(tenant_id=tenant_id, task_id=task_id)
+    if isinstance(first, int):
+        anchors = anchors.filter(seq__lt=first)
+    anchor = anchors.order_by("-seq").first()
     return ChainEvidence(
-        events=events, checkpoint=checkpoint_json(latest) if latest else None
+        events=events,
+        checkpoint=checkpoint_json(latest) if latest else None,
+        anchor=anchor_json(anchor) if anchor else None,
     )
+
+
+def _event_json(row: Any, tenant_id: uuid.UUID) -> dict[str, Any]:
+    event = {
+        "seq": row[14],
+        "prev_hash": row[15],
+        "hash": row[16],
+        "content": row_content(row, tenant_id),
+    }
+    if row[17] is not None:  # v2: the digest is hashed, the payload rides along
+        event["payload"] = chain.stored_payload(row[9]) if row[9] is not None else None
+    return event
+
+
+def anchor_json(anchor: RetentionAnchor) -> dict[str, Any]:
+    """Where a purged chain continues from (audit_retentionanchor)."""
+    return {
+        "purge_id": str(anchor.purge_id),
+        "seq": anchor.seq,
+        "event_id": str(anchor.event_id),
+        "hash": anchor.hash,
+    }
 
 
 def task_chain_evidence(

@@ -23,6 +23,7 @@ class EventPayloadTooLarge(PortalError):
 portal_db.register_constraint_errors(
     {
         "audit_event_append_only_trg": AuditTrailImmutable,
+        "audit_retention_append_only_trg": AuditTrailImmutable,
         "audit_event_payload_size_check": EventPayloadTooLarge,
     }
 )

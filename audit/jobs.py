@@ -6,7 +6,7 @@ from typing import Any
 
 from celery import shared_task
 
-from . import checkpoints, relay
+from . import checkpoints, relay, retention
 
 
 @shared_task(acks_late=True, ignore_result=True, soft_time_limit=60, time_limit=75)
@@ -33,3 +33,25 @@ def checkpoint_audit_job() -> dict[str, int]:
     tenant at a time, and a run with nothing new writes nothing.
     """
     return checkpoints.unscoped_checkpoint_all()
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def ensure_event_partitions_job() -> list[str]:
+    """Create the coming months' partitions of audit_event; idempotent, often."""
+    return retention.event_partitions_ensure()
+
+
+@shared_task(acks_late=True, ignore_result=True, soft_time_limit=3000, time_limit=3600)
+def apply_retention_job() -> dict[str, object]:
+    """Remove expired events and payloads, drop expired partitions (daily).
+
+    Guarantee: safe to repeat and to overlap: each tenant's purge waits for the
+    other's, and a second run finds nothing left to remove.
+    """
+    return retention.unscoped_retention_run().as_json()
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def purge_sent_outbox_job() -> int:
+    """Delete delivered outbox rows past their window; idempotent, hourly."""
+    return retention.outbox_sent_purge()

@@ -68,10 +68,18 @@ class EventCode(models.TextChoices):
     OUTBOX_RETRIED = "outbox.retried"
     OUTBOX_DISMISSED = "outbox.dismissed"
     OPERATION_FIELDS_EDITED = "operation.fields_edited"
+    # Retention (audit/retention.py): the tombstone of a purge, and payloads dropped.
+    AUDIT_PURGED = "audit.purged"
+    AUDIT_PAYLOADS_DROPPED = "audit.payloads_dropped"
 
 
 class Event(models.Model):
-    """One fact in a task's history. UPDATE and DELETE are refused by a trigger."""
+    """One fact in a task's history. UPDATE and DELETE are refused by a trigger.
+
+    The table is range-partitioned by month on ``id`` (UUIDv7, time-ordered;
+    migration 0011, docs/retention.md); the retention functions are the only path
+    that deletes rows or drops payloads.
+    """
 
     id = models.UUIDField(primary_key=True, default=new_id, editable=False)
     tenant = models.ForeignKey("portal.Tenant", on_delete=models.PROTECT)
@@ -86,7 +94,16 @@ class Event(models.Model):
     contract_key = models.CharField(max_length=100, null=True, blank=True)
     contract_version = models.PositiveIntegerField(null=True, blank=True)
     # Redacted, bounded facts and references; the size bound is a CHECK (migration).
+    # NULL once retention dropped it (chain format v2 keeps ``payload_digest``):
+    # the column is nullable in the database (migration 0013) but not here, so
+    # code that writes events cannot store NULL and readers of live payloads keep
+    # their type; the few that show old events check for None.
     payload = models.JSONField(default=dict)
+    # SHA-256 of the RFC 8785 canonical payload (chain format v2, audit/chain.py);
+    # NULL for format v1 events, whose hash covers the payload itself.
+    payload_digest = models.CharField(
+        max_length=64, null=True, blank=True, editable=False
+    )
     trace_id = models.CharField(max_length=32, blank=True, default="")
     span_id = models.CharField(max_length=16, blank=True, default="")
     created_at = models.DateTimeField(db_default=Now(), editable=False)
@@ -103,19 +120,10 @@ class Event(models.Model):
             models.UniqueConstraint(
                 fields=["tenant", "id"], name="audit_event_tenant_id_uniq"
             ),
-            # A chain is a line: two appends that read the same head cannot both
-            # commit (event_append's lock makes them wait instead). These are also
-            # the indexes that find a chain's head.
-            models.UniqueConstraint(
-                fields=["tenant", "task_id", "chain_seq"],
-                condition=Q(task_id__isnull=False),
-                name="audit_event_task_chain_uniq",
-            ),
-            models.UniqueConstraint(
-                fields=["tenant", "chain_seq"],
-                condition=Q(task_id__isnull=True),
-                name="audit_event_tenant_chain_uniq",
-            ),
+            # A chain is a line: event_append's advisory lock orders appends to one
+            # chain. Each partition also has its own unique index on (tenant_id,
+            # task_id, chain_seq) and (tenant_id, chain_seq), which find a chain's
+            # head; they cannot be unique across partitions (migration 0011).
             models.CheckConstraint(
                 condition=Q(code__in=EventCode.values), name="audit_event_code_check"
             ),
@@ -206,6 +214,116 @@ class Checkpoint(models.Model):
     def __str__(self) -> str:
         chain = f"task {self.task_id}" if self.task_id else "tenant"
         return f"checkpoint of {chain} at {self.head_seq}"
+
+
+class RetentionPolicy(models.Model):
+    """How long one tenant keeps its events and, shorter, their payloads.
+
+    A tenant without a row keeps the defaults (``PORTAL_AUDIT_EVENT_RETENTION_MONTHS``,
+    ``PORTAL_AUDIT_PAYLOAD_RETENTION_DAYS``). Events go by whole calendar months
+    (UTC): with 12, an event of January 2026 is kept through January 2027 and goes
+    from February 2027. Payloads go by days, and only from chain format v2 events
+    (their digest stays).
+    """
+
+    tenant = models.ForeignKey(
+        "portal.Tenant", on_delete=models.PROTECT, related_name="+"
+    )
+    event_months = models.PositiveIntegerField()
+    payload_days = models.PositiveIntegerField()
+
+    class Meta:
+        verbose_name_plural = "retention policies"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant"], name="audit_retentionpolicy_tenant_uniq"
+            ),
+            models.UniqueConstraint(
+                fields=["tenant", "id"], name="audit_retentionpolicy_tenant_id_uniq"
+            ),
+            models.CheckConstraint(
+                condition=Q(event_months__gte=1) & Q(event_months__lte=1200),
+                name="audit_retentionpolicy_months_range_check",
+            ),
+            # Payloads never outlive their events.
+            models.CheckConstraint(
+                condition=Q(payload_days__gte=1)
+                & Q(payload_days__lte=models.F("event_months") * 28),
+                name="audit_retentionpolicy_days_range_check",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"events {self.event_months} months, payloads {self.payload_days} days"
+
+
+class RetentionPurge(models.Model):
+    """One purge of one tenant's expired events: what went, up to which id.
+
+    Written only by ``audit_retention_purge`` (owner-only, migration 0012); the
+    tombstone event of the same transaction repeats these columns and the SHA-256
+    of the purge's anchors, and the chain covers the tombstone. Append-only
+    (trigger), except the tenant purge.
+    """
+
+    id = models.UUIDField(primary_key=True)
+    tenant = models.ForeignKey("portal.Tenant", on_delete=models.PROTECT)
+    # Every event of the tenant with an id below this is gone (UUIDv7: a time).
+    before_id = models.UUIDField()
+    events = models.BigIntegerField()
+    first_event_id = models.UUIDField(null=True, blank=True)
+    last_event_id = models.UUIDField(null=True, blank=True)
+    purged_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "id"], name="audit_retentionpurge_tenant_id_uniq"
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["tenant", "before_id"], name="audit_purge_before_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"purge of {self.events} events before {self.before_id}"
+
+
+class RetentionAnchor(models.Model):
+    """Where a purge cut a chain: the hash of the last event it removed.
+
+    Written only by ``audit_retention_purge`` (owner-only, migration 0012) in the
+    transaction that writes the purge's tombstone event; the tombstone's payload
+    carries the SHA-256 of its anchors (audit/retention.py), so an altered anchor
+    is seen by ``verify_audit``. Append-only (trigger), except the tenant purge.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    tenant = models.ForeignKey("portal.Tenant", on_delete=models.PROTECT)
+    # The RetentionPurge that wrote it (same tenant; read together by tenant).
+    purge_id = models.UUIDField()
+    # The chain: a task's, or the tenant's own (NULL).
+    task_id = models.UUIDField(null=True, blank=True)
+    seq = models.BigIntegerField()
+    event_id = models.UUIDField()
+    hash = models.CharField(max_length=64)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "id"], name="audit_retentionanchor_tenant_id_uniq"
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["tenant", "task_id", "seq"], name="audit_anchor_chain_idx"
+            ),
+            models.Index(fields=["tenant", "purge_id"], name="audit_anchor_purge_idx"),
+        ]
+
+    def __str__(self) -> str:
+        chain = f"task {self.task_id}" if self.task_id else "tenant"
+        return f"anchor of {chain} at {self.seq}"
 
 
 class OutboxState(models.TextChoices):

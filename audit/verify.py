@@ -19,6 +19,16 @@ The checks, per tenant, stop at the first break and name its kind:
 Events after a chain's last checkpoint are checked for their links and content too,
 but a cut of that tail cannot be seen until the next checkpoint signs it: the window
 (docs/audit-integrity.md).
+
+Retention (docs/retention.md) removes whole ranges; its purges are accepted, not
+reported, when their record holds: each purge's tombstone event (code
+``audit.purged``, in the tenant's chain, so chained and signed like any event)
+repeats the purge record's columns and the SHA-256 of its anchors. A chain cut by a
+purge then starts at its anchor (``seq`` + 1, linked to the anchor's hash), and a
+checkpoint whose head the purge removed is met by the anchor or lies below it. A
+purge record whose tombstone is missing counts only when a later accepted purge
+removed that tombstone; otherwise it is ``deleted``, and a tombstone that disagrees
+with its record or anchors is ``altered``.
 """
 
 from __future__ import annotations
@@ -32,9 +42,11 @@ from typing import Any, Final
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from django.db import connection, transaction
 
+from portal import ids
+
 from . import chain
 from .checkpoints import signature_valid
-from .models import Checkpoint
+from .models import Checkpoint, EventCode, RetentionAnchor, RetentionPurge
 
 # An event that a checkpoint run could not see yet: its transaction began (its
 # created_at) before the run but committed after it. Older uncovered events are
@@ -53,7 +65,7 @@ EVENT_COLUMNS: Final = f"""
     id, task_id, operation_id, code, actor_type, actor_id, reason_code,
     contract_key, contract_version, payload::text, trace_id, span_id,
     {chain.CREATED_AT_SQL.format(column="created_at")}, created_at,
-    chain_seq, prev_hash, hash
+    chain_seq, prev_hash, hash, payload_digest
 """
 _EVENTS: Final = f"""
 SELECT {EVENT_COLUMNS}
@@ -103,6 +115,9 @@ class _Row:
     seq: int | None
     prev_hash: str | None
     hash: str | None
+    # False when a v2 event still has its payload and it does not match the digest.
+    payload_matches: bool = True
+    payload: Any = None
 
 
 def _chain_name(task_id: uuid.UUID | None) -> str:
@@ -110,7 +125,9 @@ def _chain_name(task_id: uuid.UUID | None) -> str:
 
 
 def row_content(row: Sequence[Any], tenant_id: uuid.UUID) -> dict[str, Any]:
-    """The hashed content of a row selected with ``EVENT_COLUMNS``."""
+    """The hashed content of a row selected with ``EVENT_COLUMNS`` (format v1 or
+    v2: v2 when the row has a ``payload_digest``, its payload then maybe NULL)."""
+    payload = chain.stored_payload(row[9]) if row[9] is not None else None
     return chain.event_content(
         event_id=row[0],
         tenant_id=tenant_id,
@@ -122,7 +139,8 @@ def row_content(row: Sequence[Any], tenant_id: uuid.UUID) -> dict[str, Any]:
         reason_code=row[6],
         contract_key=row[7],
         contract_version=row[8],
-        payload=chain.stored_payload(row[9]),
+        payload=payload,
+        payload_digest=row[17],
         trace_id=row[10],
         span_id=row[11],
         created_at=row[12],
@@ -132,9 +150,18 @@ def row_content(row: Sequence[Any], tenant_id: uuid.UUID) -> dict[str, Any]:
 def _rows(cursor: Any, tenant_id: uuid.UUID) -> Iterator[_Row]:
     cursor.execute(_EVENTS, [tenant_id])
     while batch := cursor.fetchmany(2000):
-        for r in batch:
-            content = row_content(r, tenant_id)
-            yield _Row(r[0], r[1], content, r[13], r[14], r[15], r[16])
+        yield from _rows_from(batch, tenant_id)
+
+
+def _rows_from(batch: Sequence[Any], tenant_id: uuid.UUID) -> Iterator[_Row]:
+    for r in batch:
+        payload = chain.stored_payload(r[9]) if r[9] is not None else None
+        digest = r[17]
+        matches = (
+            digest is None or r[9] is None or chain.payload_digest(payload) == digest
+        )
+        content = row_content(r, tenant_id)
+        yield _Row(r[0], r[1], content, r[13], r[14], r[15], r[16], matches, payload)
 
 
 def _chains(rows: Iterator[_Row]) -> Iterator[list[_Row]]:
@@ -148,10 +175,20 @@ def _chains(rows: Iterator[_Row]) -> Iterator[list[_Row]]:
         yield current
 
 
-def _walk(events: Sequence[_Row], name: str) -> Break | None:
-    """Check one chain's links and contents, in stored order."""
+@dataclass(frozen=True)
+class _Anchor:
+    seq: int
+    event_id: uuid.UUID
+    hash: str
+
+
+def _walk(
+    events: Sequence[_Row], name: str, anchor: _Anchor | None = None
+) -> Break | None:
+    """Check one chain's links and contents, in stored order, from its anchor."""
     position = {row.hash: i for i, row in enumerate(events) if row.hash}
-    expected_prev: str | None = None
+    expected_prev: str | None = anchor.hash if anchor else None
+    base = anchor.seq if anchor else 0
     for i, row in enumerate(events):
         if row.seq is None or row.hash is None:
             return Break(
@@ -163,6 +200,10 @@ def _walk(events: Sequence[_Row], name: str) -> Break | None:
             return Break(
                 ALTERED, name, "content does not match its hash", row.id, row.seq
             )
+        if not row.payload_matches:
+            return Break(
+                ALTERED, name, "payload does not match its digest", row.id, row.seq
+            )
         if row.prev_hash != expected_prev:
             found = position.get(row.prev_hash or "")
             if found is not None and found > i:
@@ -173,8 +214,8 @@ def _walk(events: Sequence[_Row], name: str) -> Break | None:
                 return Break(INSERTED, name, detail, row.id, row.seq)
             detail = "the event it links to is missing"
             return Break(DELETED, name, detail, row.id, row.seq)
-        if row.seq != i + 1:
-            detail = f"numbered #{row.seq} but linked as #{i + 1}"
+        if row.seq != base + i + 1:
+            detail = f"numbered #{row.seq} but linked as #{base + i + 1}"
             return Break(REORDERED, name, detail, row.id, row.seq)
         expected_prev = row.hash
     return None
@@ -185,25 +226,135 @@ def _against_checkpoint(
     checkpoint: Checkpoint | None,
     name: str,
     newest_run: dt.datetime | None,
+    anchor: _Anchor | None = None,
 ) -> tuple[Break | None, int]:
     """Compare a chain with its last checkpoint; returns (break, unsigned events)."""
-    covered = 0
-    if checkpoint is not None:
+    base = anchor.seq if anchor else 0
+    covered = base
+    if checkpoint is not None and checkpoint.head_seq > base:
         covered = checkpoint.head_seq
-        if len(events) < covered:
-            detail = f"ends at #{len(events)}, signed up to #{covered}"
+        if base + len(events) < covered:
+            detail = f"ends at #{base + len(events)}, signed up to #{covered}"
             return Break(DELETED, name, detail, checkpoint.head_event_id), 0
-        head = events[covered - 1]
+        head = events[covered - base - 1]
         if head.id != checkpoint.head_event_id or head.hash != checkpoint.head_hash:
             detail = "not the event and hash the checkpoint signed"
             return Break(ALTERED, name, detail, head.id, head.seq), 0
-    tail = events[covered:]
+    elif checkpoint is not None and anchor is not None:
+        broken = _against_anchor(checkpoint, anchor, name)
+        if broken is not None:
+            return broken, 0
+    tail = events[covered - base :]
     if newest_run is not None:
         for row in tail:
             if row.created_at < newest_run - IN_FLIGHT_GRACE:
                 detail = "older than the last checkpoint, which does not cover it"
                 return Break(INSERTED, name, detail, row.id, row.seq), 0
     return None, len(tail)
+
+
+def _against_anchor(checkpoint: Checkpoint, anchor: _Anchor, name: str) -> Break | None:
+    """A checkpoint whose head a purge removed must agree with the purge's anchor."""
+    if checkpoint.head_seq == anchor.seq and (
+        checkpoint.head_event_id != anchor.event_id
+        or checkpoint.head_hash != anchor.hash
+    ):
+        detail = "the purge's anchor is not the event and hash the checkpoint signed"
+        return Break(ALTERED, name, detail, anchor.event_id, anchor.seq)
+    return None
+
+
+def anchors_digest(anchors: Sequence[RetentionAnchor]) -> str:
+    """SHA-256 of one purge's anchors: what its tombstone's payload carries."""
+    return chain.payload_digest(
+        sorted(
+            (
+                {
+                    "task_id": str(a.task_id) if a.task_id else None,
+                    "seq": a.seq,
+                    "event_id": str(a.event_id),
+                    "hash": a.hash,
+                }
+                for a in anchors
+            ),
+            key=lambda a: (a["task_id"] or "", a["seq"]),
+        )
+    )
+
+
+def tombstone_data(
+    purge: RetentionPurge, anchors: Sequence[RetentionAnchor]
+) -> dict[str, Any]:
+    """The payload of a purge's tombstone event: its record and its anchors' digest."""
+    return {
+        "purge_id": str(purge.pk),
+        "before_id": str(purge.before_id),
+        "events": purge.events,
+        "first_event_id": str(purge.first_event_id) if purge.first_event_id else None,
+        "last_event_id": str(purge.last_event_id) if purge.last_event_id else None,
+        "anchors": len(anchors),
+        "anchors_digest": anchors_digest(anchors),
+    }
+
+
+@dataclass
+class _Purges:
+    """The tenant's accepted purges: anchors per chain and the highest bound."""
+
+    anchors: dict[uuid.UUID | None, _Anchor] = field(default_factory=dict)
+    before_id: uuid.UUID | None = None
+    broken: Break | None = None
+
+
+def _purges(tenant_id: uuid.UUID, tombstones: Mapping[str, _Row]) -> _Purges:
+    """Check each purge record against its tombstone; collect the accepted anchors."""
+    result = _Purges()
+    records = list(RetentionPurge.objects.filter(tenant_id=tenant_id))
+    by_purge: dict[uuid.UUID, list[RetentionAnchor]] = {}
+    for anchor in RetentionAnchor.objects.filter(tenant_id=tenant_id):
+        by_purge.setdefault(anchor.purge_id, []).append(anchor)
+    accepted: list[RetentionPurge] = []
+    missing: list[RetentionPurge] = []
+    for record in records:
+        row = tombstones.get(str(record.pk))
+        if row is None:
+            missing.append(record)
+            continue
+        if row.payload != tombstone_data(record, by_purge.get(record.pk, [])):
+            detail = f"tombstone disagrees with purge {record.pk} or its anchors"
+            result.broken = Break(ALTERED, "tenant", detail, row.id, row.seq)
+            return result
+        accepted.append(record)
+    highest = max((r.before_id for r in accepted), default=None)
+    for record in missing:
+        # Its tombstone may itself have gone under a later accepted purge.
+        if highest is None or ids.id_time(highest) <= record.purged_at:
+            detail = f"purge {record.pk} has no tombstone"
+            result.broken = Break(DELETED, "tenant", detail)
+            return result
+        accepted.append(record)
+    for record in accepted:
+        for anchor in by_purge.get(record.pk, []):
+            known = result.anchors.get(anchor.task_id)
+            if known is None or anchor.seq > known.seq:
+                result.anchors[anchor.task_id] = _Anchor(
+                    anchor.seq, anchor.event_id, anchor.hash
+                )
+    result.before_id = max((r.before_id for r in accepted), default=None)
+    return result
+
+
+def _tombstones(cursor: Any, tenant_id: uuid.UUID) -> dict[str, _Row]:
+    """The tenant's purge tombstones by purge id (their rows, content checked later)."""
+    rows = {}
+    cursor.execute(
+        _EVENTS.replace("WHERE tenant_id = %s", "WHERE tenant_id = %s AND code = %s"),
+        [tenant_id, EventCode.AUDIT_PURGED],
+    )
+    for r in _rows_from(cursor.fetchall(), tenant_id):
+        if isinstance(r.payload, dict) and "purge_id" in r.payload:
+            rows[str(r.payload["purge_id"])] = r
+    return rows
 
 
 def verify_tenant(
@@ -245,30 +396,70 @@ def verify_tenant(
             report.broken = Break(kind, "tenant (all chains)", detail)
             return report
     seen: set[uuid.UUID | None] = set()
-    with transaction.atomic(), connection.chunked_cursor() as cursor:
-        for events in _chains(_rows(cursor, tenant_id)):
-            task_id = events[0].task_id
-            name = _chain_name(task_id)
-            seen.add(task_id)
-            report.chains += 1
-            report.events += len(events)
-            broken = _walk(events, name)
-            if broken is None:
-                broken, unsigned = _against_checkpoint(
-                    events, last.get(task_id), name, newest_run
-                )
-                report.unsigned_tail += unsigned
-            if broken is not None:
-                report.broken = broken
-                return report
-            if progress is not None:
-                progress(report.events)
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            purges = _purges(tenant_id, _tombstones(cursor, tenant_id))
+        if purges.broken is not None:
+            report.broken = purges.broken
+            return report
+        broken = _verify_chains(
+            tenant_id, report, last, newest_run, purges, seen, progress
+        )
+    if broken is not None:
+        report.broken = broken
+        return report
     for task_id, checkpoint in last.items():
         if task_id not in seen:
+            anchor = purges.anchors.get(task_id)
+            name = _chain_name(task_id)
+            if anchor is not None and anchor.seq >= checkpoint.head_seq:
+                report.broken = _against_anchor(checkpoint, anchor, name)
+                if report.broken is not None:
+                    return report
+                continue
             detail = f"signed up to #{checkpoint.head_seq}, no events left"
-            report.broken = Break(
-                DELETED, _chain_name(task_id), detail, checkpoint.head_event_id
-            )
+            report.broken = Break(DELETED, name, detail, checkpoint.head_event_id)
             return report
     report.last_signed_at = newest_run
     return report
+
+
+def _verify_chains(
+    tenant_id: uuid.UUID,
+    report: Report,
+    last: Mapping[uuid.UUID | None, Checkpoint],
+    newest_run: dt.datetime | None,
+    purges: _Purges,
+    seen: set[uuid.UUID | None],
+    progress: Callable[[int], None] | None,
+) -> Break | None:
+    """Walk every chain of the tenant; the first break, if any."""
+    with connection.chunked_cursor() as cursor:
+        for stored in _chains(_rows(cursor, tenant_id)):
+            task_id = stored[0].task_id
+            name = _chain_name(task_id)
+            seen.add(task_id)
+            # Rows a purge covers but whose partition is not dropped yet (the drop
+            # waits for every tenant's purge): gone by the record, not checked.
+            events = [
+                row
+                for row in stored
+                if purges.before_id is None or row.id >= purges.before_id
+            ]
+            if not events:
+                seen.discard(task_id)
+                continue
+            report.chains += 1
+            report.events += len(events)
+            anchor = purges.anchors.get(task_id)
+            broken = _walk(events, name, anchor)
+            if broken is None:
+                broken, unsigned = _against_checkpoint(
+                    events, last.get(task_id), name, newest_run, anchor
+                )
+                report.unsigned_tail += unsigned
+            if broken is not None:
+                return broken
+            if progress is not None:
+                progress(report.events)
+    return None

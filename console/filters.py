@@ -20,6 +20,8 @@ from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
+from audit import selectors as audit_selectors
+from audit.models import Event
 from portal.actors import ActorType
 from portal.models import Agent, TenantPerm
 
@@ -175,13 +177,18 @@ class CreatedRangeFilter(InputFilter):
     )
 
     def filter(self, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        for name, lookup, end in (
-            ("created_from", "created_at__gte", False),
-            ("created_to", "created_at__lt", True),
-        ):
+        bounds: dict[str, dt.datetime] = {}
+        for name, end in (("created_from", False), ("created_to", True)):
             if name in self.values:
                 moment = parse_moment(self.values[name], end=end)
                 if moment is None:
                     return queryset.none()
-                queryset = queryset.filter(**{lookup: moment})
+                bounds[name] = moment
+        if queryset.model is Event:
+            # Plus id bounds: the event table is partitioned by month on its id.
+            return queryset.filter(audit_selectors.event_created_range(**bounds))
+        if "created_from" in bounds:
+            queryset = queryset.filter(created_at__gte=bounds["created_from"])
+        if "created_to" in bounds:
+            queryset = queryset.filter(created_at__lt=bounds["created_to"])
         return queryset

@@ -33,7 +33,12 @@ APP_ROLE: Final = "portal_app"
 # What the app role may do, applied after every migrate. Everything else is the
 # owner's: no TRUNCATE, no DDL, no trigger switches, no UPDATE or DELETE on events
 # and checkpoints (append-only; only the owner's purge function deletes them), and
-# the migration history and the test clock are read-only.
+# the migration history and the test clock are read-only. Retention's purge records
+# and anchors are written by the owner's ``audit_retention_purge`` alone (the app role
+# reads them); a tenant's retention policy the app role keeps (DELETE too: a tenant
+# deletion removes it, and a missing policy means the defaults, which an UPDATE could
+# set as well). Only the four retention entry points are executable, never
+# ``audit_event_partition_create`` or ``audit_retention_unguarded``.
 APP_GRANTS: Final = """
 GRANT USAGE ON SCHEMA public TO {app};
 GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {app};
@@ -41,6 +46,22 @@ GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO {app};
 REVOKE UPDATE, DELETE ON audit_event, audit_checkpoint FROM {app};
 REVOKE INSERT, UPDATE, DELETE ON django_migrations, portal_test_clock FROM {app};
 GRANT EXECUTE ON FUNCTION tasks_purge_tenant_rows(regclass, uuid) TO {app};
+REVOKE INSERT, UPDATE, DELETE ON audit_retentionpurge, audit_retentionanchor FROM {app};
+GRANT EXECUTE ON FUNCTION audit_event_partitions_ensure(integer) TO {app};
+GRANT EXECUTE ON FUNCTION audit_retention_purge(uuid, uuid, integer) TO {app};
+GRANT EXECUTE ON FUNCTION audit_retention_drop_partitions(integer) TO {app};
+GRANT EXECUTE ON FUNCTION audit_retention_drop_payloads(uuid, integer) TO {app};
+DO $grants$
+DECLARE
+    v_part record;
+BEGIN
+    -- The app role reaches events through the parent alone (its privileges are
+    -- the ones checked); the partitions the migration made got the schema-wide
+    -- grant above, so take it back. Partitions made later get none.
+    FOR v_part IN SELECT name FROM audit_event_partitions() LOOP
+        EXECUTE format('REVOKE ALL ON %I FROM {app}', v_part.name);
+    END LOOP;
+END $grants$;
 """
 
 # Only the test suite moves the database clock (RELIABILITY.md D.2).

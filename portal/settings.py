@@ -245,6 +245,20 @@ CELERY_BEAT_SCHEDULE: dict[str, Any] = {
         "schedule": 60.0,
         "options": {"expires": 60.0},
     },
+    # Retention (docs/retention.md): month partitions of audit_event made ahead;
+    # expired events, payloads and delivered outbox rows removed.
+    "ensure-event-partitions": {
+        "task": "audit.jobs.ensure_event_partitions_job",
+        "schedule": 6 * 3600.0,
+    },
+    "apply-retention": {
+        "task": "audit.jobs.apply_retention_job",
+        "schedule": 24 * 3600.0,
+    },
+    "purge-sent-outbox": {
+        "task": "audit.jobs.purge_sent_outbox_job",
+        "schedule": 3600.0,
+    },
     # The outbox relay's safety net; commits also nudge it (docs/outbox.md).
     "relay-outbox": {
         "task": "audit.jobs.relay_outbox_job",
@@ -281,6 +295,19 @@ PORTAL_REDACTION_SECRET = os.environ.get("PORTAL_REDACTION_SECRET", "")
 
 # Domain settings.
 PORTAL_EVENT_PAYLOAD_MAX_BYTES = 8192  # copied into audit migration 0002 (R7)
+# Retention (docs/retention.md): the defaults for tenants without a policy row.
+# Events go by whole months (UTC), payloads by days; delivered outbox rows after
+# PORTAL_OUTBOX_SENT_RETENTION_DAYS. Partitions are made this many months ahead.
+PORTAL_AUDIT_EVENT_RETENTION_MONTHS = int(
+    os.environ.get("PORTAL_AUDIT_EVENT_RETENTION_MONTHS", "24")
+)
+PORTAL_AUDIT_PAYLOAD_RETENTION_DAYS = int(
+    os.environ.get("PORTAL_AUDIT_PAYLOAD_RETENTION_DAYS", "180")
+)
+PORTAL_OUTBOX_SENT_RETENTION_DAYS = int(
+    os.environ.get("PORTAL_OUTBOX_SENT_RETENTION_DAYS", "7")
+)
+PORTAL_AUDIT_PARTITIONS_AHEAD = 3
 # Where the admin links a trace id: a URL with "{trace_id}", e.g. Jaeger's
 # "http://localhost:16686/trace/{trace_id}"; empty shows trace ids as plain text.
 PORTAL_TRACE_URL_TEMPLATE = os.environ.get("PORTAL_TRACE_URL_TEMPLATE", "")

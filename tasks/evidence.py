@@ -41,13 +41,22 @@ from .gateway.common import db_now
 from .models import Approval, Credential, Escalation, Operation, Task
 
 FORMAT: Final = "agent-governance-portal/evidence-bundle"
-FORMAT_VERSION: Final = 1
+# 2: chain format v2 events (payload_digest in the content, the payload beside it)
+# and the anchor of a chain retention purged.
+FORMAT_VERSION: Final = 2
 # What a verifier needs to know to recompute the chain (audit/chain.py).
 CHAIN_RULES: Final = {
     "hash": "sha256",
     "canonicalization": "RFC 8785 (JCS)",
     "link": "hash = SHA-256(prev_hash as 64 lower-case hex digits, or 64 zeros for "
     "the first event, followed by the RFC 8785 JSON of content), hex",
+    "payload_digest": "content v 2 holds payload_digest, the SHA-256 hex of the "
+    "RFC 8785 JSON of the event's payload (integers beyond 2^53-1 as decimal "
+    "strings, as in content v 1), instead of the payload; the payload, null once "
+    "retention dropped it, is the event's own field",
+    "anchor": "a chain retention purged starts at anchor.seq + 1, its first event "
+    "linked to anchor.hash; manage.py verify_audit proves the anchor by the purge's "
+    "audit.purged tombstone, the offline verifier cannot",
     "checkpoint_signature": "Ed25519 over the RFC 8785 JSON of the checkpoint's "
     "fields v, tenant_id, task_id, head_seq, head_event_id, head_hash, event_count, "
     "signed_at, key_id",
@@ -272,7 +281,8 @@ def _decisions_json(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         content = event["content"]
         if content["code"] not in DECISION_CODES:
             continue
-        payload = content["payload"] if isinstance(content["payload"], dict) else {}
+        payload = audit_evidence.event_payload(event)
+        payload = payload if isinstance(payload, dict) else {}
         decisions.append(
             {
                 "seq": event["seq"],
@@ -334,6 +344,7 @@ def task_evidence_bundle(*, task: Task, by: Actor) -> dict[str, Any]:
             **CHAIN_RULES,
             "length": len(chain.events),
             "head_hash": head["hash"] if head else None,
+            "anchor": chain.anchor,
             "events": chain.events,
         },
         "checkpoint": chain.checkpoint,
@@ -344,26 +355,35 @@ def task_evidence_bundle(*, task: Task, by: Actor) -> dict[str, Any]:
 
 
 def _coverage(chain: audit_evidence.ChainEvidence) -> dict[str, Any]:
-    events, signed = len(chain.events), chain.signed_events
+    events, signed, first = len(chain.events), chain.signed_events, chain.first_seq
+    last = first + events - 1
     if chain.complete:
         note = f"The checkpoint signs all {events} events of the chain."
     elif chain.checkpoint is None:
         note = "No checkpoint signs this chain yet: export it again in a minute."
     elif signed < events:
         note = (
-            f"The checkpoint signs events #1-#{signed}; the {events - signed} newer "
-            "event(s) are not signed yet: export it again in a minute."
+            f"The checkpoint signs events #{first}-#{first + signed - 1}; the "
+            f"{events - signed} newer event(s) are not signed yet: export it again "
+            "in a minute."
         )
     else:
         note = (
-            f"The checkpoint signs {signed} events, the chain as stored has "
-            f"{events}: it does not match what was signed."
+            f"The checkpoint signs up to #{chain.checkpoint['head_seq']}, the chain as "
+            f"stored ends at #{last}: it does not match what was signed."
+        )
+    if chain.anchor is not None:
+        note += (
+            f" Retention purged events #1-#{chain.anchor['seq']}; the chain continues "
+            "from their anchor, which manage.py verify_audit proves and the offline "
+            "verifier cannot."
         )
     return {
         "complete": chain.complete,
         "events": events,
         "signed_events": signed,
         "unsigned_events": max(events - signed, 0),
+        "purged_events": chain.anchor["seq"] if chain.anchor else 0,
         "note": note,
     }
 

@@ -28,7 +28,15 @@ from django.db.models import Model
 from guardian.utils import get_group_obj_perms_model, get_user_obj_perms_model
 
 from audit import services as audit_services
-from audit.models import Checkpoint, Event, EventCode, Outbox
+from audit.models import (
+    Checkpoint,
+    Event,
+    EventCode,
+    Outbox,
+    RetentionAnchor,
+    RetentionPolicy,
+    RetentionPurge,
+)
 from portal import db as portal_db
 from portal.actors import Actor
 from portal.models import (
@@ -72,6 +80,7 @@ DELETION_ORDER: Final[tuple[type[Model], ...]] = (
     Approval,  # -> operation
     Escalation,  # -> task, operation
     Outbox,  # -> event
+    RetentionPolicy,
     Operation,  # -> task
     Task,  # -> contract (key, version)
     ObjectVersion,
@@ -83,7 +92,16 @@ DELETION_ORDER: Final[tuple[type[Model], ...]] = (
     AgentKey,  # -> agent
     Agent,
 )
-_PRIVILEGED: Final[frozenset[type[Model]]] = frozenset({Contract, Event, Checkpoint})
+_PRIVILEGED: Final[frozenset[type[Model]]] = frozenset(
+    {Contract, Event, Checkpoint, RetentionPurge, RetentionAnchor}
+)
+# What vouches for the events (checkpoints, retention's purge records and anchors)
+# goes or stays with them.
+_WITH_EVENTS: Final[tuple[type[Model], ...]] = (
+    Checkpoint,
+    RetentionAnchor,
+    RetentionPurge,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -153,7 +171,7 @@ def _object_permission_models() -> tuple[type[Model], ...]:
 
 
 def _check_policy_covers_registry() -> None:
-    covered = {*DELETION_ORDER, Event, Checkpoint}
+    covered = {*DELETION_ORDER, Event, *_WITH_EVENTS}
     missing = [m for m in tenant_owned_models() if m not in covered]
     if missing:
         raise TenantDeletionPolicyIncomplete(
@@ -316,8 +334,9 @@ def tenant_delete(
         kept: dict[str, int] = {}
         if events_on_delete == EventsOnDelete.PURGE:
             deleted[Event._meta.db_table] = purge.delete(Event)
-            # The checkpoints vouch for the events: they go with them.
-            deleted[Checkpoint._meta.db_table] = purge.delete(Checkpoint)
+            # The checkpoints and purge records vouch for the events: they go too.
+            for model in _WITH_EVENTS:
+                deleted[model._meta.db_table] = purge.delete(model)
             tenant_rows = 1
             if not dry_run:
                 cursor.execute("DELETE FROM portal_tenant WHERE id = %s", [tenant.pk])
@@ -325,7 +344,8 @@ def tenant_delete(
             deleted[Tenant._meta.db_table] = tenant_rows
         else:
             kept[Event._meta.db_table] = purge.count(Event)
-            kept[Checkpoint._meta.db_table] = purge.count(Checkpoint)
+            for model in _WITH_EVENTS:
+                kept[model._meta.db_table] = purge.count(model)
             kept[Tenant._meta.db_table] = 1
 
         report = TenantDeletionReport(

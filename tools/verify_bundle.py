@@ -21,7 +21,17 @@ What is checked, in this order, stopping at the first failure:
 3. the checkpoint against the chain: ``deleted`` (the chain ends before the signed
    head: a cut tail), ``altered`` (the event at the signed head is not the signed
    one), ``not covered`` (no checkpoint, one of another chain, or events after the
-   signed head that nobody signed).
+   signed head that nobody signed);
+4. ``unproven anchor``: a chain that retention purged starts after an anchor
+   (``chain.anchor``: the last purged event's number and hash). Everything after the
+   anchor is checked as above, but that the anchor stands for a recorded purge (its
+   ``audit.purged`` tombstone in the tenant's chain) only ``manage.py verify_audit``
+   can prove, so such a bundle is never reported intact.
+
+Events in chain format v2 (content ``"v": 2``) hash the payload's digest
+(``payload_digest``: SHA-256 of its RFC 8785 JSON, integers beyond 2^53-1 as decimal
+strings) instead of the payload; where the event still carries its ``payload`` it
+must match the digest (``altered`` otherwise); a dropped payload is null.
 
 A bundle that is not the expected JSON at all is ``malformed``. The walk mirrors
 ``manage.py verify_audit``'s (audit/verify.py) on purpose: this file must stand
@@ -49,8 +59,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 BUNDLE_FORMAT: Final = "agent-governance-portal/evidence-bundle"
-BUNDLE_VERSIONS: Final = frozenset({1})
-CHAIN_FORMAT_VERSIONS: Final = frozenset({1})  # the events' "v" (audit/chain.py)
+BUNDLE_VERSIONS: Final = frozenset({1, 2})
+CHAIN_FORMAT_VERSIONS: Final = frozenset({1, 2})  # the events' "v" (audit/chain.py)
+CHAIN_FORMAT_V2: Final = 2  # the payload's digest is hashed, not the payload
 SIGNATURE_FORMAT_VERSIONS: Final = frozenset({1})  # the checkpoints' "v"
 GENESIS: Final = "0" * 64
 # The checkpoint fields the signature covers (audit/checkpoints.py signed_message).
@@ -74,6 +85,7 @@ REORDERED: Final = "reordered"
 FORGED_CHECKPOINT: Final = "forged checkpoint"
 NOT_COVERED: Final = "not covered"
 MALFORMED: Final = "malformed"
+UNPROVEN_ANCHOR: Final = "unproven anchor"
 
 EXIT_INTACT: Final = 0
 EXIT_BROKEN: Final = 1
@@ -185,6 +197,25 @@ def canonical(value: Any) -> bytes:
         return _canonical_text(value).encode("utf-8")
     except UnicodeEncodeError as error:  # a lone surrogate
         raise CanonicalizationError("text is not valid Unicode") from error
+
+
+def hashable(value: Any) -> Any:
+    """``value`` with integers beyond the exact range as decimal strings, the rule
+    the portal hashes by (audit/chain.py)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return value if abs(value) <= _MAX_SAFE_INTEGER else str(value)
+    if isinstance(value, Mapping):
+        return {key: hashable(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [hashable(item) for item in value]
+    return value
+
+
+def payload_digest(payload: Any) -> str:
+    """SHA-256 hex of the payload's canonical JSON: what a v2 content holds."""
+    return hashlib.sha256(canonical(hashable(payload))).hexdigest()
 
 
 def event_hash(*, prev_hash: str | None, content: Any) -> str:
@@ -322,15 +353,50 @@ def _check_signature(
         ) from None
 
 
+def _check_payload(row: Mapping[str, Any], content: Mapping[str, Any]) -> None:
+    """A v2 event's payload, where it is still there, against its hashed digest."""
+    seq, event_id = row.get("seq"), content.get("id")
+    digest = content.get("payload_digest")
+    if "payload" in content or not isinstance(digest, str):
+        raise _malformed(f"event #{seq}: a v2 content holds payload_digest alone")
+    payload = row.get("payload")
+    if payload is None:
+        return  # dropped by retention: the digest still stands for it
+    try:
+        matches = payload_digest(payload) == digest
+    except (CanonicalizationError, UnicodeEncodeError, TypeError):
+        matches = False
+    if not matches:
+        detail = "the payload does not match its digest"
+        raise Failure(ALTERED, detail, seq, event_id)
+
+
+def _anchor(chain: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    anchor = chain.get("anchor")
+    if anchor is None:
+        return None
+    anchor = _object(anchor, "chain.anchor")
+    seq, hash_ = anchor.get("seq"), anchor.get("hash")
+    if not isinstance(seq, int) or seq < 1 or not isinstance(hash_, str):
+        raise _malformed("chain.anchor needs a number (seq) and a hash")
+    return anchor
+
+
 def _check_chain(
-    events: Sequence[Any], *, tenant_id: str, task_id: str
+    events: Sequence[Any],
+    *,
+    tenant_id: str,
+    task_id: str,
+    anchor: Mapping[str, Any] | None = None,
 ) -> list[Mapping[str, Any]]:
-    """Each event's hash and link, in stored order (as audit/verify.py walks)."""
+    """Each event's hash and link, in stored order (as audit/verify.py walks); a
+    purged chain from its anchor on."""
     rows = [_object(event, f"event {i + 1}") for i, event in enumerate(events)]
     position = {
         row["hash"]: i for i, row in enumerate(rows) if isinstance(row.get("hash"), str)
     }
-    expected_prev: str | None = None
+    expected_prev: str | None = anchor["hash"] if anchor else None
+    base = anchor["seq"] if anchor else 0
     for i, row in enumerate(rows):
         content = row.get("content")
         seq = row.get("seq")
@@ -342,6 +408,8 @@ def _check_chain(
             raise Failure(INSERTED, "not an event of this task's chain", seq, event_id)
         if content.get("v") not in CHAIN_FORMAT_VERSIONS:
             raise _malformed(f"event format {content.get('v')!r} is not known")
+        if content.get("v") == CHAIN_FORMAT_V2:
+            _check_payload(row, content)
         stored = row.get("hash")
         if not isinstance(seq, int) or not isinstance(stored, str):
             detail = "no chain link: not written by event_append"
@@ -365,8 +433,8 @@ def _check_chain(
                 detail = "the event before it is not the one it links to"
                 raise Failure(INSERTED, detail, seq, event_id)
             raise Failure(DELETED, "the event it links to is missing", seq, event_id)
-        if seq != i + 1:
-            detail = f"numbered #{seq} but linked as #{i + 1}"
+        if seq != base + i + 1:
+            detail = f"numbered #{seq} but linked as #{base + i + 1}"
             raise Failure(REORDERED, detail, seq, event_id)
         expected_prev = stored
     return rows
@@ -378,6 +446,7 @@ def _check_coverage(
     *,
     tenant_id: str,
     task_id: str,
+    base: int = 0,
 ) -> None:
     if checkpoint is None:
         raise Failure(NOT_COVERED, "the bundle has no checkpoint: nothing is signed")
@@ -386,22 +455,27 @@ def _check_coverage(
     signed = checkpoint["head_seq"]
     if not isinstance(signed, int) or signed < 1:
         raise _malformed(f"checkpoint head_seq {signed!r}")
-    if len(rows) < signed:
-        detail = f"the chain ends at #{len(rows)}, signed up to #{signed}"
+    last = base + len(rows)  # the chain's numbers are base + 1 .. last
+    if last < signed:
+        detail = f"the chain ends at #{last}, signed up to #{signed}"
         raise Failure(DELETED, detail, signed, checkpoint["head_event_id"])
-    head = rows[signed - 1]
+    if signed <= base:
+        detail = f"the checkpoint signs #{signed}, before the chain's anchor #{base}"
+        raise Failure(NOT_COVERED, detail, signed, checkpoint["head_event_id"])
+    head = rows[signed - base - 1]
     if (
         head["content"]["id"] != checkpoint["head_event_id"]
         or head["hash"] != checkpoint["head_hash"]
     ):
         detail = "not the event and hash the checkpoint signed"
         raise Failure(ALTERED, detail, signed, head["content"]["id"])
-    if len(rows) > signed:
+    if last > signed:
         detail = (
-            f"events #{signed + 1}-#{len(rows)} come after the signed head "
+            f"events #{signed + 1}-#{last} come after the signed head "
             f"#{signed}: no checkpoint signs them (export the bundle again)"
         )
-        raise Failure(NOT_COVERED, detail, signed + 1, rows[signed]["content"]["id"])
+        nxt = rows[signed - base]["content"]["id"]
+        raise Failure(NOT_COVERED, detail, signed + 1, nxt)
 
 
 def verify_bundle(bundle: Any, public_keys: Mapping[str, Ed25519PublicKey]) -> Intact:
@@ -441,9 +515,18 @@ def _verify(bundle: Any, public_keys: Mapping[str, Ed25519PublicKey]) -> Intact:
     if checkpoint is not None:
         checkpoint = _object(checkpoint, "checkpoint")
         _check_signature(checkpoint, public_keys)
-    rows = _check_chain(events, tenant_id=tenant_id, task_id=task_id)
-    _check_coverage(rows, checkpoint, tenant_id=tenant_id, task_id=task_id)
+    anchor = _anchor(chain)
+    rows = _check_chain(events, tenant_id=tenant_id, task_id=task_id, anchor=anchor)
+    base = anchor["seq"] if anchor else 0
+    _check_coverage(rows, checkpoint, tenant_id=tenant_id, task_id=task_id, base=base)
     assert checkpoint is not None  # _check_coverage refuses a bundle without
+    if anchor is not None:
+        detail = (
+            f"retention purged events #1-#{base}; the events after its anchor verify, "
+            "but that the anchor stands for a recorded purge only manage.py "
+            "verify_audit can prove (the purge's audit.purged tombstone)"
+        )
+        raise Failure(UNPROVEN_ANCHOR, detail, base, anchor.get("event_id"))
     return Intact(
         tenant_id=tenant_id,
         task_id=task_id,

@@ -190,6 +190,11 @@ class EventAdmin(TenantScopedAdmin):
 
     @admin.display(description="payload (redacted when written)")
     def payload_readable(self, event: Event) -> SafeString:
+        if event.payload is None:  # docs/retention.md: the digest stays
+            return format_html(
+                '<p class="payload">Dropped by retention; digest {}</p>',
+                event.payload_digest,
+            )
         lines = display.payload_lines(event.payload)
         return format_html(
             '<dl class="payload">{}</dl>',

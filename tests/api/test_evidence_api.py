@@ -3,6 +3,7 @@ offline verifier catches every way of tampering with it (tools/verify_bundle.py)
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import uuid
 from collections.abc import Callable
@@ -10,20 +11,28 @@ from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import transaction
+from django.db import connection, transaction
 from rest_framework.test import APIClient
 
-from audit import checkpoints
+from audit import chain, checkpoints, retention
 from audit import services as audit_services
 from audit.evidence import checkpoint_json
 from audit.jobs import checkpoint_audit_job
-from audit.models import Checkpoint, Event, EventCode
+from audit.models import Checkpoint, Event, EventCode, RetentionPolicy
 from portal import services as portal_services
 from portal.actors import Actor
 from portal.models import Role, Tenant
 from tasks.models import Escalation, Operation, Task, TaskState
+from tests.support.audit_events import append_at
 from tests.support.db import connect_as
-from tests.support.evidence import TAMPERS, run_verifier, tampered, tool, verdict
+from tests.support.evidence import (
+    TAMPERS,
+    drop_payloads,
+    run_verifier,
+    tampered,
+    tool,
+    verdict,
+)
 
 from .conftest import AgentClient
 
@@ -150,8 +159,11 @@ def test_the_bundle_holds_every_section_redacted(story: Task, api: AgentClient) 
     assert decision["note"] == "checked by phone"
     first = bundle["chain"]["events"][0]
     assert first["prev_hash"] is None and first["seq"] == 1
-    # the integer beyond 2^53 is in the content as hashed: a decimal string
-    assert first["content"]["payload"]["big"] == str(2**60)
+    # the integer beyond 2^53 is hashed as a decimal string (in the payload's
+    # digest, chain format v2); the payload beside the content keeps it as it is
+    assert first["content"]["payload_digest"] == chain.payload_digest(
+        {**first["payload"], "big": str(2**60)}
+    )
     assert SECRET not in json.dumps(bundle)
 
 
@@ -194,6 +206,62 @@ def test_a_chain_cut_below_its_checkpoint_is_exported_unsigned_over(
     assert bundle["coverage"]["complete"] is False
     assert bundle["checkpoint"]["head_seq"] == 7
     assert len(bundle["chain"]["events"]) == 6
+    assert verdict(bundle, public_pem()) == tool.DELETED
+
+
+def test_events_are_exported_in_chain_format_v2_with_their_payloads_beside(
+    story: Task, api: AgentClient
+) -> None:
+    """The hash covers the payload's digest; the payload rides beside the content
+    (a large integer as it is: the digest hashes it as a string) and may go."""
+    bundle = api.get(url(story)).json()
+    first = bundle["chain"]["events"][0]
+    assert first["content"]["v"] == chain.FORMAT_VERSION == 2
+    assert "payload" not in first["content"]
+    assert first["payload"]["big"] == 2**60
+    assert first["content"]["payload_digest"] == chain.payload_digest(first["payload"])
+    assert tool.payload_digest(first["payload"]) == first["content"]["payload_digest"]
+    assert bundle["chain"]["anchor"] is None
+    assert verdict(bundle, public_pem()) == "intact"
+    # retention drops old payloads: the digests still stand for them
+    dropped = json.loads(json.dumps(bundle))
+    drop_payloads(dropped)
+    assert verdict(dropped, public_pem()) == "intact"
+
+
+def test_a_chain_retention_purged_is_exported_from_its_anchor(
+    make_task: Callable[..., Task], api: AgentClient, settings
+) -> None:
+    """The offline verifier checks everything after the anchor, then refuses to
+    vouch for the anchor itself (verify_audit proves it by the tombstone)."""
+    # Check deferred foreign keys at once, as committed transactions would, so no
+    # trigger event waits on the partition retention alters (the test's one
+    # transaction stands for many).
+    with connection.cursor() as cursor:
+        cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+    task = make_task(state=TaskState.SUCCEEDED)
+    RetentionPolicy.objects.create(tenant=task.tenant, event_months=1, payload_days=7)
+    today = dt.datetime.now(dt.UTC).replace(day=1, hour=12)
+    old = (today - dt.timedelta(days=100)).replace(day=5)
+    append_at(task.tenant, task.pk, old, 1)
+    append_at(task.tenant, task.pk, old + dt.timedelta(hours=1), 2)
+    append(task, n=3)
+    append(task, n=4)
+    report = retention.unscoped_retention_run()
+    assert report.purged_events == {str(task.tenant_id): 2}, report.as_json()
+
+    bundle = api.get(url(task)).json()
+
+    events = bundle["chain"]["events"]
+    anchor = bundle["chain"]["anchor"]
+    assert anchor is not None and anchor["seq"] == 2
+    assert events[0]["seq"] == 3 and events[0]["prev_hash"] == anchor["hash"]
+    assert bundle["coverage"]["complete"] is True
+    assert bundle["coverage"]["purged_events"] == 2
+    assert bundle["checkpoint"]["head_seq"] == events[-1]["seq"]
+    assert verdict(bundle, public_pem()) == tool.UNPROVEN_ANCHOR
+    # without the anchor the cut is a deletion
+    bundle["chain"]["anchor"] = None
     assert verdict(bundle, public_pem()) == tool.DELETED
 
 

@@ -37,10 +37,10 @@ def add_events(tenant: Tenant, *, per_hour: list[int]) -> None:
                     """
                     INSERT INTO audit_event (id, tenant_id, code, actor_type,
                         actor_id, payload, trace_id, span_id, created_at)
-                    VALUES (gen_random_uuid(), %s, %s, 'system', 'browser', '{}',
+                    VALUES (audit_uuid7_at(%s), %s, %s, 'system', 'browser', '{}',
                         '', '', %s)
                     """,
-                    [tenant.pk, EventCode.TASK_TRANSITIONED, at],
+                    [at, tenant.pk, EventCode.TASK_TRANSITIONED, at],
                 )
 
 

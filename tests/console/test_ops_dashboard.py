@@ -29,9 +29,9 @@ def add_event(tenant, *, at: dt.datetime) -> None:
             """
             INSERT INTO audit_event (id, tenant_id, code, actor_type, actor_id,
                 payload, trace_id, span_id, created_at)
-            VALUES (gen_random_uuid(), %s, %s, 'system', 'ops-tests', '{}', '', '', %s)
+            VALUES (audit_uuid7_at(%s), %s, %s, 'system', 'ops-tests', '{}', '', '', %s)
             """,
-            [tenant.pk, EventCode.TASK_REGISTERED, at],
+            [at, tenant.pk, EventCode.TASK_REGISTERED, at],
         )
 
 

@@ -36,7 +36,7 @@ def _insert(task, first: int, last: int) -> None:
                 id, tenant_id, task_id, operation_id, code, actor_type, actor_id,
                 reason_code, contract_key, contract_version, payload, trace_id, span_id
             )
-            SELECT gen_random_uuid(), %s, %s, NULL, %s, 'system', 'bench', NULL,
+            SELECT audit_uuid7_at(now()), %s, %s, NULL, %s, 'system', 'bench', NULL,
                    'customer-issue', 3,
                    jsonb_build_object('i', i, 'from', 'running', 'to', 'waiting',
                                       'note', repeat('x', 120)),

@@ -26,7 +26,7 @@ from audit import chain, checkpoints
 from audit import services as audit_services
 from audit.jobs import checkpoint_audit_job
 from audit.models import Checkpoint, Event, EventCode
-from portal import db_roles
+from portal import db_roles, ids
 from portal.actors import Actor
 from portal.models import Tenant
 from tests.support.concurrency import run_in_threads
@@ -180,7 +180,7 @@ def _forged_row(tenant: Tenant, task_id: uuid.UUID) -> tuple[str, list[Any]]:
         " payload, trace_id, span_id, created_at)"
         " VALUES (%s, %s, %s, 'task.resolved', 'system', 'forger', '{}', '', '',"
         " now() - interval '1 hour')",
-        [uuid.uuid4(), tenant.pk, task_id],
+        [ids.new_id(), tenant.pk, task_id],
     )
 
 
@@ -199,7 +199,7 @@ def test_forged_event_spliced_in_with_a_valid_hash_is_detected(
     # and the later events renumbered to make room
     tenant, task_id = trail["tenant"], trail["a"]
     second = event_at(task_id, 2)
-    forged_id = uuid.uuid4()
+    forged_id = ids.id_at(dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
     created = "2026-01-01T00:00:00.000000Z"
     content = chain.event_content(
         event_id=forged_id, tenant_id=tenant.pk, task_id=task_id, operation_id=None,
@@ -269,7 +269,8 @@ def test_tail_cut_before_the_next_checkpoint_is_the_window(
 def test_consistent_rewrite_of_a_chain_is_detected(
     trail: dict[str, Any], superuser: Any
 ) -> None:
-    # given an attacker who alters #3 and recomputes every hash after it
+    # given an attacker who alters #3 and recomputes every hash after it (and the
+    # payload digest of format v2)
     task_id = trail["a"]
     statements: list[tuple[str, list[Any]]] = []
     prev = event_at(task_id, 2).hash
@@ -288,14 +289,20 @@ def test_consistent_rewrite_of_a_chain_is_detected(
             operation_id=None, code=event.code, actor_type=event.actor_type,
             actor_id=event.actor_id, reason_code=None, contract_key=None,
             contract_version=None, payload=payload, trace_id="", span_id="",
-            created_at=created,
+            created_at=created, payload_digest=chain.payload_digest(payload),
         )  # fmt: skip
         digest = chain.event_hash(prev_hash=prev, content=content)
         statements.append(
             (
-                "UPDATE audit_event SET payload = %s::jsonb, prev_hash = %s,"
-                " hash = %s WHERE id = %s",
-                [audit_services.json_text(payload), prev, digest, event.pk],
+                "UPDATE audit_event SET payload = %s::jsonb, payload_digest = %s,"
+                " prev_hash = %s, hash = %s WHERE id = %s",
+                [
+                    audit_services.json_text(payload),
+                    chain.payload_digest(payload),
+                    prev,
+                    digest,
+                    event.pk,
+                ],
             )
         )
         prev = digest
@@ -417,10 +424,15 @@ def test_checkpoint_job_signs_only_moved_heads(trail: dict[str, Any]) -> None:
 def test_the_migration_backfill_chains_old_events(
     trail: dict[str, Any], superuser: Any
 ) -> None:
-    # given events from before the chain (no links) and no checkpoints
+    # given events from before the chain (no links, no payload digests: format v1)
+    # and no checkpoints
     superuser(
         ("DELETE FROM audit_checkpoint", []),
-        ("UPDATE audit_event SET chain_seq = NULL, prev_hash = NULL, hash = NULL", []),
+        (
+            "UPDATE audit_event SET chain_seq = NULL, prev_hash = NULL, hash = NULL,"
+            " payload_digest = NULL",
+            [],
+        ),
     )
     # when the migration's backfill runs
     migration = importlib.import_module("audit.migrations.0009_event_hash_chain")

@@ -121,7 +121,7 @@ def test_unknown_event_codes_are_refused(tenant, column, constraint):
             """
             INSERT INTO audit_event (id, tenant_id, code, actor_type, actor_id,
                 reason_code, payload, trace_id, span_id)
-            VALUES (gen_random_uuid(), %s, %s, %s, 'x', %s, '{}', '', '')
+            VALUES (audit_uuid7_at(now()), %s, %s, %s, 'x', %s, '{}', '', '')
             """,
             [tenant.pk, values["code"], values["actor_type"], values["reason_code"]],
         )
@@ -200,7 +200,7 @@ def test_an_oversized_event_payload_is_refused(tenant):
             """
             INSERT INTO audit_event (id, tenant_id, code, actor_type, actor_id, payload,
                 trace_id, span_id)
-            VALUES (gen_random_uuid(), %s, 'task.registered', 'system', 'x', %s::jsonb,
+            VALUES (audit_uuid7_at(now()), %s, 'task.registered', 'system', 'x', %s::jsonb,
                 '', '')
             """,
             [tenant.pk, payload],

@@ -103,7 +103,8 @@ def test_the_app_role_holds_only_the_rights_it_uses(db):
         WHERE has_table_privilege(current_user, t.name, p.privilege)
         UNION ALL
         SELECT t.name, p.privilege
-        FROM unnest(ARRAY['django_migrations', 'portal_test_clock']) AS t(name)
+        FROM unnest(ARRAY['django_migrations', 'portal_test_clock',
+                          'audit_retentionpurge', 'audit_retentionanchor']) AS t(name)
         CROSS JOIN unnest(ARRAY['INSERT', 'UPDATE', 'DELETE']) AS p(privilege)
         WHERE has_table_privilege(current_user, t.name, p.privilege)
         UNION ALL
@@ -120,6 +121,7 @@ def test_every_table_is_usable_by_the_app_role(db):
         """
         SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
         WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p')
+          AND NOT c.relispartition  -- reached through the parent (RLS tests)
           AND NOT has_table_privilege(current_user, c.oid, 'SELECT')
         """
     )
@@ -162,9 +164,39 @@ def test_the_privileged_functions_are_not_executable_by_public(db):
         """
     )
     assert rows == [
+        ("audit_event_partition_create", True, False),
+        ("audit_event_partitions_ensure", True, False),
+        ("audit_retention_drop_partitions", True, False),
+        ("audit_retention_drop_payloads", True, False),
+        ("audit_retention_purge", True, False),
         ("portal_reset_clock_offset", True, False),
         ("portal_set_clock_offset", True, False),
         ("tasks_purge_tenant_rows", True, False),
+    ]
+
+
+def test_the_app_role_executes_only_the_retention_entry_points(db):
+    """Retention (docs/retention.md): the beat jobs' four functions, never the
+    partition DDL or the trigger-disabling helper they call as the owner."""
+    rows = _rows(
+        """
+        SELECT p.proname, has_function_privilege(%s, p.oid, 'EXECUTE')
+        FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+        WHERE n.nspname = 'public'
+          AND (p.proname LIKE 'audit\\_retention\\_%%'
+               OR p.proname LIKE 'audit\\_event\\_partition%%')
+          AND (p.prosecdef OR p.proname = 'audit_retention_unguarded')
+        ORDER BY 1
+        """,
+        [APP],
+    )
+    assert rows == [
+        ("audit_event_partition_create", False),
+        ("audit_event_partitions_ensure", True),
+        ("audit_retention_drop_partitions", True),
+        ("audit_retention_drop_payloads", True),
+        ("audit_retention_purge", True),
+        ("audit_retention_unguarded", False),
     ]
 
 

@@ -24,11 +24,18 @@ from tests.support.db import connect_as
 
 # Tables with tenant_id that wait for the cross-tenant mechanism (docs/database-
 # roles.md, "Still to do"): work spanning tenants or log-in reads them across tenants.
+# Retention's three (docs/retention.md) are read across tenants by its cleanup jobs
+# and by the owner's definer functions (the global horizon over every tenant's
+# policy, the partition drop over every tenant's purge records), which a forced
+# policy would blind.
 PENDING = frozenset(
     {
         "audit_checkpoint",
         "audit_event",
         "audit_outbox",
+        "audit_retentionanchor",
+        "audit_retentionpolicy",
+        "audit_retentionpurge",
         "portal_agent",
         "portal_agentkey",
         "portal_idempotentrequest",
@@ -52,8 +59,20 @@ FROM pg_class c
 JOIN pg_namespace n ON n.oid = c.relnamespace
 JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = 'tenant_id'
     AND NOT a.attisdropped
-WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p')
+WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p') AND NOT c.relispartition
 ORDER BY 1
+"""
+
+# Partitions (audit_event's months) are governed by their parent: a query through
+# the parent is checked against the parent's privileges and policies alone, so the
+# app role must hold nothing on a partition itself (no way around the parent).
+PARTITION_PRIVILEGES = """
+SELECT c.relname, p.privilege_type
+FROM pg_class c
+JOIN pg_namespace n ON n.oid = c.relnamespace
+CROSS JOIN LATERAL aclexplode(coalesce(c.relacl, acldefault('r', c.relowner))) p
+WHERE n.nspname = 'public' AND c.relispartition AND p.grantee = %s::regrole
+ORDER BY 1, 2
 """
 
 
@@ -74,6 +93,26 @@ def test_every_tenant_owned_table_has_forced_rls_and_the_scope_policy(db):
         cursor.execute(CATALOG)
         covered = {row[0] for row in cursor.fetchall() if all(row[1:])}
     assert not covered & PENDING, "covered now: take it off PENDING"
+
+
+def test_partitions_are_reached_through_their_parent_alone(db):
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_class WHERE relispartition"
+            " AND relnamespace = 'public'::regnamespace"
+        )
+        assert cursor.fetchone()[0] > 0  # audit_event's months exist
+        cursor.execute(PARTITION_PRIVILEGES, [db_roles.app_role()])
+        assert cursor.fetchall() == []
+
+
+def test_a_new_partition_gets_no_privileges_of_its_own(db):
+    with connect_as("owner") as owner, owner.cursor() as cursor:
+        cursor.execute("SELECT audit_event_partition_create('2031-05-01')")
+        assert cursor.fetchone() == ("audit_event_p203105",)
+        cursor.execute(PARTITION_PRIVILEGES, [db_roles.app_role()])
+        assert cursor.fetchall() == []
+        owner.rollback()
 
 
 def test_the_catalog_audit_fails_for_a_new_tenant_table(db):

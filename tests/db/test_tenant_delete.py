@@ -23,8 +23,15 @@ from django.db import ProgrammingError, connection, transaction
 from django.db.models import Model
 from guardian.shortcuts import assign_perm
 
-from audit import checkpoints
-from audit.models import Checkpoint, Event, EventCode, Outbox
+from audit import checkpoints, retention
+from audit.models import (
+    Checkpoint,
+    Event,
+    EventCode,
+    Outbox,
+    RetentionAnchor,
+    RetentionPolicy,
+)
 from portal import selectors as portal_selectors
 from portal import services as portal_services
 from portal.actors import Actor, ActorType
@@ -56,6 +63,7 @@ from tenant_deletion.exceptions import (
     TenantDeletionPolicyIncomplete,
 )
 from tests.conftest import db_now
+from tests.support.audit_events import append_at
 from tests.support.tenancy import tenant_fingerprint, tenant_owned_models
 
 SYSTEM = Actor.system("delete_tenant")
@@ -213,6 +221,16 @@ def populate(
         assign_perm("tasks.view_task", user, task)
         assign_perm("portal.view_tenant", user, tenant)
         assign_perm("tasks.view_contract", group, contract)
+        RetentionPolicy.objects.create(tenant=tenant, event_months=12, payload_days=30)
+        # A purge record and its anchor, written by audit_retention_purge (the
+        # owner's; the app role may only read them) for an event past the policy.
+        with connection.cursor() as cursor:
+            # deferred foreign keys checked at once, as separate transactions
+            # would: retention alters the partition they wait on
+            cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        append_at(tenant, task.pk, dt.datetime.now(dt.UTC) - dt.timedelta(days=400), n)
+        assert retention.tenant_events_purge(tenant_id=tenant.pk) == 1
+        assert RetentionAnchor.objects.filter(tenant=tenant, task_id=task.pk).exists()
         checkpoints.tenant_checkpoint(
             tenant_id=tenant.pk, key=checkpoints.signing_key()
         )
@@ -248,14 +266,20 @@ def test_keep_policy_empties_every_table_but_events_and_leaves_a_tombstone(
     report = deletion.tenant_delete(tenant=keep_tenant, actor=SYSTEM)
 
     # then every tenant-owned table is empty for it, except the kept events and
-    # the checkpoints that vouch for them
+    # the checkpoints and retention records that vouch for them
+    vouching = {"audit_retentionpurge": 1, "audit_retentionanchor": 1}
     left = {table: n for table, n in rows_of(keep_tenant.pk).items() if n}
-    assert left == {"audit_event": events_before + 1, "audit_checkpoint": signed}
+    assert left == {
+        "audit_event": events_before + 1,
+        "audit_checkpoint": signed,
+        **vouching,
+    }
     keep_tenant.refresh_from_db()
     assert keep_tenant.deleted_at is not None
     assert report.kept == {
         "audit_event": events_before,
         "audit_checkpoint": signed,
+        **vouching,
         "portal_tenant": 1,
     }
     assert "audit_event" not in report.deleted

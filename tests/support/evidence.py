@@ -68,17 +68,25 @@ def _events(bundle: Bundle) -> list[dict[str, Any]]:
     return bundle["chain"]["events"]
 
 
+def _set_payload(event: dict[str, Any], payload: Any) -> None:
+    """Give an event a new payload as the portal would hash it: in the content
+    (chain format v1) or beside it with its digest in the content (v2)."""
+    if event["content"]["v"] == tool.CHAIN_FORMAT_V2:
+        event["content"]["payload_digest"] = tool.payload_digest(payload)
+        event["payload"] = payload
+    else:
+        event["content"]["payload"] = payload
+
+
 def _forged_after(bundle: Bundle, index: int) -> dict[str, Any]:
     """A new event with a valid hash, linked to the event at ``index``."""
     before = _events(bundle)[index]
     content = {**before["content"], "id": str(uuid.uuid4()), "code": "task.resolved"}
-    content["payload"] = {"forged": "a decision nobody made"}
-    return {
-        "seq": before["seq"] + 1,
-        "prev_hash": before["hash"],
-        "hash": tool.event_hash(prev_hash=before["hash"], content=content),
-        "content": content,
-    }
+    forged: dict[str, Any] = {"seq": before["seq"] + 1, "content": content}
+    _set_payload(forged, {"forged": "a decision nobody made"})
+    forged["prev_hash"] = before["hash"]
+    forged["hash"] = tool.event_hash(prev_hash=before["hash"], content=content)
+    return forged
 
 
 def alter_event_field(bundle: Bundle) -> None:
@@ -86,7 +94,37 @@ def alter_event_field(bundle: Bundle) -> None:
 
 
 def alter_event_payload(bundle: Bundle) -> None:
-    _events(bundle)[1]["content"]["payload"]["forged"] = True
+    """The payload changed, its hashed digest (v2) or the content (v1) not."""
+    event = _events(bundle)[1]
+    if event["content"]["v"] == tool.CHAIN_FORMAT_V2:
+        event["payload"] = {**(event["payload"] or {}), "forged": True}
+    else:
+        event["content"]["payload"]["forged"] = True
+
+
+def drop_payloads(bundle: Bundle) -> None:
+    """What retention does to old payloads: null, the digests kept (still intact)."""
+    for event in _events(bundle):
+        if event["content"]["v"] == tool.CHAIN_FORMAT_V2:
+            event["payload"] = None
+
+
+def claim_a_purge(bundle: Bundle) -> None:
+    """The first events cut off and an anchor claimed for them: what a purge
+    leaves, which only verify_audit can prove (its tombstone)."""
+    events = _events(bundle)
+    last_cut = events[1]
+    del events[:2]
+    bundle["chain"]["anchor"] = {
+        "purge_id": str(uuid.uuid4()),
+        "seq": last_cut["seq"],
+        "event_id": last_cut["content"]["id"],
+        "hash": last_cut["hash"],
+    }
+
+
+def cut_the_head_without_an_anchor(bundle: Bundle) -> None:
+    del _events(bundle)[:2]
 
 
 def delete_event(bundle: Bundle) -> None:
@@ -118,7 +156,7 @@ def alter_hash(bundle: Bundle) -> None:
 def rewrite_chain_consistently(bundle: Bundle) -> None:
     """Alter an event and recompute every hash after it: only the signature knows."""
     events = _events(bundle)
-    events[1]["content"]["payload"] = {"rewritten": True}
+    _set_payload(events[1], {"rewritten": True})
     prev = events[0]["hash"]
     for event in events[1:]:
         event["prev_hash"] = prev
@@ -196,6 +234,11 @@ TAMPERS: dict[str, tuple[Callable[[Bundle], None], str]] = {
     "drop the checkpoint": (drop_checkpoint, tool.NOT_COVERED),
     "truncate the tail": (truncate_tail, tool.DELETED),
     "relabel the chain as another task's": (swap_in_another_chain, tool.ALTERED),
+    "claim a purge for the first events": (claim_a_purge, tool.UNPROVEN_ANCHOR),
+    "cut the first events without an anchor": (
+        cut_the_head_without_an_anchor,
+        tool.DELETED,
+    ),
 }
 
 

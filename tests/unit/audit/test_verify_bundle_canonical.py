@@ -148,6 +148,43 @@ def test_random_event_contents_hash_alike_before_and_after_a_json_round_trip() -
         )
 
 
+def test_random_payload_digests_match_after_a_json_round_trip() -> None:
+    """Chain format v2 hashes the payload's digest: the tool recomputes it from the
+    payload as the bundle carries it (large integers as they are, hashed as
+    strings by the same rule)."""
+    rng = random.Random(20261202)
+    for _ in range(2000):
+        payload = {key: random_value(rng) for key in rng.sample(TRICKY_KEYS, 5)}
+        expected = chain.payload_digest(payload)
+        parsed = json.loads(json.dumps(payload, ensure_ascii=False))
+        assert tool.payload_digest(parsed) == expected
+        content = chain.event_content(
+            **{**V2_FIELDS, "payload": payload, "payload_digest": expected}
+        )
+        assert "payload" not in content and content["v"] == 2
+        round_trip = json.loads(json.dumps(content))
+        assert tool.event_hash(prev_hash=None, content=round_trip) == chain.event_hash(
+            prev_hash=None, content=content
+        )
+
+
+V2_FIELDS: dict[str, Any] = {
+    "event_id": uuid.UUID(int=7),
+    "tenant_id": uuid.UUID(int=8),
+    "task_id": uuid.UUID(int=9),
+    "operation_id": None,
+    "code": "task.transitioned",
+    "actor_type": "system",
+    "actor_id": "t",
+    "reason_code": None,
+    "contract_key": None,
+    "contract_version": None,
+    "trace_id": "",
+    "span_id": "",
+    "created_at": "2026-12-01T16:30:00.123456Z",
+}
+
+
 @pytest.mark.parametrize(
     "value",
     [math.nan, math.inf, -math.inf, 2**53, -(2**53), "\ud800", {"\udfff": 1}, {1: 2}],
@@ -204,7 +241,8 @@ def test_the_tool_names_breaks_and_signs_as_the_portal_does() -> None:
     for kind in ("ALTERED", "DELETED", "INSERTED", "REORDERED", "FORGED_CHECKPOINT"):
         assert getattr(tool, kind) == getattr(verify, kind)
     assert tool.GENESIS == chain.GENESIS
-    assert {chain.FORMAT_VERSION} == tool.CHAIN_FORMAT_VERSIONS
+    assert {chain.FORMAT_V1, chain.FORMAT_VERSION} == tool.CHAIN_FORMAT_VERSIONS
+    assert tool.CHAIN_FORMAT_V2 == chain.FORMAT_VERSION
     assert {checkpoints.SIGNATURE_FORMAT_VERSION} == tool.SIGNATURE_FORMAT_VERSIONS
     message = checkpoints.signed_message(
         tenant_id=uuid.UUID(int=1),
