@@ -187,7 +187,7 @@ WITH heads AS (
     WHERE tenant_id = %(tenant_id)s AND chain_seq IS NOT NULL
     ORDER BY task_id, chain_seq DESC
 ), checkpointed AS (
-    SELECT DISTINCT ON (task_id) task_id, head_seq FROM audit_checkpoint
+    SELECT DISTINCT ON (task_id) task_id, head_seq, head_hash FROM audit_checkpoint
     WHERE tenant_id = %(tenant_id)s
     ORDER BY task_id, signed_at DESC, head_seq DESC
 ), total AS (
@@ -202,13 +202,30 @@ SELECT heads.task_id, heads.chain_seq, heads.id, heads.hash, total.n,
     clock_timestamp()
 FROM heads CROSS JOIN total
 LEFT JOIN checkpointed ON checkpointed.task_id IS NOT DISTINCT FROM heads.task_id
-WHERE checkpointed.head_seq IS DISTINCT FROM heads.chain_seq
+WHERE checkpointed.head_seq IS NULL
+    OR (heads.chain_seq > checkpointed.head_seq AND (
+        -- the signed head is still there, unchanged: the chain only grew
+        EXISTS (SELECT 1 FROM audit_event signed
+            WHERE signed.tenant_id = %(tenant_id)s
+            AND signed.task_id IS NOT DISTINCT FROM heads.task_id
+            AND signed.chain_seq = checkpointed.head_seq
+            AND signed.hash = checkpointed.head_hash)
+        -- or retention purged past it, through the owner's path (an anchor)
+        OR EXISTS (SELECT 1 FROM audit_retentionanchor anchor
+            WHERE anchor.tenant_id = %(tenant_id)s
+            AND anchor.task_id IS NOT DISTINCT FROM heads.task_id
+            AND anchor.seq >= checkpointed.head_seq)))
 """
 
 
 @transaction.atomic(durable=True)
 def tenant_checkpoint(*, tenant_id: uuid.UUID, key: SigningKey) -> int:
-    """Sign every chain head of one tenant that moved since its last checkpoint.
+    """Sign every chain head of one tenant that grew since its last checkpoint.
+
+    A head is signed only when the chain extends its last signed head (that event is
+    still there with the signed hash, or retention purged past it): a chain cut
+    below, or altered at, its signed head is never signed over, so ``verify_audit``
+    keeps reporting the break instead of a fresh checkpoint hiding it.
 
     Guarantee: one run per tenant at a time (a second one returns 0 at once); all
     rows of a run carry the same snapshot's event count and ``signed_at``. Idempotent:

@@ -253,6 +253,44 @@ def test_tail_cut_after_a_checkpoint_is_detected(
     assert "signed up to #5" in output
 
 
+def test_the_next_checkpoint_does_not_sign_over_a_cut_tail(
+    trail: dict[str, Any], superuser: Any
+) -> None:
+    # given a chain cut below its signed head
+    superuser(("DELETE FROM audit_event WHERE id = %s", [event_at(trail["a"], 5).pk]))
+    # when the minute job runs again, and again after the chain grows past the cut
+    call_command("checkpoint_audit", stdout=io.StringIO())
+    append(trail["tenant"], trail["a"], 5)
+    append(trail["tenant"], trail["a"], 6)
+    call_command("checkpoint_audit", stdout=io.StringIO())
+    # then no checkpoint signed the cut chain, and the break is still reported
+    signed = Checkpoint.objects.filter(tenant=trail["tenant"], task_id=trail["a"])
+    assert max(signed.values_list("head_seq", flat=True)) == 5
+    code, output = verify(trail["tenant"])
+    assert code == 1, output
+
+
+def test_an_altered_signed_head_is_not_signed_over(
+    trail: dict[str, Any], superuser: Any
+) -> None:
+    # given the signed head rewritten with a hash of its own (as a consistent
+    # rewrite does), and the chain grown after it
+    head = event_at(trail["a"], 5)
+    superuser(
+        (
+            "UPDATE audit_event SET actor_id = 'mallory', hash = %s WHERE id = %s",
+            ["f" * 64, head.pk],
+        )
+    )
+    append(trail["tenant"], trail["a"], 6)
+    # when the minute job runs
+    call_command("checkpoint_audit", stdout=io.StringIO())
+    # then it never signs this chain past the change
+    signed = Checkpoint.objects.filter(tenant=trail["tenant"], task_id=trail["a"])
+    assert max(signed.values_list("head_seq", flat=True)) == 5
+    assert verify(trail["tenant"])[0] == 1
+
+
 def test_tail_cut_before_the_next_checkpoint_is_the_window(
     trail: dict[str, Any], superuser: Any
 ) -> None:
