@@ -21,6 +21,7 @@ from typing import Any
 from django.db import connection
 from kombu import Connection
 
+from portal import scope
 from portal.celery import app
 from tasks.jobs import check_receipts_job, run_operation_job
 
@@ -59,7 +60,12 @@ class Submitter(threading.Thread):
     def run(self) -> None:
         run = self.run_
         try:
-            with Connection(run.amqp_url) as broker:
+            # The agent's tenant, as its key sets it on a request (row-level
+            # security): a new thread starts with no scope of its own.
+            with (
+                scope.tenant_scope([run.world.tenant.pk]),
+                Connection(run.amqp_url) as broker,
+            ):
                 producer = app.amqp.Producer(broker)
                 began = time.monotonic()
                 for index, item in enumerate(run.planned):
