@@ -25,21 +25,18 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
-import psycopg
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from django.conf import settings
-from psycopg import sql
 
 from portal import db_roles
-from tests.deploy import units
+from tests.deploy import support, units
 from tests.worker.broker import (
     SHARED_URL,
     EventQueue,
@@ -61,41 +58,6 @@ def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
-
-
-def _admin() -> dict[str, Any]:
-    import dj_database_url
-
-    db = dj_database_url.parse(settings.DATABASE_URL)
-    return {
-        "host": db["HOST"] or "127.0.0.1",
-        "port": int(db["PORT"] or 5432),
-        "user": db["USER"],
-        "password": db["PASSWORD"] or None,
-    }
-
-
-@pytest.fixture
-def fresh_database() -> Iterator[str]:
-    """A new database owned by portal_owner (README, "Database roles"); dropped."""
-    db_roles.ensure_roles(settings.DATABASE_URL)
-    admin = _admin()
-    name = f"portal_deploy_ops_{secrets.token_hex(4)}"
-    with psycopg.connect(dbname="postgres", autocommit=True, **admin) as conn:
-        conn.execute(
-            sql.SQL("CREATE DATABASE {} OWNER {}").format(
-                sql.Identifier(name), sql.Identifier(db_roles.OWNER_ROLE)
-            )
-        )
-    try:
-        yield name
-    finally:
-        with psycopg.connect(dbname="postgres", autocommit=True, **admin) as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                    sql.Identifier(name)
-                )
-            )
 
 
 class _Proxy(BaseHTTPRequestHandler):
@@ -151,8 +113,6 @@ def _environment(*, database: str, tmp: Path, web_port: int) -> dict[str, str]:
             encryption_algorithm=serialization.NoEncryption(),
         )
     )
-    admin = _admin()
-    host = f"{admin['host']}:{admin['port']}"
     filled = {
         "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
         "DJANGO_ALLOWED_HOSTS": "127.0.0.1",
@@ -161,7 +121,7 @@ def _environment(*, database: str, tmp: Path, web_port: int) -> dict[str, str]:
         "PORTAL_VAR_DIR": str(tmp / "state"),
         "PORTAL_BIND": f"127.0.0.1:{web_port}",
         "PORTAL_WEB_WORKERS": "2",  # the machine is shared; the README says 4
-        "DATABASE_URL": f"postgres://{db_roles.APP_ROLE}@{host}/{database}",
+        "DATABASE_URL": support.url(database, role=db_roles.APP_ROLE),
         "CELERY_BROKER_URL": SHARED_URL,
         "PORTAL_CELERY_QUEUE": f"deploy-test-{uuid.uuid4().hex[:10]}",
         "PORTAL_EVENTS_EXCHANGE": f"portal.events.deploy-{uuid.uuid4().hex[:10]}",
@@ -175,18 +135,6 @@ def _environment(*, database: str, tmp: Path, web_port: int) -> dict[str, str]:
     # What systemd gives a service besides its EnvironmentFile.
     env.update(PATH=os.environ["PATH"], HOME=str(tmp), LANG="C.UTF-8")
     return env
-
-
-def _manage(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=REPO,
-        env={**env, "PORTAL_NO_BOOTSTRAP": "1"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
 
 
 def _start(name: str, env: dict[str, str], tmp: Path) -> subprocess.Popen[bytes]:
@@ -260,30 +208,27 @@ def test_the_unit_files_verify() -> None:
 
 
 def test_the_production_layout_starts_and_serves_the_demo_agent(
-    fresh_database: str,
+    make_database: Callable[[str], str],
     tmp_path: Path,
     tls_proxy: tuple[ThreadingHTTPServer, type[_Proxy]],
 ) -> None:
     reason = ensure_shared_broker(SHARED_URL)
     if reason is not None:
         pytest.skip(reason)
+    database = make_database("deploy")
     web_port = _free_port()
-    env = _environment(database=fresh_database, tmp=tmp_path, web_port=web_port)
+    env = _environment(database=database, tmp=tmp_path, web_port=web_port)
     (tmp_path / "state").mkdir()
-    admin = _admin()
-    owner_url = (
-        f"postgres://{db_roles.OWNER_ROLE}@{admin['host']}:{admin['port']}/"
-        f"{fresh_database}"
-    )
+    owner_url = support.url(database, role=db_roles.OWNER_ROLE)
 
     # Given: migrated by the owner and static files collected, as deploy/README.md
     # says, with production settings.
-    migrated = _manage({**env, "DATABASE_OWNER_URL": owner_url}, "migrate", "--noinput")
+    migrated = support.manage({**env, "DATABASE_OWNER_URL": owner_url}, "migrate", "--noinput")
     assert migrated.returncode == 0, migrated.stdout + migrated.stderr
-    collected = _manage(env, "collectstatic", "--noinput")
+    collected = support.manage(env, "collectstatic", "--noinput")
     assert collected.returncode == 0, collected.stdout + collected.stderr
     # And: Django's deployment checklist has nothing to say about these settings.
-    check = _manage(env, "check", "--deploy", "--fail-level", "DEBUG")
+    check = support.manage(env, "check", "--deploy", "--fail-level", "DEBUG")
     assert check.returncode == 0, check.stdout + check.stderr
     assert "System check identified no issues (0 silenced)." in check.stdout, (
         check.stdout + check.stderr
@@ -296,7 +241,7 @@ def test_the_production_layout_starts_and_serves_the_demo_agent(
     events.declare()
     processes: dict[str, subprocess.Popen[bytes]] = {}
     try:
-        seeded = _manage(
+        seeded = support.manage(
             {**env, "DJANGO_DEBUG": "1"},
             "seed_demo",
             "--ticketdesk-url",
