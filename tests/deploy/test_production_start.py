@@ -207,6 +207,7 @@ def test_the_unit_files_verify() -> None:
     )
 
 
+@pytest.mark.timeout(900)  # migrate, three services and the agent, machine shared
 def test_the_production_layout_starts_and_serves_the_demo_agent(
     make_database: Callable[[str], str],
     tmp_path: Path,
