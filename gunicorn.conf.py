@@ -7,6 +7,13 @@ line win over these.
 
 from __future__ import annotations
 
+import os
+
+# Where to listen and how many sync workers (deploy/README.md, "Sizing"). A ``-b`` or
+# ``--workers`` on the command line (``up``, the tests) wins over these.
+bind = [os.environ.get("PORTAL_BIND", "127.0.0.1:8000")]
+workers = int(os.environ.get("PORTAL_WEB_WORKERS", "4"))
+
 # Gunicorn's sync worker, answering the requests gunicorn refuses itself (the limits
 # below, unparsable request lines and headers) with problem+json instead of HTML.
 # Sync workers close the connection after every answer (``Connection: close``):

@@ -222,6 +222,8 @@ if CELERY_BROKER_URL == "filesystem://":
     # and the first publish (an enqueue from a web request) would fail without them.
     for _folder in ("queue", "control", "processed"):
         (_broker_dir / _folder).mkdir(parents=True, exist_ok=True)
+# The queue jobs go to and workers take from: one name per portal sharing a broker.
+CELERY_TASK_DEFAULT_QUEUE = os.environ.get("PORTAL_CELERY_QUEUE", "celery")
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

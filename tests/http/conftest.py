@@ -54,7 +54,10 @@ class Server:
         return self.log_path.read_text(errors="replace")
 
 
-def _start(*, debug: bool, log_path: Path) -> Server:
+def _start(
+    *, debug: bool, log_path: Path, env_overrides: dict[str, str] | None = None
+) -> Server:
+    """Gunicorn on a free port; ``env_overrides`` last (another DATABASE_URL…)."""
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SECRET_KEY"}
     env.update(
@@ -64,6 +67,7 @@ def _start(*, debug: bool, log_path: Path) -> Server:
         PORTAL_AGENT_RATE_LIMIT="1000000/min",  # the fuzz must not meet 429s only
         PYTHONUNBUFFERED="1",
     )
+    env.update(env_overrides or {})
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [
