@@ -499,7 +499,7 @@ def test_readyz_names_a_closed_broker_and_missing_migrations(
     assert alive.status_code == 200
 
 
-def test_healthz_needs_no_database(amqp_url: str, tmp_path: Path) -> None:
+def test_healthz_and_metrics_need_no_database(amqp_url: str, tmp_path: Path) -> None:
     with closed_port() as port:
         server = start(
             debug=False,
@@ -508,12 +508,15 @@ def test_healthz_needs_no_database(amqp_url: str, tmp_path: Path) -> None:
             env_extra={
                 "DATABASE_URL": f"postgres://portal_app@127.0.0.1:{port}/portal",
                 "CELERY_BROKER_URL": amqp_url,
+                "PORTAL_METRICS_TOKEN": TOKEN,
             },
             wait_path="/healthz",
         )
         try:
             alive = httpx.get(f"{server.base_url}/healthz", timeout=10)
             problem = _not_ready(server)
+            # /metrics still answers: the database's gauges are missing, and say so
+            text = scrape(server)
         finally:
             stop(server)
     assert (alive.status_code, alive.json()) == (200, {"status": "ok"})
@@ -523,6 +526,9 @@ def test_healthz_needs_no_database(amqp_url: str, tmp_path: Path) -> None:
         "migrations": "failed",
     }
     assert "Traceback" not in problem["detail"]
+    assert sample_sum(text, "portal_metrics_database_up") == 0
+    assert "portal_tasks" not in sample_names(text)
+    assert "portal_http_request_duration_seconds_count" in sample_names(text)
 
 
 @pytest.mark.parametrize("path", ["/healthz", "/readyz", "/metrics"])
