@@ -22,7 +22,7 @@ from __future__ import annotations
 import hmac
 import logging
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 from django.conf import settings
@@ -30,14 +30,9 @@ from django.db import connection, transaction
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_safe
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    REGISTRY,
-    CollectorRegistry,
-    generate_latest,
-    multiprocess,
-)
+from prometheus_client import REGISTRY, CollectorRegistry, multiprocess
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from audit import relay
@@ -132,16 +127,17 @@ class DatabaseCollector(Collector):
         return families
 
 
-def exposition() -> bytes:
-    """The metrics text: this host's processes' instruments, then the database's."""
+def exposition(accept: str = "") -> tuple[bytes, str]:
+    """The metrics text and its content type (OpenMetrics when ``accept`` asks):
+    this host's processes' instruments, then the database's gauges."""
     registry = CollectorRegistry(auto_describe=False)
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         multiprocess.MultiProcessCollector(registry)
-        parts: Iterable[CollectorRegistry] = (registry,)
     else:  # one process: its own instruments
-        parts = (REGISTRY, registry)
+        registry.register(REGISTRY)
     registry.register(DatabaseCollector())
-    return b"".join(generate_latest(part) for part in parts)
+    encoder, content_type = choose_encoder(accept)
+    return encoder(registry), content_type
 
 
 def _problem(status: int, **headers: str) -> HttpResponse:
@@ -170,4 +166,5 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
         return _problem(404)
     if not token_matches(request.headers.get("Authorization", ""), token):
         return _problem(401, **{"WWW-Authenticate": 'Bearer realm="metrics"'})
-    return HttpResponse(exposition(), content_type=CONTENT_TYPE_LATEST)
+    body, content_type = exposition(request.headers.get("Accept", ""))
+    return HttpResponse(body, content_type=content_type)

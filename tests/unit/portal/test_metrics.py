@@ -45,6 +45,21 @@ def test_metrics_with_the_token_in_one_process(client: Client, settings: Any) ->
     )
 
 
+def test_openmetrics_when_the_scraper_asks(client: Client, settings: Any) -> None:
+    settings.PORTAL_METRICS_TOKEN = TOKEN
+    answer = client.get(
+        "/metrics",
+        headers={
+            "Authorization": f"Bearer {TOKEN}",
+            "Accept": "application/openmetrics-text; version=1.0.0",
+        },
+    )
+    assert answer["Content-Type"].startswith("application/openmetrics-text")
+    body = answer.content.decode()
+    assert body.endswith("# EOF\n") and body.count("# EOF") == 1
+    assert "portal_tasks" in body
+
+
 @pytest.mark.parametrize(
     ("header", "matches"),
     [
