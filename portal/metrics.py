@@ -35,8 +35,8 @@ UNMATCHED_ROUTE: Final = "<unmatched>"
 
 HTTP_REQUEST_DURATION: Final = Histogram(
     "portal_http_request_duration_seconds",
-    "Time from the request reaching Django to the response leaving it, by the "
-    "URL pattern that matched (never the raw path).",
+    "Time from the request reaching Django to its response being made (a streamed "
+    "body is sent after), by the URL pattern that matched (never the raw path).",
     ["method", "route", "status"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
 )
