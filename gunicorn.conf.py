@@ -8,6 +8,9 @@ line win over these.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from typing import Any
 
 # Where to listen and how many sync workers (deploy/README.md, "Sizing"). A ``-b`` or
 # ``--workers`` on the command line (``up``, the tests) wins over these.
@@ -25,3 +28,33 @@ worker_class = "portal.gunicorn_worker.ProblemSyncWorker"
 limit_request_line = 4094
 limit_request_fields = 100
 limit_request_field_size = 8190
+
+
+# Prometheus multiprocess mode (docs/observability.md, "Metrics"): each worker writes
+# its counters to files in PROMETHEUS_MULTIPROC_DIR and /metrics sums them. The
+# folder must be set before a worker imports prometheus_client, so the master sets
+# it here, before it forks any. Without one from the environment (a deployment
+# shares its folder with the Celery worker), a private folder for this master.
+_PRIVATE_METRICS_DIR: list[str] = []
+
+
+def on_starting(server: Any) -> None:
+    folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+    else:
+        folder = tempfile.mkdtemp(prefix="portal-metrics-")
+        _PRIVATE_METRICS_DIR.append(folder)
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = folder
+
+
+def child_exit(server: Any, worker: Any) -> None:
+    """A worker ended: its live gauges leave the sums (its counters stay)."""
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)
+
+
+def on_exit(server: Any) -> None:
+    for folder in _PRIVATE_METRICS_DIR:
+        shutil.rmtree(folder, ignore_errors=True)

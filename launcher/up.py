@@ -16,6 +16,7 @@ import contextlib
 import os
 import queue
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -273,6 +274,13 @@ class Up:
         env.setdefault("DJANGO_DEBUG", "1")
         env["PYTHONUNBUFFERED"] = "1"  # logs appear as they happen
         var_dir = Path(settings.VAR_DIR)
+        if "PROMETHEUS_MULTIPROC_DIR" not in env:
+            # One metrics folder for gunicorn's workers and the Celery worker's pool,
+            # emptied here, before any of them starts (docs/observability.md).
+            metrics_dir = var_dir / "metrics"
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+            metrics_dir.mkdir(parents=True)
+            env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
         commands = {
             "web server": [
                 "gunicorn", "portal.wsgi:application", "-b", f"127.0.0.1:{port}",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from celery import Celery, Task
+from celery import Celery, Task, signals
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 
@@ -23,3 +23,44 @@ class ScopedTask(Task):
 app = Celery("portal", task_cls=ScopedTask)
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(related_name="jobs")
+
+
+# --- Job outcomes for /metrics (portal_celery_job_outcomes_total) ---------------------
+# Celery's signals fire in the process that ran the job (a prefork child), which
+# writes its counts to PROMETHEUS_MULTIPROC_DIR when the worker's environment sets it:
+# the same folder as gunicorn's on that host, so its /metrics shows them
+# (docs/observability.md, "Metrics").
+
+
+def _job_name(sender: Any) -> str:
+    return str(getattr(sender, "name", None) or "unknown")
+
+
+def _count(outcome: str) -> Any:
+    def receiver(sender: Any = None, **_: Any) -> None:
+        from portal import metrics
+
+        metrics.job_outcome_counted(job=_job_name(sender), outcome=outcome)
+
+    return receiver
+
+
+# Each signal's sender is the job (the task object). Celery holds receivers weakly
+# by default: these are kept alive by the module's names.
+_on_success = _count("success")
+_on_failure = _count("failure")
+_on_retry = _count("retry")
+_on_revoked = _count("revoked")
+signals.task_success.connect(_on_success)
+signals.task_failure.connect(_on_failure)
+signals.task_retry.connect(_on_retry)
+signals.task_revoked.connect(_on_revoked)
+
+
+@signals.worker_process_shutdown.connect
+def _on_process_shutdown(pid: int | None = None, **_: Any) -> None:
+    """A pool process ends: its live gauges leave the sums (counters stay)."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(pid or os.getpid())

@@ -70,7 +70,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    # Outermost: every error answer under /api/ leaves as problem+json.
+    # Outermost of all: times every request Django answers, by route (/metrics).
+    "portal.metrics.HttpMetricsMiddleware",
+    # Outermost but one: every error answer under /api/ leaves as problem+json.
     "portal.middleware.ApiProblemMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -310,6 +312,10 @@ PORTAL_OUTBOX_SENT_RETENTION_DAYS = int(
     os.environ.get("PORTAL_OUTBOX_SENT_RETENTION_DAYS", "7")
 )
 PORTAL_AUDIT_PARTITIONS_AHEAD = 3
+# /metrics (docs/observability.md, "Metrics"): scrapers send it as a bearer token;
+# while it is empty /metrics answers 404.
+PORTAL_METRICS_TOKEN = os.environ.get("PORTAL_METRICS_TOKEN", "")
+
 # Where the admin links a trace id: a URL with "{trace_id}", e.g. Jaeger's
 # "http://localhost:16686/trace/{trace_id}"; empty shows trace ids as plain text.
 PORTAL_TRACE_URL_TEMPLATE = os.environ.get("PORTAL_TRACE_URL_TEMPLATE", "")
@@ -344,6 +350,8 @@ LOGGING: dict[str, Any] = {
 if PRODUCTION:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     SECURE_SSL_REDIRECT = _env_bool("DJANGO_SECURE_SSL_REDIRECT", default=True)
+    # Probes and scrapers speak plain HTTP to the process itself.
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
     SECURE_HSTS_SECONDS = int(os.environ.get("DJANGO_SECURE_HSTS_SECONDS", "31536000"))

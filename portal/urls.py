@@ -12,7 +12,9 @@ from drf_spectacular.views import (
 )
 
 from audit.api import AuditPublicKeyApi
+from portal import health
 from portal.api_root import ApiRootApi
+from portal.metrics_views import metrics_view
 from tasks.api import agent as agent_api
 from tasks.api import evidence as evidence_api
 from tasks.api import staff as staff_api
@@ -78,6 +80,11 @@ urlpatterns = [
     path("api/v1/", ApiRootApi.as_view(), name="api-root"),
     path("api/v1/audit/public-key", AuditPublicKeyApi.as_view(), name="audit-key"),
     path("admin/", admin.site.urls),
+    # Operations (docs/observability.md): probes without authentication, and the
+    # Prometheus exposition behind PORTAL_METRICS_TOKEN.
+    path("healthz", health.healthz, name="healthz"),
+    path("readyz", health.readyz, name="readyz"),
+    path("metrics", metrics_view, name="metrics"),
     # Read-only pages: OPTIONS on the HTML ones had DRF render its metadata
     # through a template-less HTML renderer (a 500).
     path("api/schema/", SpectacularAPIView.as_view(**READ_ONLY), name="schema"),

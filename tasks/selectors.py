@@ -1,10 +1,14 @@
-"""Reads of tasks, operations and contracts. Every selector requires ``tenant``."""
+"""Reads of tasks, operations and contracts. Every selector requires ``tenant``,
+except the ``unscoped_`` monitoring counts at the end."""
 
 from __future__ import annotations
 
 import datetime as dt
 import uuid
+from dataclasses import dataclass
+from typing import Final
 
+from django.db import connection
 from django.db.models import QuerySet
 
 from portal.models import Tenant
@@ -15,7 +19,14 @@ from .exceptions import (
     OperationNotFound,
     TaskNotFound,
 )
-from .models import Contract, ContractStatus, ObjectVersion, Operation, Task
+from .models import (
+    Contract,
+    ContractStatus,
+    ObjectVersion,
+    Operation,
+    Task,
+    TaskState,
+)
 
 
 def task_get(*, tenant: Tenant, task_id: uuid.UUID) -> Task:
@@ -122,3 +133,58 @@ def contract_list(*, tenant: Tenant, key: str | None = None) -> QuerySet[Contrac
     if key is not None:
         contracts = contracts.filter(key=key)
     return contracts.order_by("key", "version")
+
+
+# --- Monitoring, across tenants (docs/observability.md, "Metrics") ------------------
+# Read by /metrics when it is scraped (portal/metrics_views.py); each is one cheap
+# statement. They read ``tasks_task`` across tenants: once that table has row-level
+# security, each becomes a call to a SECURITY DEFINER function returning the same
+# aggregate (docs/database-roles.md).
+
+OPEN_TASK_STATES: Final = (
+    TaskState.PENDING,
+    TaskState.RUNNING,
+    TaskState.WAITING,
+    TaskState.HUMAN_REQUIRED,
+    TaskState.HUMAN_CLAIMED,
+)
+
+_OPEN_TASK_COUNTS: Final = """
+SELECT state, coalesce(reason_code, ''), count(*)
+FROM tasks_task
+WHERE state = ANY(%s)
+GROUP BY 1, 2
+"""
+
+_TAKEOVER_QUEUE: Final = """
+SELECT state, count(*), EXTRACT(EPOCH FROM app_now() - min(updated_at))
+FROM tasks_task
+WHERE state IN ('human_required', 'human_claimed')
+GROUP BY 1
+"""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TakeoverQueueStats:
+    # Tasks per state (human_required: waiting for a person; human_claimed: taken).
+    size: dict[str, int]
+    # Seconds since the longest-waiting task of each state last changed.
+    oldest_age_s: dict[str, float]
+
+
+def unscoped_open_task_counts() -> list[tuple[str, str, int]]:
+    """Unfinished tasks of all tenants by (state, reason code or '') and count."""
+    with connection.cursor() as cursor:
+        cursor.execute(_OPEN_TASK_COUNTS, [list(OPEN_TASK_STATES)])
+        return [(state, reason, int(count)) for state, reason, count in cursor]
+
+
+def unscoped_takeover_queue() -> TakeoverQueueStats:
+    """The takeover queue of all tenants: its size and its oldest task's age."""
+    with connection.cursor() as cursor:
+        cursor.execute(_TAKEOVER_QUEUE)
+        rows = cursor.fetchall()
+    return TakeoverQueueStats(
+        size={state: int(count) for state, count, _ in rows},
+        oldest_age_s={state: float(age) for state, _, age in rows},
+    )

@@ -27,6 +27,7 @@ from audit import services as audit_services
 from audit.models import EventCode
 from audit.redaction import redact, refuse_sensitive
 from portal import db as portal_db
+from portal import metrics
 from portal import selectors as portal_selectors
 from portal.actors import Actor, ActorType
 from portal.codes import ReasonCode
@@ -1337,6 +1338,7 @@ def unscoped_leases_reap(*, limit: int = 200) -> int:
                 "lease_token": task.lease_token,
             },
         )
+    metrics.lease_expiries_counted(states=[row[0] for row in rows])
     return len(rows)
 
 

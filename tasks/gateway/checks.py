@@ -30,6 +30,7 @@ from django.contrib.auth.models import User
 
 from audit import services as audit_services
 from audit.models import EventCode
+from portal import metrics
 from portal import selectors as portal_selectors
 from portal.actors import Actor, ActorType
 from portal.codes import ReasonCode
@@ -121,7 +122,8 @@ def checked(
     contract: Contract | None,
     **facts: Any,
 ) -> None:
-    """Write one check's verdict (a ``gateway.checked`` event, not published)."""
+    """Write one check's verdict (a ``gateway.checked`` event, not published) and
+    count it (``portal_gateway_verdicts_total``) once it commits."""
     audit_services.event_append(
         tenant_id=tenant.pk,
         code=EventCode.GATEWAY_CHECKED,
@@ -134,6 +136,7 @@ def checked(
         data={"check": check, "verdict": "refused" if reason else "passed", **facts},
         publish=False,
     )
+    metrics.gateway_verdict_counted(check=check, reason=reason)
 
 
 def refuse(

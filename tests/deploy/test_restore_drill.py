@@ -32,7 +32,7 @@ from portal import db_roles
 from portal_client import FieldValue, PortalClient
 from tests.deploy import support
 from tests.deploy.units import REPO
-from tests.http.conftest import _start, _stop
+from tests.http.conftest import _stop, start
 from ticketdesk.harness import TicketDesk, start_ticketdesk
 
 AGENT_KEY = re.compile(r"issued a new API key for '[^']+': (\S+) \(shown once\)")
@@ -180,7 +180,7 @@ def test_a_dump_restores_and_the_restored_portal_resumes_in_flight_work(
         match = AGENT_KEY.search(seeded)
         assert match, seeded
         key = match[1]
-        server = _start(debug=False, log_path=tmp_path / "source.log", env_overrides=env)
+        server = start(debug=False, log_path=tmp_path / "source.log", env_extra=env)
         servers.append(server)
         agent = subprocess.run(
             [
@@ -233,9 +233,7 @@ def test_a_dump_restores_and_the_restored_portal_resumes_in_flight_work(
         migrated = _ok(support.manage({**env, **owner}, "migrate", "--noinput"))
         assert "No migrations to apply." in migrated, migrated
         # And: the restored portal serves the same tasks.
-        server = _start(
-            debug=False, log_path=tmp_path / "restored.log", env_overrides=env
-        )
+        server = start(debug=False, log_path=tmp_path / "restored.log", env_extra=env)
         servers.append(server)
         with PortalClient(server.base_url, api_key=key) as client:
             assert _tasks(client) == before

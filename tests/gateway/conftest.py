@@ -155,14 +155,11 @@ class World:
         )
 
 
-@pytest.fixture
-def world(
-    transactional_db: None,
-    live_server: Any,
-    desk: TicketDesk,
-    tenant: Tenant,
-    make_agent: Any,
+def make_world(
+    *, tenant: Tenant, make_agent: Any, desk: TicketDesk, base_url: str
 ) -> Iterator[World]:
+    """The contract, connector, agent and key, and a client of the portal at
+    ``base_url`` (the live server, or a gunicorn of the test's own)."""
     contract = task_services.contract_create(
         tenant=tenant, key="customer-issue", spec=SPEC, publish=True
     )
@@ -178,7 +175,7 @@ def world(
     portal_services.agent_grant(agent=agent, action="create_ticket", target=TARGET)
     secret = portal_services.agent_key_issue(agent=agent).secret
     with httpx.Client(
-        base_url=live_server.url,
+        base_url=base_url,
         headers={"Authorization": f"Bearer {secret}"},
         timeout=30,
     ) as http:
@@ -190,6 +187,19 @@ def world(
             contract=contract,
             connector=connector,
         )
+
+
+@pytest.fixture
+def world(
+    transactional_db: None,
+    live_server: Any,
+    desk: TicketDesk,
+    tenant: Tenant,
+    make_agent: Any,
+) -> Iterator[World]:
+    yield from make_world(
+        tenant=tenant, make_agent=make_agent, desk=desk, base_url=live_server.url
+    )
 
 
 def minutes_ago(minutes: float) -> str:

@@ -54,10 +54,15 @@ class Server:
         return self.log_path.read_text(errors="replace")
 
 
-def _start(
-    *, debug: bool, log_path: Path, env_overrides: dict[str, str] | None = None
+def start(
+    *,
+    debug: bool,
+    log_path: Path,
+    env_extra: dict[str, str] | None = None,
+    workers: int = 2,
+    extra_args: tuple[str, ...] = (),
+    wait_path: str = "/api/v1/",
 ) -> Server:
-    """Gunicorn on a free port; ``env_overrides`` last (another DATABASE_URL…)."""
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SECRET_KEY"}
     env.update(
@@ -67,7 +72,7 @@ def _start(
         PORTAL_AGENT_RATE_LIMIT="1000000/min",  # the fuzz must not meet 429s only
         PYTHONUNBUFFERED="1",
     )
-    env.update(env_overrides or {})
+    env.update(env_extra or {})
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [
@@ -78,8 +83,9 @@ def _start(
                 "-b",
                 f"127.0.0.1:{port}",
                 "--workers",
-                "2",
+                str(workers),
                 "--no-control-socket",
+                *extra_args,
             ],
             cwd=REPO,  # gunicorn reads ./gunicorn.conf.py from here, as deployed
             env=env,
@@ -94,16 +100,16 @@ def _start(
         if process.poll() is not None:
             raise RuntimeError(f"gunicorn exited:\n{server.log()}")
         try:
-            httpx.get(f"{server.base_url}/api/v1/", timeout=2.0)
+            httpx.get(f"{server.base_url}{wait_path}", timeout=2.0)
         except httpx.TransportError:
             time.sleep(0.2)
         else:
             return server
-    _stop(server)
+    stop(server)
     raise RuntimeError(f"gunicorn did not answer:\n{server.log()}")
 
 
-def _stop(server: Server) -> None:
+def stop(server: Server) -> None:
     if server.process.poll() is None:
         os.killpg(server.process.pid, signal.SIGTERM)
         try:
@@ -115,11 +121,11 @@ def _stop(server: Server) -> None:
 
 def _serve(debug: bool, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     log_path = tmp_path_factory.mktemp("gunicorn") / "server.log"
-    running = _start(debug=debug, log_path=log_path)
+    running = start(debug=debug, log_path=log_path)
     try:
         yield running
     finally:
-        _stop(running)
+        stop(running)
     # A traceback in the log is a request the server did not handle.
     assert "Traceback" not in running.log(), running.log()[-5000:]
 

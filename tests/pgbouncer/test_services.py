@@ -20,7 +20,7 @@ from tasks import services as task_services
 from tasks.models import Connector, Operation
 from tests.fault.harness import WorkerPool
 from tests.gateway.conftest import SPEC, TARGET, World
-from tests.http.conftest import _start, _stop
+from tests.http.conftest import _stop, start
 from tests.support.pgbouncer import PgBouncer
 from tests.worker.broker import EventQueue, delete_exchange, delete_queue
 from ticketdesk.harness import TicketDesk, start_ticketdesk
@@ -59,7 +59,7 @@ def services(
         "PORTAL_EVENTS_EXCHANGE": exchange,
         **bouncer_settings(),
     }
-    server = _start(debug=False, log_path=tmp_path / "gunicorn.log", env_overrides=env)
+    server = start(debug=False, log_path=tmp_path / "gunicorn.log", env_extra=env)
     worker_env = {**os.environ, "PORTAL_DEV_MODE": "1", "PYTHONUNBUFFERED": "1", **env}
     worker_env.pop("DJANGO_SECRET_KEY", None)
     workers = WorkerPool(

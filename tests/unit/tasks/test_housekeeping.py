@@ -9,6 +9,7 @@ import pytest
 from django.db import connection
 
 from audit.models import Event, EventCode
+from portal import metrics
 from tasks import jobs, services
 from tasks.models import OperationState, Task, TaskState
 from tests.support.concurrency import run_in_threads
@@ -86,3 +87,27 @@ def test_two_reapers_at_once_reap_each_task_once(make_task):
     assert sum(counts) == len(tasks), counts
     assert Event.objects.filter(code=EventCode.TASK_LEASE_EXPIRED).count() == len(tasks)
     assert set(Task.objects.values_list("state_version", flat=True)) == {2}
+
+
+def expiries(state: str) -> float:
+    return metrics.LEASE_EXPIRIES.labels(state)._value.get()
+
+
+@pytest.mark.django_db
+def test_lease_expiries_are_counted_when_the_reap_commits(
+    make_task, django_capture_on_commit_callbacks
+):
+    agents = [make_task(state=TaskState.RUNNING, leased=True) for _ in range(2)]
+    person = make_task(state=TaskState.HUMAN_CLAIMED, leased=True)
+    for task in (*agents, person):
+        lapse(task)
+    running, claimed = expiries("running"), expiries("human_claimed")
+    with django_capture_on_commit_callbacks(execute=False) as pending:
+        assert services.unscoped_leases_reap() == 3
+    assert expiries("running") == running  # not before the commit
+    for callback in pending:
+        callback()
+    assert (expiries("running"), expiries("human_claimed")) == (
+        running + 2,
+        claimed + 1,
+    )
