@@ -32,7 +32,7 @@ from portal import db_roles
 from portal_client import FieldValue, PortalClient
 from tests.deploy import support
 from tests.deploy.units import REPO
-from tests.http.conftest import _stop, start
+from tests.http.conftest import start, stop
 from ticketdesk.harness import TicketDesk, start_ticketdesk
 
 AGENT_KEY = re.compile(r"issued a new API key for '[^']+': (\S+) \(shown once\)")
@@ -200,7 +200,7 @@ def test_a_dump_restores_and_the_restored_portal_resumes_in_flight_work(
         with PortalClient(server.base_url, api_key=key) as client:
             tenant_id, operation_id = _leave_in_flight(client, env, source)
             before = _tasks(client)
-        _stop(servers.pop())
+        stop(servers.pop())
         assert [t["idempotency_key"] for t in desk.tickets()].count(IN_FLIGHT_KEY) == 1
         assert _rows(
             source, "SELECT state FROM tasks_operation WHERE id = %s", operation_id,
@@ -289,5 +289,5 @@ def test_a_dump_restores_and_the_restored_portal_resumes_in_flight_work(
         assert "ok tenant demo:" in verified, verified
     finally:
         for server in servers:
-            _stop(server)
+            stop(server)
         desk.stop()

@@ -20,7 +20,7 @@ from tasks import services as task_services
 from tasks.models import Connector, Operation
 from tests.fault.harness import WorkerPool
 from tests.gateway.conftest import SPEC, TARGET, World
-from tests.http.conftest import _stop, start
+from tests.http.conftest import start, stop
 from tests.support.pgbouncer import PgBouncer
 from tests.worker.broker import EventQueue, delete_exchange, delete_queue
 from ticketdesk.harness import TicketDesk, start_ticketdesk
@@ -70,7 +70,7 @@ def services(
         yield {"server": server, "events": events, "workers": workers}
     finally:
         workers.stop()
-        _stop(server)
+        stop(server)
         events.delete()
         delete_exchange(amqp_url, exchange)
         delete_queue(amqp_url, queue)
