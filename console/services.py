@@ -160,6 +160,50 @@ def agent_key_rotate(
         KeyRevoked: the old key is revoked.
     """
     actor = _manage(tenant=key.tenant, by=by)
+    return agent_key_rotate_as(key=key, actor=actor, old_valid_until=old_valid_until)
+
+
+@transaction.atomic(durable=True)
+def agent_key_expire(*, key: AgentKey, by: Person, expires_at: dt.datetime) -> AgentKey:
+    """Set when a key stops authenticating (an earlier expiry is kept).
+
+    Writes ``agent.changed`` with the key's prefix and expiry when it changed.
+
+    Raises:
+        PermissionDenied, TenantNotVisible: ``by`` may not manage the tenant.
+        ValidationFailed: ``expires_at`` is not in the future.
+    """
+    actor = _manage(tenant=key.tenant, by=by)
+    return agent_key_expire_as(key=key, actor=actor, expires_at=expires_at)
+
+
+@transaction.atomic(durable=True)
+def agent_key_revoke(*, key: AgentKey, by: Person) -> AgentKey:
+    """Revoke a key; revoking a revoked key changes nothing and writes no event.
+
+    Raises:
+        PermissionDenied, TenantNotVisible: ``by`` may not manage the tenant.
+    """
+    actor = _manage(tenant=key.tenant, by=by)
+    return agent_key_revoke_as(key=key, actor=actor)
+
+
+# The audited key changes themselves, for an actor already entitled to them: the
+# services above (a tenant administrator) and ``manage.py agent_key`` (an operator,
+# ``system:agent_key``) both go through these, in the caller's transaction.
+
+
+def agent_key_rotate_as(
+    *, key: AgentKey, actor: Actor, old_valid_until: dt.datetime
+) -> portal_services.IssuedKey:
+    """A new key for ``key``'s agent, ``key`` valid until the cutoff, and its
+    ``agent_key.issued`` event. No role check: the caller decided.
+
+    Raises:
+        TransactionRequired: called outside a transaction.
+        ValidationFailed: the cutoff is not in the future.
+        KeyRevoked: the old key is revoked.
+    """
     issued = portal_services.agent_key_rotate_write(
         key=key, old_valid_until=old_valid_until
     )
@@ -178,17 +222,16 @@ def agent_key_rotate(
     return issued
 
 
-@transaction.atomic(durable=True)
-def agent_key_expire(*, key: AgentKey, by: Person, expires_at: dt.datetime) -> AgentKey:
-    """Set when a key stops authenticating (an earlier expiry is kept).
-
-    Writes ``agent.changed`` with the key's prefix and expiry when it changed.
+def agent_key_expire_as(
+    *, key: AgentKey, actor: Actor, expires_at: dt.datetime
+) -> AgentKey:
+    """Set ``key``'s expiry (an earlier one is kept) and, when it changed, its
+    ``agent.changed`` event. No role check: the caller decided.
 
     Raises:
-        PermissionDenied, TenantNotVisible: ``by`` may not manage the tenant.
+        TransactionRequired: called outside a transaction.
         ValidationFailed: ``expires_at`` is not in the future.
     """
-    actor = _manage(tenant=key.tenant, by=by)
     before = key.expires_at
     key = portal_services.agent_key_expire_write(key=key, expires_at=expires_at)
     if key.expires_at != before:
@@ -208,14 +251,13 @@ def agent_key_expire(*, key: AgentKey, by: Person, expires_at: dt.datetime) -> A
     return key
 
 
-@transaction.atomic(durable=True)
-def agent_key_revoke(*, key: AgentKey, by: Person) -> AgentKey:
-    """Revoke a key; revoking a revoked key changes nothing and writes no event.
+def agent_key_revoke_as(*, key: AgentKey, actor: Actor) -> AgentKey:
+    """Revoke ``key`` with its ``agent_key.revoked`` event; a revoked key changes
+    nothing and writes no event. No role check: the caller decided.
 
     Raises:
-        PermissionDenied, TenantNotVisible: ``by`` may not manage the tenant.
+        TransactionRequired: called outside a transaction.
     """
-    actor = _manage(tenant=key.tenant, by=by)
     was_live = key.revoked_at is None
     key = portal_services.agent_key_revoke_write(key=key)
     if was_live:
