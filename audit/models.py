@@ -250,6 +250,9 @@ class ChainHead(models.Model):
                 nulls_distinct=False,
                 name="audit_chainhead_chain_uniq",
             ),
+            models.UniqueConstraint(
+                fields=["tenant", "id"], name="audit_chainhead_tenant_id_uniq"
+            ),
         ]
 
     def __str__(self) -> str:

@@ -79,34 +79,26 @@ CREATE OR REPLACE FUNCTION audit_event_chain_head(
 DECLARE
     v_restore text := audit_chainhead_scope_widen(p_tenant);
 BEGIN
-    IF p_task IS NULL THEN
-        SELECT h.head_seq, h.head_hash INTO head_seq, head_hash
-        FROM audit_chainhead h
-        WHERE h.tenant_id = p_tenant AND h.task_id IS NULL FOR UPDATE;
-    ELSE
-        SELECT h.head_seq, h.head_hash INTO head_seq, head_hash
-        FROM audit_chainhead h
-        WHERE h.tenant_id = p_tenant AND h.task_id = p_task FOR UPDATE;
-    END IF;
-    IF NOT FOUND THEN
-        -- A new chain: make its row (a concurrent maker's insert is waited for),
-        -- then lock whichever row won.
+    LOOP
+        -- Two statements, not "IS NOT DISTINCT FROM": each uses the chain index.
+        IF p_task IS NULL THEN
+            SELECT h.head_seq, h.head_hash INTO head_seq, head_hash
+            FROM audit_chainhead h
+            WHERE h.tenant_id = p_tenant AND h.task_id IS NULL FOR UPDATE;
+        ELSE
+            SELECT h.head_seq, h.head_hash INTO head_seq, head_hash
+            FROM audit_chainhead h
+            WHERE h.tenant_id = p_tenant AND h.task_id = p_task FOR UPDATE;
+        END IF;
+        EXIT WHEN FOUND;
+        -- A new chain: make its row. A concurrent maker's insert is waited for;
+        -- when it won, the next turn locks its row.
         INSERT INTO audit_chainhead AS h (tenant_id, task_id, head_seq)
         VALUES (p_tenant, p_task, 0)
         ON CONFLICT (tenant_id, task_id) DO NOTHING
         RETURNING h.head_seq, h.head_hash INTO head_seq, head_hash;
-        IF NOT FOUND THEN
-            IF p_task IS NULL THEN
-                SELECT h.head_seq, h.head_hash INTO head_seq, head_hash
-                FROM audit_chainhead h
-                WHERE h.tenant_id = p_tenant AND h.task_id IS NULL FOR UPDATE;
-            ELSE
-                SELECT h.head_seq, h.head_hash INTO head_seq, head_hash
-                FROM audit_chainhead h
-                WHERE h.tenant_id = p_tenant AND h.task_id = p_task FOR UPDATE;
-            END IF;
-        END IF;
-    END IF;
+        EXIT WHEN FOUND;
+    END LOOP;
     IF head_seq = 0 THEN
         head_seq := NULL;  -- no event yet: the first one is #1, after GENESIS
     END IF;
@@ -216,7 +208,10 @@ class Migration(migrations.Migration):
                         fields=("tenant", "task_id"),
                         name="audit_chainhead_chain_uniq",
                         nulls_distinct=False,
-                    )
+                    ),
+                    models.UniqueConstraint(
+                        fields=("tenant", "id"), name="audit_chainhead_tenant_id_uniq"
+                    ),
                 ],
             },
         ),

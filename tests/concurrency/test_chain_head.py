@@ -22,22 +22,12 @@ from audit.models import ChainHead, Event, EventCode
 from portal import scope
 from portal.actors import Actor
 from portal.models import Tenant
+from tests.db.test_audit_chain import append
 from tests.support.concurrency import run_in_threads
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 ACTOR = Actor.system("chain-head")
-
-
-def _append(tenant: Tenant, task_id: uuid.UUID | None, n: int) -> None:
-    with transaction.atomic():
-        audit_services.event_append(
-            tenant_id=tenant.pk,
-            task_id=task_id,
-            code=EventCode.TASK_TRANSITIONED if task_id else EventCode.TENANT_CHANGED,
-            actor=ACTOR,
-            data={"n": n},
-        )
 
 
 def _assert_one_line_with_its_head(
@@ -72,7 +62,7 @@ def test_parallel_first_appends_make_one_head_and_one_line(
     def appender() -> int:
         barrier.wait()
         for n in range(per_thread):
-            _append(tenant, task_id, n)
+            append(tenant, task_id, n)
         return per_thread
 
     # when six connections start it at the same moment
@@ -91,7 +81,7 @@ def test_an_append_without_a_tenant_scope_moves_the_head_and_leaves_no_scope(
     tenant: Tenant,
 ) -> None:
     task_id = uuid.uuid4()
-    _append(tenant, task_id, 1)
+    append(tenant, task_id, 1)
     # when a job with no tenant scope (the lease reaper's way) appends
     with scope.tenant_scope([]), transaction.atomic():
         audit_services.event_append(
@@ -113,7 +103,7 @@ def test_a_scope_of_other_tenants_gets_the_event_tenant_only_for_the_head(
 ) -> None:
     task_id = uuid.uuid4()
     with scope.tenant_scope([other_tenant.pk]), transaction.atomic():
-        _append(tenant, task_id, 1)
+        append(tenant, task_id, 1)
         with connection.cursor() as cursor:
             cursor.execute("SELECT current_setting('portal.tenant_ids', true)")
             assert cursor.fetchone()[0] == str(other_tenant.pk)
