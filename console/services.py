@@ -12,11 +12,12 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
 from audit import services as audit_services
-from audit.models import EventCode
+from audit.models import EventCode, RetentionPolicy
 from portal import db as portal_db
 from portal import services as portal_services
 from portal.actors import Actor
@@ -81,6 +82,62 @@ def tenant_update(
         )
     current.refresh_from_db()
     return current
+
+
+@portal_db.translate_integrity_errors
+@transaction.atomic(durable=True)
+def retention_policy_set(
+    *, tenant: Tenant, by: Person, event_months: int, payload_days: int
+) -> RetentionPolicy:
+    """Set how long the tenant keeps its events and their payloads (docs/retention.md).
+
+    Creates the tenant's policy when it has none (it kept the defaults until now).
+    One ``tenant.changed`` event with ``{"retention_policy": {field: [before,
+    after]}}`` for the values that changed, the defaults standing for "before" when
+    there was no policy; nothing changed, no event.
+
+    Raises:
+        PermissionDenied, TenantNotVisible: ``by`` may not manage the tenant.
+        ValidationFailed: months outside 1 to 1200, or days outside 1 to 28 times months
+            (payloads never outlive their events).
+    """
+    actor = _manage(tenant=tenant, by=by)
+    if not 1 <= event_months <= 1200:
+        raise ValidationFailed(field="event_months", value=event_months)
+    if not 1 <= payload_days <= event_months * 28:
+        raise ValidationFailed(field="payload_days", value=payload_days)
+    policy = RetentionPolicy.objects.select_for_update().filter(tenant=tenant).first()
+    before = (
+        (policy.event_months, policy.payload_days)
+        if policy
+        else (
+            settings.PORTAL_AUDIT_EVENT_RETENTION_MONTHS,
+            settings.PORTAL_AUDIT_PAYLOAD_RETENTION_DAYS,
+        )
+    )
+    changed = {
+        field: [old, new]
+        for field, old, new in (
+            ("event_months", before[0], event_months),
+            ("payload_days", before[1], payload_days),
+        )
+        if old != new
+    }
+    if policy is None:
+        policy = RetentionPolicy.objects.create(
+            tenant=tenant, event_months=event_months, payload_days=payload_days
+        )
+    elif changed:
+        policy.event_months, policy.payload_days = event_months, payload_days
+        policy.save(update_fields=["event_months", "payload_days"])
+    if changed:
+        _event(
+            tenant=tenant,
+            code=EventCode.TENANT_CHANGED,
+            actor=actor,
+            data={"retention_policy": changed},
+        )
+    return policy
 
 
 @portal_db.translate_integrity_errors
