@@ -120,7 +120,7 @@ class Event(models.Model):
             models.UniqueConstraint(
                 fields=["tenant", "id"], name="audit_event_tenant_id_uniq"
             ),
-            # A chain is a line: event_append's advisory lock orders appends to one
+            # A chain is a line: the lock on its ChainHead row orders appends to one
             # chain. Each partition also has its own unique index on (tenant_id,
             # task_id, chain_seq) and (tenant_id, chain_seq), which find a chain's
             # head; they cannot be unique across partitions (migration 0011).
@@ -214,6 +214,50 @@ class Checkpoint(models.Model):
     def __str__(self) -> str:
         chain = f"task {self.task_id}" if self.task_id else "tenant"
         return f"checkpoint of {chain} at {self.head_seq}"
+
+
+class ChainHead(models.Model):
+    """Where one chain ends now: its last event's number, id and hash.
+
+    Kept by the database, not by Python: ``audit_event_chain_head`` (migration 0014)
+    locks the row (creating it at 0 for a new chain) before an append reads it, and
+    the trigger ``audit_event_chainhead_trg`` moves it forward on every chained
+    insert into ``audit_event``, in the same transaction. So an append finds its
+    predecessor with one index lookup, however many month partitions there are. Not
+    evidence: ``verify_audit`` and the checkpoints read the events themselves; a
+    head row that lies only makes the next append link to the wrong hash, which
+    ``verify_audit`` reports. ``head_seq`` is also the chain's event count, purged
+    events included.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    # The chain's unique index leads with the tenant: no index of its own.
+    tenant = models.ForeignKey(
+        "portal.Tenant", on_delete=models.PROTECT, db_index=False
+    )
+    # The chain: a task's, or the tenant's own (NULL).
+    task_id = models.UUIDField(null=True, blank=True)
+    head_seq = models.BigIntegerField()
+    # NULL while the chain has no event yet (a row made by the lock, head_seq 0).
+    head_event_id = models.UUIDField(null=True, blank=True)
+    head_hash = models.CharField(max_length=64, null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            # One row per chain; the tenant chain's NULL task is one chain too.
+            models.UniqueConstraint(
+                fields=["tenant", "task_id"],
+                nulls_distinct=False,
+                name="audit_chainhead_chain_uniq",
+            ),
+            models.UniqueConstraint(
+                fields=["tenant", "id"], name="audit_chainhead_tenant_id_uniq"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        chain = f"task {self.task_id}" if self.task_id else "tenant"
+        return f"head of {chain} at {self.head_seq}"
 
 
 class RetentionPolicy(models.Model):

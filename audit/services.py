@@ -21,10 +21,11 @@ from .redaction import redact
 ENVELOPE_SCHEMA_VERSION: Final = 1
 
 # The event with its chain link (audit/chain.py). ``audit_event_chain_head`` (migration
-# 0009) takes the chain's advisory lock and then reads the head with a fresh snapshot,
-# so appends to one chain line up even when their callers hold only a share lock on
-# the task; the partial unique indexes on ``chain_seq`` refuse a fork regardless. The
-# hash is computed here because ``created_at`` is the database's ``now()``.
+# 0014) locks the chain's head row (``audit_chainhead``) and reads it, and the insert's
+# trigger moves the row on, so appends to one chain line up even when their callers
+# hold only a share lock on the task; the partial unique indexes on ``chain_seq``
+# refuse a fork within a month partition regardless. The hash is computed here
+# because ``created_at`` is the database's ``now()``.
 _INSERT_EVENT = f"""
 INSERT INTO audit_event (
     id, tenant_id, task_id, operation_id, code, actor_type, actor_id, reason_code,
@@ -145,7 +146,7 @@ def event_append(
     the outbox row carries the same redacted payload; the event and
     its outbox row commit or roll back with the caller's state change. The event is
     linked into its chain (the task's, or the tenant's when ``task_id`` is None):
-    appends to one chain wait for each other on a transaction-level advisory lock,
+    appends to one chain wait for each other on the lock of the chain's head row,
     released at commit; different chains never wait for each other. Needs READ
     COMMITTED (the default): the head is read after the lock, with a fresh snapshot.
 

@@ -12,11 +12,12 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
 from audit import services as audit_services
-from audit.models import EventCode
+from audit.models import EventCode, RetentionPolicy
 from portal import db as portal_db
 from portal import services as portal_services
 from portal.actors import Actor
@@ -81,6 +82,62 @@ def tenant_update(
         )
     current.refresh_from_db()
     return current
+
+
+@portal_db.translate_integrity_errors
+@transaction.atomic(durable=True)
+def retention_policy_set(
+    *, tenant: Tenant, by: Person, event_months: int, payload_days: int
+) -> RetentionPolicy:
+    """Set how long the tenant keeps its events and their payloads (docs/retention.md).
+
+    Creates the tenant's policy when it has none (it kept the defaults until now).
+    One ``tenant.changed`` event with ``{"retention_policy": {field: [before,
+    after]}}`` for the values that changed, the defaults standing for "before" when
+    there was no policy; nothing changed, no event.
+
+    Raises:
+        PermissionDenied, TenantNotVisible: ``by`` may not manage the tenant.
+        ValidationFailed: months outside 1 to 1200, or days outside 1 to 28 times months
+            (payloads never outlive their events).
+    """
+    actor = _manage(tenant=tenant, by=by)
+    if not 1 <= event_months <= 1200:
+        raise ValidationFailed(field="event_months", value=event_months)
+    if not 1 <= payload_days <= event_months * 28:
+        raise ValidationFailed(field="payload_days", value=payload_days)
+    policy = RetentionPolicy.objects.select_for_update().filter(tenant=tenant).first()
+    before = (
+        (policy.event_months, policy.payload_days)
+        if policy
+        else (
+            settings.PORTAL_AUDIT_EVENT_RETENTION_MONTHS,
+            settings.PORTAL_AUDIT_PAYLOAD_RETENTION_DAYS,
+        )
+    )
+    changed = {
+        field: [old, new]
+        for field, old, new in (
+            ("event_months", before[0], event_months),
+            ("payload_days", before[1], payload_days),
+        )
+        if old != new
+    }
+    if policy is None:
+        policy = RetentionPolicy.objects.create(
+            tenant=tenant, event_months=event_months, payload_days=payload_days
+        )
+    elif changed:
+        policy.event_months, policy.payload_days = event_months, payload_days
+        policy.save(update_fields=["event_months", "payload_days"])
+    if changed:
+        _event(
+            tenant=tenant,
+            code=EventCode.TENANT_CHANGED,
+            actor=actor,
+            data={"retention_policy": changed},
+        )
+    return policy
 
 
 @portal_db.translate_integrity_errors
@@ -160,6 +217,50 @@ def agent_key_rotate(
         KeyRevoked: the old key is revoked.
     """
     actor = _manage(tenant=key.tenant, by=by)
+    return agent_key_rotate_as(key=key, actor=actor, old_valid_until=old_valid_until)
+
+
+@transaction.atomic(durable=True)
+def agent_key_expire(*, key: AgentKey, by: Person, expires_at: dt.datetime) -> AgentKey:
+    """Set when a key stops authenticating (an earlier expiry is kept).
+
+    Writes ``agent.changed`` with the key's prefix and expiry when it changed.
+
+    Raises:
+        PermissionDenied, TenantNotVisible: ``by`` may not manage the tenant.
+        ValidationFailed: ``expires_at`` is not in the future.
+    """
+    actor = _manage(tenant=key.tenant, by=by)
+    return agent_key_expire_as(key=key, actor=actor, expires_at=expires_at)
+
+
+@transaction.atomic(durable=True)
+def agent_key_revoke(*, key: AgentKey, by: Person) -> AgentKey:
+    """Revoke a key; revoking a revoked key changes nothing and writes no event.
+
+    Raises:
+        PermissionDenied, TenantNotVisible: ``by`` may not manage the tenant.
+    """
+    actor = _manage(tenant=key.tenant, by=by)
+    return agent_key_revoke_as(key=key, actor=actor)
+
+
+# The audited key changes themselves, for an actor already entitled to them: the
+# services above (a tenant administrator) and ``manage.py agent_key`` (an operator,
+# ``system:agent_key``) both go through these, in the caller's transaction.
+
+
+def agent_key_rotate_as(
+    *, key: AgentKey, actor: Actor, old_valid_until: dt.datetime
+) -> portal_services.IssuedKey:
+    """A new key for ``key``'s agent, ``key`` valid until the cutoff, and its
+    ``agent_key.issued`` event. No role check: the caller decided.
+
+    Raises:
+        TransactionRequired: called outside a transaction.
+        ValidationFailed: the cutoff is not in the future.
+        KeyRevoked: the old key is revoked.
+    """
     issued = portal_services.agent_key_rotate_write(
         key=key, old_valid_until=old_valid_until
     )
@@ -178,17 +279,16 @@ def agent_key_rotate(
     return issued
 
 
-@transaction.atomic(durable=True)
-def agent_key_expire(*, key: AgentKey, by: Person, expires_at: dt.datetime) -> AgentKey:
-    """Set when a key stops authenticating (an earlier expiry is kept).
-
-    Writes ``agent.changed`` with the key's prefix and expiry when it changed.
+def agent_key_expire_as(
+    *, key: AgentKey, actor: Actor, expires_at: dt.datetime
+) -> AgentKey:
+    """Set ``key``'s expiry (an earlier one is kept) and, when it changed, its
+    ``agent.changed`` event. No role check: the caller decided.
 
     Raises:
-        PermissionDenied, TenantNotVisible: ``by`` may not manage the tenant.
+        TransactionRequired: called outside a transaction.
         ValidationFailed: ``expires_at`` is not in the future.
     """
-    actor = _manage(tenant=key.tenant, by=by)
     before = key.expires_at
     key = portal_services.agent_key_expire_write(key=key, expires_at=expires_at)
     if key.expires_at != before:
@@ -208,14 +308,13 @@ def agent_key_expire(*, key: AgentKey, by: Person, expires_at: dt.datetime) -> A
     return key
 
 
-@transaction.atomic(durable=True)
-def agent_key_revoke(*, key: AgentKey, by: Person) -> AgentKey:
-    """Revoke a key; revoking a revoked key changes nothing and writes no event.
+def agent_key_revoke_as(*, key: AgentKey, actor: Actor) -> AgentKey:
+    """Revoke ``key`` with its ``agent_key.revoked`` event; a revoked key changes
+    nothing and writes no event. No role check: the caller decided.
 
     Raises:
-        PermissionDenied, TenantNotVisible: ``by`` may not manage the tenant.
+        TransactionRequired: called outside a transaction.
     """
-    actor = _manage(tenant=key.tenant, by=by)
     was_live = key.revoked_at is None
     key = portal_services.agent_key_revoke_write(key=key)
     if was_live:

@@ -29,6 +29,7 @@ from guardian.utils import get_group_obj_perms_model, get_user_obj_perms_model
 
 from audit import services as audit_services
 from audit.models import (
+    ChainHead,
     Checkpoint,
     Event,
     EventCode,
@@ -96,8 +97,10 @@ _PRIVILEGED: Final[frozenset[type[Model]]] = frozenset(
     {Contract, Event, Checkpoint, RetentionPurge, RetentionAnchor}
 )
 # What vouches for the events (checkpoints, retention's purge records and anchors)
-# goes or stays with them.
+# goes or stays with them, and so do the chains' head rows (a kept tenant's chain
+# goes on with ``tenant.deleted``).
 _WITH_EVENTS: Final[tuple[type[Model], ...]] = (
+    ChainHead,
     Checkpoint,
     RetentionAnchor,
     RetentionPurge,

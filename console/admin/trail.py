@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from django.conf import settings
 from django.contrib import admin
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import ChangeList
@@ -24,10 +25,10 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from audit import outbox_admin
-from audit.models import Event, Outbox
+from audit.models import Event, Outbox, RetentionPolicy
 from portal.models import Tenant, TenantPerm
 
-from .. import dashboard, display, export, search
+from .. import dashboard, display, export, search, services
 from ..filters import ActorFilter, CreatedRangeFilter, TaskIdFilter
 from ..paginator import CappedPaginator
 from .base import TenantListFilter, TenantScopedAdmin, tenant_ids
@@ -347,3 +348,41 @@ class OutboxAdmin(TenantScopedAdmin):
             ),
             "dismissed; it will not be published",
         )
+
+
+@admin.register(RetentionPolicy)
+class RetentionPolicyAdmin(TenantScopedAdmin):
+    """How long your tenants keep their events and payloads (docs/retention.md).
+
+    Every member reads it; a tenant admin sets it (``console.services.
+    retention_policy_set``: one ``tenant.changed`` event per change). A tenant
+    without a row keeps the defaults, which the add form starts from.
+    """
+
+    view_perm = TenantPerm.VIEW_TRAIL
+    manage_perm = TenantPerm.MANAGE_TENANT
+    allow_add = True
+    list_display = ["tenant", "event_months", "payload_days"]
+    list_filter = ["tenant"]
+    fields = ["tenant", "event_months", "payload_days"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return [] if obj is None else ["tenant"]  # no change permission: all
+
+    def get_changeform_initial_data(self, request: HttpRequest) -> dict[str, Any]:
+        return {
+            "event_months": settings.PORTAL_AUDIT_EVENT_RETENTION_MONTHS,
+            "payload_days": settings.PORTAL_AUDIT_PAYLOAD_RETENTION_DAYS,
+            **super().get_changeform_initial_data(request),
+        }
+
+    def save_model(
+        self, request: HttpRequest, obj: RetentionPolicy, form: Any, change: bool
+    ) -> None:
+        saved = services.retention_policy_set(
+            tenant=obj.tenant,
+            by=request.user,
+            event_months=form.cleaned_data["event_months"],
+            payload_days=form.cleaned_data["payload_days"],
+        )
+        self.adopt(obj, saved)

@@ -2,7 +2,7 @@
 
 The chain's unique indexes are per partition, so the database alone would accept
 the same place in a chain twice when the two rows land in different months; what
-keeps appends in line is event_append's advisory lock. These tests prove it with
+keeps appends in line is the lock on the chain's head row (audit migration 0014). These tests prove it with
 real parallel connections, and show what the verifier says about a fork made
 around the lock.
 """

@@ -15,7 +15,7 @@ from django.db.models import Model
 from django.test import Client
 
 from audit import services as audit_services
-from audit.models import Event, Outbox
+from audit.models import Event, Outbox, RetentionPolicy
 from portal import services as portal_services
 from portal.actors import Actor
 from portal.models import Agent, AgentGrant, AgentKey, Membership, Role, Tenant
@@ -157,8 +157,12 @@ def fill(make_task: Callable[..., Task]) -> Callable[[Tenant], dict[type[Model],
                 actor=Actor.system("tests"),
                 task_id=task.pk,
             )
+        policy = RetentionPolicy.objects.create(
+            tenant=tenant, event_months=24, payload_days=180
+        )
         return {
             Tenant: tenant,
+            RetentionPolicy: policy,
             Agent: agent,
             AgentKey: key,
             AgentGrant: grant,

@@ -37,6 +37,7 @@ POLICY = {
     "tasks.approval": (V, None),
     "audit.event": (V, None),
     "audit.outbox": (OUT, OUT),  # retry/dismiss dead rows (audited actions)
+    "audit.retentionpolicy": (V, M),
     "console.takeoveritem": (V, TenantPerm.WORK_TAKEOVER),
 }
 

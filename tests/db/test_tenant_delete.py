@@ -25,6 +25,7 @@ from guardian.shortcuts import assign_perm
 
 from audit import checkpoints, retention
 from audit.models import (
+    ChainHead,
     Checkpoint,
     Event,
     EventCode,
@@ -261,6 +262,10 @@ def test_keep_policy_empties_every_table_but_events_and_leaves_a_tombstone(
     _assert_seeded(keep_tenant)
     events_before = Event.objects.filter(tenant=keep_tenant).count()
     signed = Checkpoint.objects.filter(tenant=keep_tenant).count()
+    heads = ChainHead.objects.filter(tenant=keep_tenant).count()
+    tenant_chain_new = not ChainHead.objects.filter(
+        tenant=keep_tenant, task_id=None
+    ).exists()
 
     # when it is deleted
     report = deletion.tenant_delete(tenant=keep_tenant, actor=SYSTEM)
@@ -272,6 +277,8 @@ def test_keep_policy_empties_every_table_but_events_and_leaves_a_tombstone(
     assert left == {
         "audit_event": events_before + 1,
         "audit_checkpoint": signed,
+        # the chains go on: tenant.deleted moves (or starts) the tenant chain's head
+        "audit_chainhead": heads + tenant_chain_new,
         **vouching,
     }
     keep_tenant.refresh_from_db()
@@ -279,6 +286,7 @@ def test_keep_policy_empties_every_table_but_events_and_leaves_a_tombstone(
     assert report.kept == {
         "audit_event": events_before,
         "audit_checkpoint": signed,
+        "audit_chainhead": heads,
         **vouching,
         "portal_tenant": 1,
     }

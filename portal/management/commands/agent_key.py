@@ -19,8 +19,7 @@ from typing import Any, Final
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection, transaction
 
-from audit import services as audit_services
-from audit.models import EventCode
+from console import services as console_services
 from portal import services as portal_services
 from portal.actors import Actor
 from portal.exceptions import PortalError
@@ -29,61 +28,30 @@ from portal.models import AgentKey
 ACTOR: Final = Actor.system("agent_key")
 
 
-def _event(*, key: AgentKey, code: str, data: dict[str, Any]) -> None:
-    audit_services.event_append(
-        tenant_id=key.tenant_id,
-        code=code,
-        actor=ACTOR,
-        data={"agent_id": str(key.agent_id), "key_prefix": key.prefix, **data},
-    )
+# The audited changes are the admin's own (console/services.py), with the operator
+# as the actor; the command adds only its transaction.
 
 
 @transaction.atomic(durable=True)
 def key_revoke(*, key: AgentKey) -> bool:
     """Revoke ``key`` with its event; False if it was revoked already."""
     was_live = key.revoked_at is None
-    portal_services.agent_key_revoke_write(key=key)
-    if was_live:
-        _event(key=key, code=EventCode.AGENT_KEY_REVOKED, data={})
+    console_services.agent_key_revoke_as(key=key, actor=ACTOR)
     return was_live
 
 
 @transaction.atomic(durable=True)
 def key_rotate(*, key: AgentKey, until: dt.datetime) -> portal_services.IssuedKey:
     """A new key for ``key``'s agent; ``key`` works until ``until``."""
-    issued = portal_services.agent_key_rotate_write(key=key, old_valid_until=until)
-    key.refresh_from_db()
-    audit_services.event_append(
-        tenant_id=key.tenant_id,
-        code=EventCode.AGENT_KEY_ISSUED,
-        actor=ACTOR,
-        data={
-            "agent_id": str(key.agent_id),
-            "key_prefix": issued.key.prefix,
-            "rotated_from": key.prefix,
-            "old_valid_until": key.expires_at.isoformat() if key.expires_at else None,
-        },
+    return console_services.agent_key_rotate_as(
+        key=key, actor=ACTOR, old_valid_until=until
     )
-    return issued
 
 
 @transaction.atomic(durable=True)
 def key_expire(*, key: AgentKey, until: dt.datetime) -> AgentKey:
     """Set ``key``'s expiry (an earlier one is kept), with its event if it changed."""
-    before = key.expires_at
-    key = portal_services.agent_key_expire_write(key=key, expires_at=until)
-    if key.expires_at != before:
-        _event(
-            key=key,
-            code=EventCode.AGENT_CHANGED,
-            data={
-                "key_expires_at": [
-                    before.isoformat() if before else None,
-                    key.expires_at.isoformat() if key.expires_at else None,
-                ]
-            },
-        )
-    return key
+    return console_services.agent_key_expire_as(key=key, actor=ACTOR, expires_at=until)
 
 
 def _time(value: str) -> dt.datetime:

@@ -1,0 +1,110 @@
+"""The chain's head row (audit migration 0014) under real parallel appends.
+
+``audit_event_chain_head`` locks a chain's ``audit_chainhead`` row (making it on the
+chain's first append) and the insert trigger moves it forward. Several connections
+appending at once, from the very first event of a chain, must still give one line
+whose head row names its last event; and appends made where no tenant scope is set
+(the lease reaper, wake-up, retention) must keep the row too.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+import uuid
+
+import pytest
+from django.core.management import call_command
+from django.db import connection, transaction
+
+from audit import services as audit_services
+from audit.models import ChainHead, Event, EventCode
+from portal import scope
+from portal.actors import Actor
+from portal.models import Tenant
+from tests.db.test_audit_chain import append
+from tests.support.concurrency import run_in_threads
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ACTOR = Actor.system("chain-head")
+
+
+def _assert_one_line_with_its_head(
+    tenant: Tenant, task_id: uuid.UUID | None, count: int
+) -> None:
+    rows = list(
+        Event.objects.filter(tenant=tenant, task_id=task_id)
+        .order_by("chain_seq")
+        .values_list("chain_seq", "prev_hash", "hash", "id")
+    )
+    assert [seq for seq, _, _, _ in rows] == list(range(1, count + 1))
+    assert rows[0][1] is None
+    assert all(rows[i][1] == rows[i - 1][2] for i in range(1, len(rows)))
+    head = ChainHead.objects.get(tenant=tenant, task_id=task_id)
+    assert (head.head_seq, head.head_hash, head.head_event_id) == (
+        count,
+        rows[-1][2],
+        rows[-1][3],
+    )
+
+
+@pytest.mark.parametrize("chain", ["task", "tenant"])
+def test_parallel_first_appends_make_one_head_and_one_line(
+    tenant: Tenant, chain: str
+) -> None:
+    # given a chain with no event and no head row yet
+    task_id = uuid.uuid4() if chain == "task" else None
+    assert not ChainHead.objects.filter(tenant=tenant, task_id=task_id).exists()
+    threads, per_thread = 6, 4
+    barrier = threading.Barrier(threads, timeout=10)
+
+    def appender() -> int:
+        barrier.wait()
+        for n in range(per_thread):
+            append(tenant, task_id, n)
+        return per_thread
+
+    # when six connections start it at the same moment
+    outcomes = run_in_threads(*[appender] * threads)
+
+    # then one head row and one line, the row at its last event
+    assert outcomes == [per_thread] * threads
+    _assert_one_line_with_its_head(tenant, task_id, threads * per_thread)
+    assert ChainHead.objects.filter(tenant=tenant, task_id=task_id).count() == 1
+    out = io.StringIO()
+    call_command("verify_audit", tenant=tenant.slug, stdout=out, stderr=out)
+    assert "BROKEN" not in out.getvalue()
+
+
+def test_an_append_without_a_tenant_scope_moves_the_head_and_leaves_no_scope(
+    tenant: Tenant,
+) -> None:
+    task_id = uuid.uuid4()
+    append(tenant, task_id, 1)
+    # when a job with no tenant scope (the lease reaper's way) appends
+    with scope.tenant_scope([]), transaction.atomic():
+        audit_services.event_append(
+            tenant_id=tenant.pk, task_id=task_id, code=EventCode.TASK_LEASE_EXPIRED,
+            actor=ACTOR, data={"n": 2},
+        )  # fmt: skip
+        with connection.cursor() as cursor:
+            # the scope is what it was: the head row is out of sight again
+            cursor.execute("SELECT current_setting('portal.tenant_ids', true)")
+            assert cursor.fetchone()[0] in ("", None)
+            cursor.execute("SELECT count(*) FROM audit_chainhead")
+            assert cursor.fetchone()[0] == 0
+    # then the chain went on from its head
+    _assert_one_line_with_its_head(tenant, task_id, 2)
+
+
+def test_a_scope_of_other_tenants_gets_the_event_tenant_only_for_the_head(
+    tenant: Tenant, other_tenant: Tenant
+) -> None:
+    task_id = uuid.uuid4()
+    with scope.tenant_scope([other_tenant.pk]), transaction.atomic():
+        append(tenant, task_id, 1)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT current_setting('portal.tenant_ids', true)")
+            assert cursor.fetchone()[0] == str(other_tenant.pk)
+    _assert_one_line_with_its_head(tenant, task_id, 1)
