@@ -26,6 +26,7 @@ pytestmark = pytest.mark.django_db
 # Tables that carry tenant_id: distributed by it, co-located with each other.
 DISTRIBUTED = frozenset(
     {
+        "audit_chainhead",
         "audit_checkpoint",
         "audit_event",  # partitioned by id (month ranges); the partitions follow it
         "audit_outbox",
@@ -106,6 +107,7 @@ KNOWN_BLOCKERS = frozenset(
         # Every tenant table's own key is its id alone (Django's default primary key).
         # The composite (id, tenant_id) unique constraints the composite foreign keys
         # point at already exist: they become the primary keys.
+        B("audit_chainhead", _PK, "audit_chainhead_pkey", "(id)"),
         B("audit_checkpoint", _PK, "audit_checkpoint_pkey", "(id)"),
         B("audit_event", _PK, "audit_event_pkey", "(id)"),
         B("audit_outbox", _PK, "audit_outbox_pkey", "(id)"),
@@ -135,6 +137,7 @@ KNOWN_BLOCKERS = frozenset(
 # is a UUID made by the application, which needs no coordination between nodes.
 KNOWN_SEQUENCES = frozenset(
     {
+        ("audit_chainhead", "id"),
         ("audit_retentionanchor", "id"),
         ("audit_retentionpolicy", "id"),
     }
