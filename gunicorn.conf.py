@@ -18,3 +18,14 @@ worker_class = "portal.gunicorn_worker.ProblemSyncWorker"
 limit_request_line = 4094
 limit_request_fields = 100
 limit_request_field_size = 8190
+
+
+def post_fork(server: object, worker: object) -> None:
+    """Each worker process sets up its own tracer provider (portal/telemetry.py),
+    also when the application is preloaded in the arbiter."""
+    import os
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+    from portal import telemetry
+
+    telemetry.setup("portal-web")

@@ -40,7 +40,7 @@ from .actors import Actor
 from .exceptions import MalformedRequest, PortalError, ValidationFailed
 from .models import Agent, Tenant
 from .problems import PROBLEM_CONTENT_TYPE, encode, problem_body
-from .tracing import Trace
+from .tracing import Trace, traceparent_of
 
 logger = logging.getLogger(__name__)
 
@@ -343,10 +343,15 @@ class PortalApi(APIView):
     def initialize_request(
         self, request: HttpRequest, *args: Any, **kwargs: Any
     ) -> Request:
-        # Parsed before authentication so even a 401 carries the caller's trace id.
-        trace = Trace.from_traceparent(request.headers.get("traceparent"))
-        # Our own span under the caller's trace.
-        self.trace = Trace(trace_id=trace.trace_id, span_id=secrets.token_hex(8))
+        # Read before authentication so even a 401 carries the caller's trace id:
+        # the server span the Django instrumentation started under the caller's
+        # ``traceparent`` (portal/telemetry.py).
+        self.trace = Trace.current()
+        if not self.trace.trace_id:
+            # No tracer provider in this process: the caller's trace, parsed by the
+            # W3C propagator, and a span id of our own.
+            trace = Trace.from_traceparent(request.headers.get("traceparent"))
+            self.trace = Trace(trace_id=trace.trace_id, span_id=secrets.token_hex(8))
         request.portal_trace = self.trace  # type: ignore[attr-defined]
         return super().initialize_request(request, *args, **kwargs)
 
@@ -404,9 +409,7 @@ class AgentApi(PortalApi):
     ) -> Response:
         response = super().finalize_response(request, response, *args, **kwargs)
         if getattr(self, "trace", None) and self.trace.trace_id:
-            response["traceparent"] = (
-                f"00-{self.trace.trace_id}-{self.trace.span_id}-01"
-            )
+            response["traceparent"] = traceparent_of(self.trace)
         record, self._idempotency_record = self._idempotency_record, None
         if record is not None:
             if isinstance(response, Response):
