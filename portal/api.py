@@ -35,7 +35,7 @@ from rest_framework.response import Response
 from rest_framework.throttling import SimpleRateThrottle
 from rest_framework.views import APIView
 
-from . import api_input, idempotency, scope, selectors, services
+from . import api_input, idempotency, logs, scope, selectors, services
 from .actors import Actor
 from .exceptions import MalformedRequest, PortalError, ValidationFailed
 from .models import Agent, Tenant
@@ -339,6 +339,13 @@ class PortalApi(APIView):
                     f"{cls.__name__}.{name}: API views hold no queries; call a "
                     "selector with the tenant instead (STYLE.md R11)."
                 )
+
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        # Log lines written while serving name the task or operation of the URL.
+        with logs.bind(
+            task_id=kwargs.get("task_id"), operation_id=kwargs.get("operation_id")
+        ):
+            return super().dispatch(request, *args, **kwargs)
 
     def initialize_request(
         self, request: HttpRequest, *args: Any, **kwargs: Any
