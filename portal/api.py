@@ -249,7 +249,12 @@ def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> HttpRe
             response["WWW-Authenticate"] = 'Bearer realm="agent-api"'
         return response
     correlation_id = secrets.token_hex(8)
-    logger.exception("unhandled API error, correlation id %s", correlation_id)
+    logger.exception(
+        "unhandled API error, correlation id %s",
+        correlation_id,
+        # Its own field too: JSON logs keep ids there, redact high-entropy text.
+        extra={"correlation_id": correlation_id},
+    )
     return problem(
         status=500,
         code="INTERNAL",

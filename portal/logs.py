@@ -6,17 +6,22 @@ tenant scope, when it names one tenant), the task and operation (``bind``), and 
 current OpenTelemetry trace and span ids. Every value then passes through the
 redactor named in the LOGGING settings (``audit.redaction.redact``: ``portal``
 cannot import ``audit``, so the settings name it by dotted path), line by line so a
-traceback keeps its shape. Selected by ``PORTAL_LOG_FORMAT=json``, the default under
+traceback keeps its shape; URL-encoded text is decoded first so the detectors see
+it. The portal's own ids (``IDENTIFIER_FIELDS``) are kept when they look like one.
+Selected by ``PORTAL_LOG_FORMAT=json``, the default under
 production settings (docs/observability.md, "Logs").
 """
 
 from __future__ import annotations
 
 import logging
+import re
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, Final
+from urllib.parse import unquote
 
 from django.utils.module_loading import import_string
 from pythonjsonlogger.json import JsonFormatter as _JsonFormatter
@@ -24,9 +29,16 @@ from pythonjsonlogger.json import JsonFormatter as _JsonFormatter
 from . import scope
 from .tracing import Trace
 
-# Key under which records are redacted when no single tenant is in scope: the
-# keyed hashes of e-mail addresses and card numbers are then the logs' own.
-NO_TENANT: Final = "logs"
+# The key records are redacted under when no single tenant is in scope (the nil
+# UUID): the keyed hashes of e-mail addresses and card numbers are then the logs' own.
+NO_TENANT: Final = "00000000-0000-0000-0000-000000000000"
+
+# Fields that hold the portal's own identifiers (hex ids, UUIDs): kept as they are
+# when they look like one, so lines can be correlated; anything else is redacted.
+IDENTIFIER_FIELDS: Final = frozenset(
+    {"tenant_id", "task_id", "operation_id", "trace_id", "span_id", "correlation_id"}
+)
+_IDENTIFIER: Final = re.compile(r"[0-9a-f][0-9a-f-]{0,35}")
 
 _bound: ContextVar[dict[str, str] | None] = ContextVar("log_fields", default=None)
 
@@ -88,9 +100,31 @@ class JsonFormatter(_JsonFormatter):
             log_data.setdefault(key, value)
 
     def process_log_record(self, log_data: dict[str, Any]) -> dict[str, Any]:
-        tenant = log_data.get("tenant_id") or NO_TENANT
+        try:
+            return self._redacted(log_data)
+        except Exception:
+            # Never write what could not be redacted; say that a line was withheld.
+            return {
+                key: log_data.get(key)
+                for key in ("time", "level", "logger", "tenant_id", "trace_id")
+                if key in log_data
+            } | {"message": "[log record withheld: redaction failed]"}
+
+    def _redacted(self, log_data: dict[str, Any]) -> dict[str, Any]:
+        try:
+            tenant = str(uuid.UUID(str(log_data.get("tenant_id"))))
+        except ValueError:
+            tenant = NO_TENANT
         redacted: dict[str, Any] = {}
         for key, value in log_data.items():
+            if key in IDENTIFIER_FIELDS and _IDENTIFIER.fullmatch(str(value)):
+                redacted[key] = value  # the portal's own ids, kept to correlate
+                continue
+            if not isinstance(value, str | int | float | bool | type(None)):
+                value = str(value)  # e.g. django.request's ``request`` object
+            if isinstance(value, str) and "%" in value:
+                # A URL-encoded path or query: the detectors read it decoded.
+                value = unquote(value)
             if isinstance(value, str) and "\n" in value:
                 # Line by line: the redactor bounds each string, a traceback keeps
                 # its lines.
