@@ -58,3 +58,14 @@ def child_exit(server: Any, worker: Any) -> None:
 def on_exit(server: Any) -> None:
     for folder in _PRIVATE_METRICS_DIR:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def post_fork(server: object, worker: object) -> None:
+    """Each worker process sets up its own tracer provider (portal/telemetry.py),
+    also when the application is preloaded in the arbiter."""
+    import os
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+    from portal import telemetry
+
+    telemetry.setup("portal-web")

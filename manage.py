@@ -119,6 +119,18 @@ def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
     from django.core.management import execute_from_command_line
 
+    if len(sys.argv) > 1 and sys.argv[1] not in DEV_COMMANDS:
+        # A command is a process of its own: its tracer provider (``up`` and
+        # ``test`` only start other processes, which set up their own).
+        import contextlib
+
+        from django.core.exceptions import ImproperlyConfigured
+
+        from portal import telemetry
+
+        # On a refusal of the settings the command reports it itself.
+        with contextlib.suppress(ImproperlyConfigured):
+            telemetry.setup("portal-command")
     execute_from_command_line(sys.argv)
 
 

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import secrets
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -53,8 +52,10 @@ from django.db import connection, transaction
 from kombu import Connection, Exchange, Producer
 
 from portal import db as portal_db
+from portal import tracing
 from portal.exceptions import PortalError
 from portal.models import Tenant
+from portal.tracing import Trace
 
 from .redaction import redact
 
@@ -98,14 +99,21 @@ class ClaimedMessage:
     attempts: int  # including this one
     created_at: dt.datetime
 
-    def traceparent(self) -> str | None:
-        """A W3C ``traceparent`` for the publish span, in the event's trace, if any."""
-        trace_id = self.trace_id.lower()
-        if len(trace_id) != 32 or set(trace_id) - set("0123456789abcdef"):
-            return None
-        if set(trace_id) == {"0"}:
-            return None
-        return f"00-{trace_id}-{secrets.token_hex(8)}-01"
+
+def message_trace_headers(message: ClaimedMessage, *, exchange: str) -> dict[str, str]:
+    """``traceparent`` of a PRODUCER span in the event's trace; {} without one."""
+    with tracing.producer_span(
+        f"{message.topic} publish",
+        parent=Trace(trace_id=message.trace_id),
+        attributes={
+            "messaging.system": "rabbitmq",
+            "messaging.operation.type": "send",
+            "messaging.destination.name": exchange,
+            "messaging.rabbitmq.destination.routing_key": message.topic,
+            "messaging.message.id": message.key,
+        },
+    ) as headers:
+        return headers
 
 
 @dataclass(kw_only=True)
@@ -553,9 +561,8 @@ class BrokerPublisher:
                 timed out (``connection_lost`` True).
         """
         headers: dict[str, Any] = {"tenant_id": str(message.tenant_id)}
-        traceparent = message.traceparent()
-        if traceparent:
-            headers["traceparent"] = traceparent
+        # The event's trace (its id is in the envelope) goes on to the consumer.
+        headers.update(message_trace_headers(message, exchange=self.exchange.name))
         try:
             producer = self._open()
             producer.publish(

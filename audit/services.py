@@ -154,6 +154,7 @@ def event_append(
         TransactionRequired: called outside a transaction.
     """
     portal_db.require_transaction()
+    trace = trace.or_current()  # NO_TRACE: the current span's ids, if any
     payload = redact(
         dict(data or {}),
         tenant_id=tenant_id,

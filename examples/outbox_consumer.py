@@ -11,7 +11,11 @@ every event code) and, for each message, counts it per topic in its own table
 count commit in one transaction, and the message is acked only after that commit.
 The relay delivers at least once, so the same message id may arrive twice; the
 second delivery is acked and skipped. ``--json`` prints one line per delivery
-(message id, topic, redelivered flag, processed or duplicate) for scripts and tests.
+(message id, topic, redelivered flag, processed or duplicate, the trace id it was
+processed in) for scripts and tests. Each delivery is processed in a CONSUMER span
+that continues the event's trace from the message's ``traceparent`` header
+(docs/observability.md); spans are exported when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is
+set.
 
 Bind the queue before the events you need are published: a topic exchange drops
 messages that match no queue (docs/outbox.md).
@@ -45,6 +49,7 @@ from kombu import Connection, Consumer, Exchange, Queue  # noqa: E402
 from kombu.message import Message  # noqa: E402
 
 from audit.inbox import inbox_process_once  # noqa: E402
+from portal import telemetry, tracing  # noqa: E402
 
 logger = logging.getLogger("outbox_consumer")
 
@@ -113,13 +118,26 @@ def handle(
         stats.rejected += 1
         message.reject(requeue=False)
         return
-    processed = inbox_process_once(
-        consumer=consumer,
-        message_id=message_id,
-        handler=lambda: count_by_topic(consumer=consumer, topic=topic),
-    )
-    # Only now: a crash before this line means a redelivery, which the inbox absorbs.
-    message.ack()
+    # A CONSUMER span continuing the event's trace from the message's traceparent.
+    with tracing.consumer_span(
+        f"{topic} process",
+        headers=message.headers,
+        attributes={
+            "messaging.system": "rabbitmq",
+            "messaging.operation.type": "process",
+            "messaging.message.id": message_id,
+            "messaging.consumer.group.name": consumer,
+        },
+    ):
+        trace_id = tracing.Trace.current().trace_id
+        processed = inbox_process_once(
+            consumer=consumer,
+            message_id=message_id,
+            handler=lambda: count_by_topic(consumer=consumer, topic=topic),
+        )
+        # Only now: a crash before this line means a redelivery, which the inbox
+        # absorbs.
+        message.ack()
     if processed:
         stats.processed += 1
     else:
@@ -135,6 +153,8 @@ def handle(
                 "tenant_id": (message.headers or {}).get("tenant_id"),
                 "redelivered": redelivered,
                 "processed": processed,
+                # The trace this delivery was processed in (from its traceparent).
+                "trace_id": trace_id,
             }
         )
 
@@ -193,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         "--json", action="store_true", help="print one JSON line per delivery"
     )
     args = parser.parse_args(argv)
+    telemetry.setup("outbox-consumer")
     logging.basicConfig(
         level=logging.WARNING if args.json else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",

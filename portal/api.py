@@ -35,12 +35,12 @@ from rest_framework.response import Response
 from rest_framework.throttling import SimpleRateThrottle
 from rest_framework.views import APIView
 
-from . import api_input, idempotency, scope, selectors, services
+from . import api_input, idempotency, logs, scope, selectors, services
 from .actors import Actor
 from .exceptions import MalformedRequest, PortalError, ValidationFailed
 from .models import Agent, Tenant
 from .problems import PROBLEM_CONTENT_TYPE, encode, problem_body
-from .tracing import Trace
+from .tracing import Trace, traceparent_of
 
 logger = logging.getLogger(__name__)
 
@@ -249,7 +249,12 @@ def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> HttpRe
             response["WWW-Authenticate"] = 'Bearer realm="agent-api"'
         return response
     correlation_id = secrets.token_hex(8)
-    logger.exception("unhandled API error, correlation id %s", correlation_id)
+    logger.exception(
+        "unhandled API error, correlation id %s",
+        correlation_id,
+        # Its own field too: JSON logs keep ids there, redact high-entropy text.
+        extra={"correlation_id": correlation_id},
+    )
     return problem(
         status=500,
         code="INTERNAL",
@@ -340,13 +345,25 @@ class PortalApi(APIView):
                     "selector with the tenant instead (STYLE.md R11)."
                 )
 
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        # Log lines written while serving name the task or operation of the URL.
+        with logs.bind(
+            task_id=kwargs.get("task_id"), operation_id=kwargs.get("operation_id")
+        ):
+            return super().dispatch(request, *args, **kwargs)
+
     def initialize_request(
         self, request: HttpRequest, *args: Any, **kwargs: Any
     ) -> Request:
-        # Parsed before authentication so even a 401 carries the caller's trace id.
-        trace = Trace.from_traceparent(request.headers.get("traceparent"))
-        # Our own span under the caller's trace.
-        self.trace = Trace(trace_id=trace.trace_id, span_id=secrets.token_hex(8))
+        # Read before authentication so even a 401 carries the caller's trace id:
+        # the server span the Django instrumentation started under the caller's
+        # ``traceparent`` (portal/telemetry.py).
+        self.trace = Trace.current()
+        if not self.trace.trace_id:
+            # No tracer provider in this process: the caller's trace, parsed by the
+            # W3C propagator, and a span id of our own.
+            trace = Trace.from_traceparent(request.headers.get("traceparent"))
+            self.trace = Trace(trace_id=trace.trace_id, span_id=secrets.token_hex(8))
         request.portal_trace = self.trace  # type: ignore[attr-defined]
         return super().initialize_request(request, *args, **kwargs)
 
@@ -404,9 +421,7 @@ class AgentApi(PortalApi):
     ) -> Response:
         response = super().finalize_response(request, response, *args, **kwargs)
         if getattr(self, "trace", None) and self.trace.trace_id:
-            response["traceparent"] = (
-                f"00-{self.trace.trace_id}-{self.trace.span_id}-01"
-            )
+            response["traceparent"] = traceparent_of(self.trace)
         record, self._idempotency_record = self._idempotency_record, None
         if record is not None:
             if isinstance(response, Response):

@@ -334,13 +334,31 @@ PORTAL_CREDENTIAL_EXPIRED_RETRIES = int(
     os.environ.get("PORTAL_CREDENTIAL_EXPIRED_RETRIES", "2")
 )
 
+# Log lines: "plain" text, or "json" (portal/logs.py: one redacted JSON object per
+# line with tenant, task, operation, trace and span ids). PORTAL_LOG_FORMAT chooses;
+# production settings default to json (docs/observability.md, "Logs").
+PORTAL_LOG_FORMAT = os.environ.get(
+    "PORTAL_LOG_FORMAT", "json" if PRODUCTION else "plain"
+)
+if PORTAL_LOG_FORMAT not in ("plain", "json"):
+    raise ImproperlyConfigured(
+        f"PORTAL_LOG_FORMAT must be plain or json, not {PORTAL_LOG_FORMAT!r}"
+    )
 LOGGING: dict[str, Any] = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {
-        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {
+            "()": "portal.logs.JsonFormatter",
+            "format": "%(asctime)s %(levelname)s %(name)s %(message)s",
+            # By dotted path: portal does not import audit (tests/unit/test_layering).
+            "redactor": "audit.redaction.redact",
+        },
     },
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": PORTAL_LOG_FORMAT}
+    },
     "root": {
         "handlers": ["console"],
         "level": os.environ.get("PORTAL_LOG_LEVEL", "INFO"),

@@ -1,13 +1,46 @@
-"""W3C Trace Context: the ids a request carries into tasks, operations and events."""
+"""W3C Trace Context: the ids a request carries into tasks, operations and events.
+
+``Trace`` is the value the services take and store (``trace_id``/``span_id`` on
+tasks, operations and events). It is read from OpenTelemetry's current span
+(``Trace.current``), or parsed from a ``traceparent`` header by the SDK's W3C
+propagator when no span is current (a process where ``portal.telemetry.setup`` did
+not run, e.g. the test client). The tracer provider itself is set up once per
+process in ``portal.telemetry`` (docs/observability.md).
+"""
 
 from __future__ import annotations
 
-import re
 import secrets
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any, Final
 
-# version "00" - 32 hex trace id - 16 hex parent id - 2 hex flags
-_TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}$")
+from opentelemetry import context as otel_context
+from opentelemetry import trace as otel_trace
+from opentelemetry.propagate import inject
+from opentelemetry.semconv.schemas import Schemas
+from opentelemetry.trace import (
+    NonRecordingSpan,
+    SpanContext,
+    SpanKind,
+    TraceFlags,
+    format_span_id,
+    format_trace_id,
+)
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+# The semantic conventions the portal's own spans follow (the GenAI tool-execution
+# span of the gateway among them): the release that opentelemetry-semantic-conventions
+# 0.66b1 (pinned in pyproject.toml) ships as its newest schema.
+SEMCONV_SCHEMA_URL: Final = Schemas.V1_44_0.value
+
+_W3C: Final = TraceContextTextMapPropagator()
+
+
+def tracer(name: str) -> otel_trace.Tracer:
+    """The tracer of one portal module, stamped with the semconv schema we follow."""
+    return otel_trace.get_tracer(name, schema_url=SEMCONV_SCHEMA_URL)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -16,19 +49,135 @@ class Trace:
     span_id: str = ""
 
     @classmethod
+    def current(cls) -> Trace:
+        """The current OpenTelemetry span's ids; ``NO_TRACE`` when none is valid."""
+        context = otel_trace.get_current_span().get_span_context()
+        if not context.is_valid:
+            return NO_TRACE
+        return cls(
+            trace_id=format_trace_id(context.trace_id),
+            span_id=format_span_id(context.span_id),
+        )
+
+    @classmethod
     def from_traceparent(cls, header: str | None) -> Trace:
         """Parse a ``traceparent`` header; a missing or invalid one starts a new trace.
 
-        All-zero ids are invalid by the spec and are replaced too.
+        The SDK's W3C propagator parses it (all-zero ids are invalid by the spec and
+        are replaced too).
         """
-        match = _TRACEPARENT.match((header or "").strip().lower())
-        if match and set(match[1]) != {"0"} and set(match[2]) != {"0"}:
-            return cls(trace_id=match[1], span_id=match[2])
+        extracted = _W3C.extract({"traceparent": header or ""})
+        context = otel_trace.get_current_span(extracted).get_span_context()
+        if context.is_valid:
+            return cls(
+                trace_id=format_trace_id(context.trace_id),
+                span_id=format_span_id(context.span_id),
+            )
         return cls.new()
 
     @classmethod
     def new(cls) -> Trace:
         return cls(trace_id=secrets.token_hex(16), span_id=secrets.token_hex(8))
 
+    def or_current(self) -> Trace:
+        """This trace, or the current span's when this one is empty (``NO_TRACE``)."""
+        return self if self.trace_id else Trace.current()
+
+    def span_context(self) -> SpanContext | None:
+        """These ids as a remote parent for a new span; None when not valid."""
+        try:
+            trace_id, span_id = int(self.trace_id, 16), int(self.span_id or "0", 16)
+        except ValueError:
+            return None
+        if not span_id:
+            # A stored trace without a span: parent under a made-up span of it, so
+            # the new span still joins the trace.
+            span_id = int(secrets.token_hex(8), 16)
+        context = SpanContext(
+            trace_id=trace_id,
+            span_id=span_id,
+            is_remote=True,
+            trace_flags=TraceFlags(TraceFlags.SAMPLED),
+        )
+        return context if context.is_valid else None
+
 
 NO_TRACE = Trace()
+
+
+def traceparent_of(trace: Trace) -> str:
+    """The ``traceparent`` header naming ``trace`` as the parent."""
+    return f"00-{trace.trace_id}-{trace.span_id}-01"
+
+
+@contextmanager
+def producer_span(
+    name: str, *, parent: Trace, attributes: Mapping[str, Any] | None = None
+) -> Iterator[dict[str, str]]:
+    """A PRODUCER span under ``parent`` (stored ids); yields the headers to send.
+
+    The headers carry the W3C ``traceparent`` of the new span, injected by the
+    configured propagator. With no valid parent the span joins the current span's
+    trace; with neither, nothing is traced and no headers are yielded.
+    """
+    remote = parent.span_context()
+    if remote is None and not otel_trace.get_current_span().get_span_context().is_valid:
+        yield {}
+        return
+    ctx = (
+        otel_trace.set_span_in_context(NonRecordingSpan(remote))
+        if remote is not None
+        else otel_context.get_current()
+    )
+    with tracer(__name__).start_as_current_span(
+        name, context=ctx, kind=SpanKind.PRODUCER, attributes=attributes
+    ):
+        headers: dict[str, str] = {}
+        # With no SDK in this process the span is the parent itself: still a valid
+        # traceparent in the event's trace.
+        inject(headers)
+        yield headers
+
+
+@contextmanager
+def consumer_span(
+    name: str,
+    *,
+    headers: Mapping[str, Any] | None,
+    attributes: Mapping[str, Any] | None = None,
+) -> Iterator[otel_trace.Span]:
+    """A CONSUMER span continuing the trace of a received message's headers."""
+    carrier = {
+        key: str(value) for key, value in (headers or {}).items() if value is not None
+    }
+    ctx = _W3C.extract(carrier)
+    with tracer(__name__).start_as_current_span(
+        name, context=ctx, kind=SpanKind.CONSUMER, attributes=attributes
+    ) as span:
+        yield span
+
+
+@contextmanager
+def child_span(
+    name: str,
+    *,
+    parent: Trace,
+    kind: SpanKind = SpanKind.INTERNAL,
+    attributes: Mapping[str, Any] | None = None,
+) -> Iterator[tuple[otel_trace.Span, Trace]]:
+    """A span under the current one, or under ``parent`` when that is another trace.
+
+    Yields the span and the ``Trace`` to store while it runs: the new span's ids,
+    or ``parent`` unchanged where no SDK records spans.
+    """
+    ctx = None
+    if parent.trace_id and parent.trace_id != Trace.current().trace_id:
+        remote = parent.span_context()
+        if remote is not None:
+            ctx = otel_trace.set_span_in_context(NonRecordingSpan(remote))
+    with tracer(__name__).start_as_current_span(
+        name, context=ctx, kind=kind, attributes=attributes
+    ) as span:
+        current = Trace.current()
+        recording = span.is_recording() and current.trace_id
+        yield span, (current if recording else parent)

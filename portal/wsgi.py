@@ -4,8 +4,11 @@ import os
 
 from django.core.wsgi import get_wsgi_application
 
+from portal import telemetry
 from portal.middleware import ProblemGuard
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+# Before the handler is built: the Django instrumentation adds its middleware.
+telemetry.setup("portal-web")
 # ProblemGuard answers what would break Django before its middleware runs.
 application = ProblemGuard(get_wsgi_application())

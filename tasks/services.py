@@ -249,8 +249,9 @@ def task_register(
             "id": new_id(),
             "tenant_id": tenant.pk,
             "registration_hash": registration_hash,
-            "trace_id": trace.trace_id,
-            "span_id": trace.span_id,
+            # NO_TRACE: the current span's (portal/tracing.py).
+            "trace_id": trace.or_current().trace_id,
+            "span_id": trace.or_current().span_id,
         },
     )
     if row is None:  # registered before (or concurrently, now committed)
@@ -719,8 +720,9 @@ def operation_reserve(
                 tenant_id=tenant.pk, operation_id=operation_id, values={"input": input}
             ),
             "agent_id": actor.id if actor.type == ActorType.AGENT else None,
-            "trace_id": trace.trace_id,
-            "span_id": trace.span_id,
+            # NO_TRACE: the current span's (portal/tracing.py).
+            "trace_id": trace.or_current().trace_id,
+            "span_id": trace.or_current().span_id,
         },
     )
     if row is None:

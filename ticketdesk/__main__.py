@@ -21,6 +21,12 @@ SIGNING_KEY_ENV: Final = "TICKETDESK_SIGNING_KEY"
 _STOP_SIGNALS: Final = {signal.SIGTERM, signal.SIGINT}
 
 
+_OTLP_ENDPOINTS: Final = (
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m ticketdesk",
@@ -61,9 +67,30 @@ def _stop_on_stdin_eof() -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
+def _export_spans() -> None:
+    """Export the desk's request spans over OTLP/HTTP when an endpoint is set
+    (``OTEL_EXPORTER_OTLP_ENDPOINT``, as the portal); the SDK flushes them at exit."""
+    if not any(os.environ.get(name) for name in _OTLP_ENDPOINTS):
+        return
+    from opentelemetry import trace
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+        OTLPSpanExporter,
+    )
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    named = os.environ.get("OTEL_SERVICE_NAME")
+    resource = Resource.create({} if named else {SERVICE_NAME: "ticketdesk"})
+    provider = TracerProvider(resource=resource)
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    trace.set_tracer_provider(provider)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Serve until told to stop; return the exit status."""
     args = _parser().parse_args(argv)
+    _export_spans()
     if not args.signing_key:
         _parser().error(f"give --signing-key or set ${SIGNING_KEY_ENV}")
     if not is_loopback(args.host):

@@ -15,6 +15,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Final
 from urllib.parse import parse_qs, urlsplit
 
+from opentelemetry import trace
+from opentelemetry.propagate import extract
+from opentelemetry.trace import SpanKind
+
 from . import credentials
 from .store import (
     DEFAULT_DELAY_S,
@@ -31,6 +35,7 @@ MAX_KEY_LENGTH: Final = 200
 MAX_DELAY_S: Final = 120.0
 # The target name the portal's connector uses for this desk: a credential's ``aud``.
 DEFAULT_AUDIENCE: Final = "ticket-desk"
+_TRACER: Final = trace.get_tracer("ticketdesk")
 _TICKET_PATH: Final = re.compile(r"/tickets/(?P<ticket_id>[^/]+)")
 _LOOKUP_ACTIONS: Final = (credentials.ACTION_CREATE, credentials.ACTION_LOOKUP)
 # Create faults that answer at once, before the credential is even read.
@@ -230,7 +235,18 @@ class Handler(BaseHTTPRequestHandler):
             raise _spent_error(spent) from None
 
     def _dispatch(self, method: str) -> None:
+        """Serve one request in a SERVER span continuing the caller's
+        ``traceparent`` (recorded when ``python -m ticketdesk`` exports spans)."""
         url = urlsplit(self.path)
+        with _TRACER.start_as_current_span(
+            f"{method} {url.path}",
+            context=extract(dict(self.headers.items())),
+            kind=SpanKind.SERVER,
+            attributes={"http.request.method": method, "url.path": url.path},
+        ):
+            self._route(method, url.path, url.query)
+
+    def _route(self, method: str, path: str, query: str) -> None:
         routes = {
             ("POST", "/tickets"): self._create,
             ("GET", "/tickets"): self._lookup,
@@ -244,16 +260,16 @@ class Handler(BaseHTTPRequestHandler):
         }
         try:
             body = self._read_body()
-            route = routes.get((method, url.path))
-            ticket_path = _TICKET_PATH.fullmatch(url.path)
+            route = routes.get((method, path))
+            ticket_path = _TICKET_PATH.fullmatch(path)
             if route is not None:
-                route(body=body, query=url.query)
+                route(body=body, query=query)
             elif method == "GET" and ticket_path:
                 self._get(ticket_id=ticket_path["ticket_id"])
-            elif ticket_path or url.path in {path for _, path in routes}:
-                self._send_error(405, "method_not_allowed", f"{method} {url.path}")
+            elif ticket_path or path in {known for _, known in routes}:
+                self._send_error(405, "method_not_allowed", f"{method} {path}")
             else:
-                self._send_error(404, "not_found", f"no route {url.path}")
+                self._send_error(404, "not_found", f"no route {path}")
         except BadRequest as error:
             self._send_error(error.status, error.error, error.detail)
         except credentials.CredentialError as error:

@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Final
 
 from django.db import transaction
+from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
+from opentelemetry.trace import Span
 
 from audit.redaction import redact
 from portal import db as portal_db
+from portal import logs, tracing
 from portal.actors import Actor, ActorType
 from portal.codes import ReasonCode
 from portal.exceptions import LeaseExpired
@@ -249,23 +253,27 @@ def operation_execute(
         ContractRequired: the task pins no contract.
     """
     portal_db.forbid_transaction("the gateway calls the remote system")
-    plan = authorize(
-        tenant=tenant,
-        operation_id=operation_id,
-        lease_token=lease_token,
-        fields=fields,
-        actor=actor,
-        trace=trace,
-        queue=queue,
-    )
-    return run(
-        tenant=tenant,
-        plan=plan,
-        lease_token=lease_token,
-        actor=actor,
-        trace=trace,
-        hook=_test_hook,
-    )
+    with tool_span(operation_id=operation_id, trace=trace) as (span, trace):
+        plan = authorize(
+            tenant=tenant,
+            operation_id=operation_id,
+            lease_token=lease_token,
+            fields=fields,
+            actor=actor,
+            trace=trace,
+            queue=queue,
+        )
+        return verdict_recorded(
+            span,
+            run(
+                tenant=tenant,
+                plan=plan,
+                lease_token=lease_token,
+                actor=actor,
+                trace=trace,
+                hook=_test_hook,
+            ),
+        )
 
 
 def operation_run_queued(
@@ -285,6 +293,18 @@ def operation_run_queued(
     a run killed after the call is settled by the receipt lookup, never by a call.
     """
     portal_db.forbid_transaction("the gateway calls the remote system")
+    with tool_span(operation_id=operation_id, trace=trace) as (span, trace):
+        return verdict_recorded(
+            span,
+            _run_queued(
+                tenant=tenant, operation_id=operation_id, trace=trace, hook=_test_hook
+            ),
+        )
+
+
+def _run_queued(
+    *, tenant: Tenant, operation_id: uuid.UUID, trace: Trace, hook: TestHook
+) -> GatewayResult:
     operation = Operation.objects.get(tenant=tenant, pk=operation_id)
     if operation.state != OperationState.RESERVED or operation.authorized_at is None:
         return standing(operation)
@@ -317,8 +337,45 @@ def operation_run_queued(
         lease_token=None,
         actor=actor,
         trace=trace,
-        hook=_test_hook,
+        hook=hook,
     )
+
+
+@contextmanager
+def tool_span(
+    *, operation_id: uuid.UUID, trace: Trace
+) -> Iterator[tuple[Span, Trace]]:
+    """The gateway's span: a GenAI ``execute_tool`` span (docs/observability.md).
+
+    The tool's name is the operation's action, known once the operation is read:
+    ``verdict_recorded`` completes the name and sets the verdict.
+    """
+    with tracing.child_span(
+        gen_ai.GenAiOperationNameValues.EXECUTE_TOOL.value,
+        parent=trace,
+        attributes={
+            gen_ai.GEN_AI_OPERATION_NAME: (
+                gen_ai.GenAiOperationNameValues.EXECUTE_TOOL.value
+            ),
+            gen_ai.GEN_AI_TOOL_CALL_ID: str(operation_id),
+            # A tool the agent runs through us to call an external API.
+            gen_ai.GEN_AI_TOOL_TYPE: "extension",
+        },
+    ) as (span, current), logs.bind(operation_id=operation_id):
+        yield span, current
+
+
+def verdict_recorded(span: Span, result: GatewayResult) -> GatewayResult:
+    """Name the span after the tool; the verdict and reason code as attributes."""
+    tool = result.operation.action
+    span.update_name(f"{gen_ai.GenAiOperationNameValues.EXECUTE_TOOL.value} {tool}")
+    span.set_attribute(gen_ai.GEN_AI_TOOL_NAME, tool)
+    span.set_attribute("portal.gateway.verdict", result.outcome)
+    span.set_attribute("portal.gateway.target", result.operation.target)
+    reason = result.reason or result.operation.reason_code
+    if reason:
+        span.set_attribute("portal.gateway.reason_code", str(reason))
+    return result
 
 
 def run(

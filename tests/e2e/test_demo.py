@@ -32,6 +32,7 @@ from psycopg import sql
 
 from launcher import embedded_db
 from portal.management.commands.seed_demo import USERS
+from tests.support.otlp import Receiver, Span, otlp_receiver
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "examples" / "customer_issue_agent.py"
@@ -42,6 +43,8 @@ AGENT_KEY = re.compile(r"Agent key:\s+Authorization: Bearer (\S+)")
 DESK_URL = re.compile(r"Ticket desk:\s+(http://\S+)")
 # Whatever `up` must have started, by a word of its command line.
 CHILDREN = ("ticketdesk", "gunicorn", "celery")
+AGENT_TRACE = re.compile(r"customer-issue agent: \d+ issue\(s\), trace ([0-9a-f]{32})")
+SPANS_TIMEOUT_S = 30.0
 
 
 def _free_port() -> int:
@@ -196,10 +199,58 @@ def _rows(database_url: str, query: LiteralString) -> list[tuple[Any, ...]]:
         return conn.execute(query).fetchall()
 
 
+def _one_trace(receiver: Receiver, trace_id: str) -> dict[str, Span]:
+    """Wait for the demo's connected trace: web → gateway → desk, and a worker job.
+
+    Returns the spans of ``trace_id`` by span id once the chain is there; fails with
+    what arrived after SPANS_TIMEOUT_S.
+    """
+    deadline = time.monotonic() + SPANS_TIMEOUT_S
+    while True:
+        spans = {s.span_id: s for s in receiver.received() if s.trace_id == trace_id}
+
+        def parent(span: Span, spans: dict[str, Span] = spans) -> Span | None:
+            return spans.get(span.parent_span_id)
+
+        desk_calls = [
+            s
+            for s in spans.values()
+            if s.service == "ticketdesk"
+            and s.name == "POST /tickets"
+            and (client := parent(s)) is not None
+            and client.service == "portal-web"
+            and (tool := parent(client)) is not None
+            and tool.name == "execute_tool create_ticket"
+        ]
+        worker_jobs = [
+            s
+            for s in spans.values()
+            if s.service == "portal-worker"
+            and (sent := parent(s)) is not None
+            and sent.service == "portal-web"
+        ]
+        if desk_calls and worker_jobs:
+            return spans
+        if time.monotonic() > deadline:
+            pytest.fail(
+                f"no connected trace {trace_id} in {SPANS_TIMEOUT_S:.0f} s: "
+                + repr(sorted((s.service, s.name) for s in spans.values()))
+            )
+        time.sleep(0.5)
+
+
 def test_the_readme_demo_runs_end_to_end_and_stops_cleanly(
     scratch_database_url: str, tmp_path: Path
 ) -> None:
-    # Given: the README's start command, on a scratch database and free ports.
+    with otlp_receiver() as receiver:
+        _the_readme_demo(scratch_database_url, tmp_path, receiver)
+
+
+def _the_readme_demo(
+    scratch_database_url: str, tmp_path: Path, receiver: Receiver
+) -> None:
+    # Given: the README's start command, on a scratch database and free ports,
+    # exporting its spans to a collector (docs/observability.md).
     port, desk_port = _free_port(), _free_port()
     portal = f"http://127.0.0.1:{port}"
     env = _clean_env(
@@ -208,6 +259,8 @@ def test_the_readme_demo_runs_end_to_end_and_stops_cleanly(
         PORTAL_VAR_DIR=str(tmp_path / "var"),
         DJANGO_STATIC_ROOT=str(tmp_path / "static"),
         PYTHONUNBUFFERED="1",
+        OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url,
+        OTEL_BSP_SCHEDULE_DELAY="200",
     )
     process = subprocess.Popen(
         # The venv's interpreter: `python3 manage.py` would only re-exec into it.
@@ -255,6 +308,39 @@ def test_the_readme_demo_runs_end_to_end_and_stops_cleanly(
             *[(f"issue-{n}", "succeeded", None) for n in range(1, ISSUES)],
             (f"issue-{ISSUES}", "human_required", "FIELD_STALE"),
         ]
+
+        # And: one trace from the agent's requests through the portal's web server
+        # and the gateway's execute_tool spans to the ticket desk, and on to a job
+        # on the Celery worker; the stored ids are the spans' own.
+        trace_id = AGENT_TRACE.search(first.stdout)
+        assert trace_id, first.stdout
+        spans = _one_trace(receiver, trace_id[1])
+        tools = [s for s in spans.values() if s.name.startswith("execute_tool ")]
+        verdicts = sorted(
+            (
+                s.attributes["portal.gateway.verdict"],
+                s.attributes.get("portal.gateway.reason_code", ""),
+            )
+            for s in tools
+        )
+        assert verdicts == [
+            ("refused", "FIELD_STALE"),
+            *[("verified", "")] * (ISSUES - 1),
+        ], verdicts
+        for tool in tools:
+            assert tool.attributes["gen_ai.operation.name"] == "execute_tool"
+            assert tool.attributes["gen_ai.tool.name"] == "create_ticket"
+        stored = _rows(
+            scratch_database_url,
+            "SELECT DISTINCT o.id::text, e.trace_id, e.span_id FROM audit_event e "
+            "JOIN tasks_operation o ON o.id = e.operation_id "
+            "WHERE e.code = 'gateway.checked'",
+        )
+        tool_ids = {
+            (s.attributes["gen_ai.tool.call.id"], s.trace_id, s.span_id)
+            for s in tools
+        }
+        assert tool_ids <= set(stored), (tool_ids, stored)
         assert _rows(
             scratch_database_url, "SELECT reason_code FROM tasks_escalation"
         ) == [("FIELD_STALE",)]

@@ -94,7 +94,9 @@ class World:
                 values[name] = {**values[name], **change}
         return list(values.values())
 
-    def start_task(self, n: int = 1042, *, key: str | None = None) -> dict[str, Any]:
+    def start_task(
+        self, n: int = 1042, *, key: str | None = None, input: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         """Register, claim and reserve: a running task with one reserved operation."""
         registered = self.http.post(
             "/api/v1/tasks",
@@ -135,6 +137,7 @@ class World:
                     "queue": "billing",
                     "summary": f"Refund for issue {n}",
                     "customer": "ana",
+                    **(input or {}),
                 },
             },
             headers={"Lease-Token": str(token)},

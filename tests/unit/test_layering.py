@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # portal's base modules (R1): what every other app builds on.
 PORTAL_BASE = (
     "models", "selectors", "services", "db", "codes", "actors", "ids", "tracing",
-    "api", "exceptions", "idempotency", "metrics",
+    "api", "exceptions", "idempotency", "metrics", "telemetry", "logs",
 )  # fmt: skip
 
 

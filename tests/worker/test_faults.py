@@ -123,6 +123,10 @@ def test_relay_sigkilled_between_confirm_and_mark_republishes_and_inbox_dedupes(
     # Task order holds even with the duplicate: A1..A5, A5 again, A6..A10.
     order_a = [d["message_id"] for d in deliveries if d["message_id"] in keys[:10]]
     assert order_a == keys[:5] + keys[4:10]
+    # Each delivery, the duplicate too, was processed in its event's trace: the
+    # relay's traceparent header, continued by the consumer's span.
+    traces = {str(a.event_id): a.trace_id for a in appended}
+    assert all(d["trace_id"] == traces[d["message_id"]] for d in deliveries)
     lags = lag_ms()
     write_report(
         "worker-relay-sigkill",
