@@ -25,6 +25,9 @@ FLAVOUR_LABELS: Final = {
     "service-prepared": "service prepared",
     "service-sql-grant": "service, SQL grant",
     "service-prepared-sql-grant": "service, both",
+    "lean": "lean raw psycopg",
+    "procrastinate": "Procrastinate",
+    "dbos": "DBOS Transact",
 }
 
 
@@ -79,6 +82,8 @@ class RunSpec:
     tenant_id: str
     agent_id: str
     refill_batch: int
+    # The peer's own database (bench/peers.py), for the peers' runners.
+    peer_url: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
