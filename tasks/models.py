@@ -195,9 +195,10 @@ class Task(models.Model):
             ),
         ]
         indexes = [
-            # claim_next scans pending tasks oldest first.
+            # claim_next takes the oldest pending task: ORDER BY created_at, id
+            # LIMIT 1 reads the first entry (without id the whole queue is sorted).
             models.Index(
-                fields=["tenant", "created_at"],
+                fields=["tenant", "created_at", "id"],
                 condition=Q(state="pending"),
                 name="tasks_task_pending_idx",
             ),
