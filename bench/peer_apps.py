@@ -43,6 +43,9 @@ def dbos_workflow(
         config={
             "name": "bench-peers",
             "system_database_url": system_database_url,
+            # One executor per client process: with the default one, each launch
+            # would "recover" the workflows the other clients are running.
+            "executor_id": application_name,
             "db_engine_kwargs": {
                 "connect_args": {"application_name": application_name}
             },

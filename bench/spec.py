@@ -23,6 +23,7 @@ FLAVOUR_LABELS: Final = {
     "raw-like-django": "raw, psycopg configured as Django does",
     "django-sql": "raw statements through Django's atomic and cursor",
     "service-prepared": "service prepared",
+    "service-unprepared": "service unprepared",
     "service-sql-grant": "service, SQL grant",
     "service-prepared-sql-grant": "service, both",
     "lean": "lean raw psycopg",
@@ -49,6 +50,8 @@ WHAT_IFS: Final[dict[str, WhatIf]] = {
     "service-prepared": WhatIf(django_options=_PREPARED),
     "service-sql-grant": WhatIf(sql_grant=True),
     "service-prepared-sql-grant": WhatIf(django_options=_PREPARED, sql_grant=True),
+    # The settings before issue 11: Django's default, nothing prepared.
+    "service-unprepared": WhatIf(django_options={"prepare_threshold": None}),
 }
 
 
