@@ -16,8 +16,13 @@ def procrastinate_app(conninfo: str, *, application_name: str = "bench") -> Any:
     import procrastinate
 
     app = procrastinate.App(
+        # One connection per client process, as the services have: the clients
+        # share the PostgreSQL cluster's connection slots with everything else.
         connector=procrastinate.PsycopgConnector(
-            conninfo=conninfo, kwargs={"application_name": application_name}
+            conninfo=conninfo,
+            kwargs={"application_name": application_name},
+            min_size=1,
+            max_size=1,
         )
     )
 
@@ -46,6 +51,8 @@ def dbos_workflow(
             # One executor per client process: with the default one, each launch
             # would "recover" the workflows the other clients are running.
             "executor_id": application_name,
+            # Its default pool holds up to 20 connections per process.
+            "sys_db_pool_size": 2,
             "db_engine_kwargs": {
                 "connect_args": {"application_name": application_name}
             },

@@ -132,7 +132,12 @@ class Task(models.Model):
     """A user-level workflow instance, with its lease and fencing token."""
 
     id = models.UUIDField(primary_key=True, default=new_id, editable=False)
-    tenant = models.ForeignKey("portal.Tenant", on_delete=models.PROTECT)
+    # No index of its own: every index of the table leads with tenant_id, and a
+    # state change (never a HOT update: state and lease columns are indexed) adds
+    # an entry to each (docs/performance.md).
+    tenant = models.ForeignKey(
+        "portal.Tenant", on_delete=models.PROTECT, db_index=False
+    )
     # The agent's own id for the task; registering it again is idempotent.
     client_task_id = models.CharField(max_length=200)
     registration_hash = models.CharField(max_length=64)
