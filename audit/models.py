@@ -82,7 +82,11 @@ class Event(models.Model):
     """
 
     id = models.UUIDField(primary_key=True, default=new_id, editable=False)
-    tenant = models.ForeignKey("portal.Tenant", on_delete=models.PROTECT)
+    # No index of its own: every index of the table leads with tenant_id, and each
+    # one more costs every append (docs/performance.md).
+    tenant = models.ForeignKey(
+        "portal.Tenant", on_delete=models.PROTECT, db_index=False
+    )
     task_id = models.UUIDField(null=True, blank=True, db_index=False)
     operation_id = models.UUIDField(null=True, blank=True)
     code = models.CharField(max_length=60, choices=EventCode)
@@ -383,9 +387,18 @@ class Outbox(models.Model):
     """A downstream message, written in the same transaction as its event."""
 
     id = models.UUIDField(primary_key=True, default=new_id, editable=False)
-    tenant = models.ForeignKey("portal.Tenant", on_delete=models.PROTECT)
+    # Neither has an index of its own: (tenant_id, id), (tenant_id, key) and
+    # (tenant_id, event_id) are unique and serve every lookup, and each index more
+    # costs every append (docs/performance.md).
+    tenant = models.ForeignKey(
+        "portal.Tenant", on_delete=models.PROTECT, db_index=False
+    )
     event = models.ForeignKey(
-        Event, on_delete=models.PROTECT, db_constraint=False, related_name="+"
+        Event,
+        on_delete=models.PROTECT,
+        db_constraint=False,
+        db_index=False,
+        related_name="+",
     )
     topic = models.CharField(max_length=100)
     # Goes out as the message id / Idempotency-Key: consumers dedupe on it.

@@ -149,7 +149,11 @@ def _cpu(summary: RunSummary | None) -> str:
 
 
 # Flavours beyond service and raw, as extra column groups: flavour -> label.
-EXTRA_COLUMNS = {"orm": "plain ORM", "service-prepared": "what-if"}
+EXTRA_COLUMNS = {
+    "orm": "plain ORM",
+    "service-prepared": "what-if",
+    "service-unprepared": "unprepared",
+}
 
 WORKLOAD_TITLES = {
     "transition": "Transition (running → succeeded: state + event + outbox)",
@@ -238,6 +242,11 @@ def markdown_section(meta: Mapping[str, Any], summaries: Sequence[RunSummary]) -
         " settings).\n"
         if meta.get("what_if")
         else ""
+    ) + (
+        "- *Unprepared* is the unchanged service with `prepare_threshold=None` (the\n"
+        "  settings before issue 11: Django's default, nothing prepared).\n"
+        if meta.get("unprepared")
+        else ""
     )
     return f"""## Service layer against raw psycopg
 
@@ -281,7 +290,8 @@ Method:
   after five uses) running the services' own SQL constants (checked to be exactly
   the statements the services execute) with the same parameters in the same
   `BEGIN … COMMIT`, without argument checks, redaction or model building. Django's
-  connection uses client-side binding and no prepared statements. *Plain ORM* is
+  connection is configured by the settings: server-side binding, statements
+  prepared after five uses (`PORTAL_DB_PREPARE_THRESHOLD`). *Plain ORM* is
   STYLE.md R4's readable form (read, guarded `update()`, `Event` and `Outbox` via
   `create()`, `refresh_from_db()`).
 {what_if}- Transition: each client moves its own prepared, leased `running` tasks to

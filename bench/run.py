@@ -6,8 +6,9 @@
 
 Drops, creates and migrates its own database (default portal_bench on
 127.0.0.1:5432; the name must contain "bench"). ``--what-if`` adds the service on a
-Django connection with server-side binding and prepared statements. Where a client's
-time goes: ``bench/profile_client.py``.
+Django connection with server-side binding and prepared statements forced on. Where a
+client's time goes: ``bench/profile_client.py``. Against the peers (DBOS Transact,
+Procrastinate, a lean one-statement baseline): ``bench/peers.py``.
 """
 
 from __future__ import annotations

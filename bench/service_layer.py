@@ -96,8 +96,16 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument(
         "--what-if",
         action="store_true",
-        help="also run the service with Django on server-side binding and prepared"
-        " statements (settings OPTIONS), as flavour 'service-prepared'",
+        help="also run the service with server-side binding and prepare_threshold=5"
+        " forced in the settings OPTIONS, as flavour 'service-prepared' (the same as"
+        " 'service' unless PORTAL_DB_PREPARE_THRESHOLD or"
+        " PORTAL_DB_SERVER_SIDE_BINDING turn them off)",
+    )
+    parser.add_argument(
+        "--unprepared",
+        action="store_true",
+        help="also run the service with prepare_threshold=None (Django's default,"
+        " the settings before issue 11), as flavour 'service-unprepared'",
     )
     args = parser.parse_args(argv)
     args.client_counts = sorted({int(c) for c in args.clients.split(",") if c})
@@ -309,7 +317,11 @@ def measure(
     args: argparse.Namespace,
 ) -> list[report.RunSummary]:
     """All flavours of one workload at one client count, in alternating rounds."""
-    flavours = FLAVOURS[workload] + (("service-prepared",) if args.what_if else ())
+    flavours = (
+        FLAVOURS[workload]
+        + (("service-prepared",) if args.what_if else ())
+        + (("service-unprepared",) if args.unprepared else ())
+    )
     specs = {
         flavour: prepare(
             raw, tag=tag, workload=workload, flavour=flavour, clients=count, args=args
@@ -443,6 +455,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "duration_s": args.duration,
         "rounds": args.rounds,
         "what_if": args.what_if,
+        "unprepared": args.unprepared,
         "warmup": args.warmup,
         "rewarmup": REWARMUP,
         "load_average_1m": [round(load_before[0], 1), round(load_after[0], 1)],

@@ -23,8 +23,12 @@ FLAVOUR_LABELS: Final = {
     "raw-like-django": "raw, psycopg configured as Django does",
     "django-sql": "raw statements through Django's atomic and cursor",
     "service-prepared": "service prepared",
+    "service-unprepared": "service unprepared",
     "service-sql-grant": "service, SQL grant",
     "service-prepared-sql-grant": "service, both",
+    "lean": "lean raw psycopg",
+    "procrastinate": "Procrastinate",
+    "dbos": "DBOS Transact",
 }
 
 
@@ -46,6 +50,8 @@ WHAT_IFS: Final[dict[str, WhatIf]] = {
     "service-prepared": WhatIf(django_options=_PREPARED),
     "service-sql-grant": WhatIf(sql_grant=True),
     "service-prepared-sql-grant": WhatIf(django_options=_PREPARED, sql_grant=True),
+    # The settings before issue 11: Django's default, nothing prepared.
+    "service-unprepared": WhatIf(django_options={"prepare_threshold": None}),
 }
 
 
@@ -79,6 +85,8 @@ class RunSpec:
     tenant_id: str
     agent_id: str
     refill_batch: int
+    # The peer's own database (bench/peers.py), for the peers' runners.
+    peer_url: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)

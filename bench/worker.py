@@ -73,12 +73,13 @@ def worker_main(
 
     from portal import scope
 
-    from . import workloads
+    from . import peer_runners, workloads
 
     ctx = workloads.WorkerContext(
         index=index, raw=workloads.connect_raw(database_url), database_url=database_url
     )
     what_ifs = workloads.WhatIfSwitch()
+    runners = {**workloads.RUNNERS, **peer_runners.RUNNERS}
     connection.ensure_connection()
     pipe.send(("ready", index))
     while (spec := pipe.recv()) is not None:
@@ -90,7 +91,7 @@ def worker_main(
             with scope.tenant_scope([spec.tenant_id]):
                 what_ifs.apply(spec.flavour)
                 flavour = runner_flavour(spec.flavour)
-                runner = workloads.RUNNERS[spec.workload, flavour](spec, ctx)
+                runner = runners[spec.workload, flavour](spec, ctx)
                 warmed = 0
                 while warmed < spec.warmup:
                     try:
@@ -123,5 +124,6 @@ def worker_main(
                 ),
             )
         )
+    peer_runners.close()
     ctx.close()
     connection.close()

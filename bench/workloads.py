@@ -200,6 +200,11 @@ def owner_of(index: int) -> str:
     return f"bench-w{index}"
 
 
+def peer_application_name(index: int) -> str:
+    """The ``application_name`` of client ``index``'s connections to a peer."""
+    return f"bench-peer-{index}"
+
+
 def make_tenant(slug: str) -> tuple[Tenant, Agent]:
     """A tenant and its agent, granted the reservation's action on any target."""
     tenant = Tenant.objects.create(slug=slug, name=slug)
@@ -572,11 +577,17 @@ class WorkerContext:
         return self._raw_like_django
 
     def server_cpu_s(self) -> float:
-        """CPU seconds so far of every backend serving this client (local server)."""
+        """CPU seconds so far of every backend serving this client (local server),
+        the peers' connections of bench/peers.py (by application name) included."""
         connection.ensure_connection()
         assert connection.connection is not None
         connections = [self.raw, connection.connection, self._raw_like_django]
-        return sum(process_cpu_s(conn.info.backend_pid) for conn in connections if conn)
+        pids = [conn.info.backend_pid for conn in connections if conn]
+        peers = self.raw.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s",
+            [peer_application_name(self.index)],
+        ).fetchall()
+        return sum(process_cpu_s(pid) for pid in pids + [row[0] for row in peers])
 
     def close(self) -> None:
         self.raw.close()

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db import connection
 from django.db.models import BooleanField, ExpressionWrapper, Q
 from django.db.models.expressions import RawSQL
 
@@ -84,13 +85,30 @@ def agent_key_authenticate(*, secret: str) -> KeyCheck | None:
     return KeyCheck(key=key, status="live")
 
 
+# One fixed statement rather than an ORM query: it runs on every reservation and
+# gateway execution, and building the query cost more client CPU than the rest of a
+# reservation (docs/performance.md); fixed text is also prepared once per connection.
+_AGENT_MAY = f"""
+SELECT EXISTS (
+    SELECT 1 FROM {AgentGrant._meta.db_table}
+    WHERE tenant_id = %s AND agent_id = %s AND action = %s AND target IN (%s, '*')
+)
+"""
+
+
 def agent_may(
     *, tenant: Tenant, agent_id: uuid.UUID | str, action: str, target: str
 ) -> bool:
-    """Whether the agent holds a grant for this action on this target (or on ``*``)."""
-    return AgentGrant.objects.filter(
-        tenant=tenant, agent_id=agent_id, action=action, target__in=[target, "*"]
-    ).exists()
+    """Whether the agent holds a grant for this action on this target (or on ``*``).
+
+    Raises:
+        ValueError: ``agent_id`` is not a UUID.
+    """
+    agent = agent_id if isinstance(agent_id, uuid.UUID) else uuid.UUID(agent_id)
+    with connection.cursor() as cursor:
+        cursor.execute(_AGENT_MAY, [tenant.pk, agent, action, target])
+        row = cursor.fetchone()
+    return bool(row and row[0])
 
 
 def tenant_for_person(

@@ -120,14 +120,42 @@ _database: dict[str, Any] = dict(
 )
 # Django's PostgreSQL backend, plus the tenant scope of row-level security.
 _database["ENGINE"] = "portal.dbbackend"
+_server_side_binding = _env_bool("PORTAL_DB_SERVER_SIDE_BINDING", default=True)
+
+
+def _prepare_threshold(server_side_binding: bool) -> int | None:
+    """Runs of a statement on a connection before psycopg prepares it; None: never.
+
+    Django 5.2 passes ``prepare_threshold=None`` to psycopg unless OPTIONS names it,
+    so this must be said here for prepared statements to be on at all.
+    """
+    value = os.environ.get("PORTAL_DB_PREPARE_THRESHOLD", "").strip().lower()
+    if value in {"off", "none", "no", "false"}:
+        return None
+    if not value:
+        return 5 if server_side_binding else None
+    try:
+        threshold = int(value)
+    except ValueError:
+        raise ImproperlyConfigured(
+            f"PORTAL_DB_PREPARE_THRESHOLD={value!r}: a number of runs, or 'off'"
+        ) from None
+    if threshold < 0:
+        raise ImproperlyConfigured(
+            f"PORTAL_DB_PREPARE_THRESHOLD={value!r}: a number of runs, or 'off'"
+        )
+    return threshold
+
+
 _database["OPTIONS"] = {
     # Fail fast rather than queue behind a stuck lock; services retry where it is safe.
     "options": "-c lock_timeout=10000 -c statement_timeout=60000",
-    # Bind parameters on the server: psycopg then prepares a statement the fifth
-    # time it runs, so the hot paths' single statements are parsed and planned once
-    # per connection (docs/performance.md). Turn off behind PgBouncer's transaction
+    # Bind parameters on the server and let psycopg prepare a statement the fifth
+    # time it runs, so the hot paths' statements are parsed and planned once per
+    # connection (docs/performance.md). Turn both off behind PgBouncer's transaction
     # pooling older than 1.21, which cannot keep prepared statements.
-    "server_side_binding": _env_bool("PORTAL_DB_SERVER_SIDE_BINDING", default=True),
+    "server_side_binding": _server_side_binding,
+    "prepare_threshold": _prepare_threshold(_server_side_binding),
 }
 _database["TEST"] = {"NAME": os.environ.get("PORTAL_TEST_DATABASE", "test_portal")}
 DATABASES = {"default": _database}

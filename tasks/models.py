@@ -132,7 +132,12 @@ class Task(models.Model):
     """A user-level workflow instance, with its lease and fencing token."""
 
     id = models.UUIDField(primary_key=True, default=new_id, editable=False)
-    tenant = models.ForeignKey("portal.Tenant", on_delete=models.PROTECT)
+    # No index of its own: every index of the table leads with tenant_id, and a
+    # state change (never a HOT update: state and lease columns are indexed) adds
+    # an entry to each (docs/performance.md).
+    tenant = models.ForeignKey(
+        "portal.Tenant", on_delete=models.PROTECT, db_index=False
+    )
     # The agent's own id for the task; registering it again is idempotent.
     client_task_id = models.CharField(max_length=200)
     registration_hash = models.CharField(max_length=64)
@@ -195,9 +200,10 @@ class Task(models.Model):
             ),
         ]
         indexes = [
-            # claim_next scans pending tasks oldest first.
+            # claim_next takes the oldest pending task: ORDER BY created_at, id
+            # LIMIT 1 reads the first entry (without id the whole queue is sorted).
             models.Index(
-                fields=["tenant", "created_at"],
+                fields=["tenant", "created_at", "id"],
                 condition=Q(state="pending"),
                 name="tasks_task_pending_idx",
             ),

@@ -565,8 +565,10 @@ _CLAIM_NEXT: Final = TaskStateWrite(
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 )""",
-    from_="next",
-    where="t.id = next.id",
+    # A scalar subquery, not a join with ``next``: the row is then found by its
+    # primary key whatever the planner estimates for the CTE (a join let it scan
+    # every pending task of every tenant, docs/performance.md).
+    where="t.id = (SELECT id FROM next)",
     assignments=(
         "reason_code = NULL",
         "lease_owner = %(owner)s",

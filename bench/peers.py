@@ -1,0 +1,459 @@
+"""The services against the peers a user would pick instead, in one run.
+
+    .venv/bin/pip install -e '.[bench]' -c constraints.txt   # once: the peers
+    .venv/bin/python bench/peers.py [--duration 3] [--clients 1,4,8] [--rounds 3]
+        [--database-url postgres://postgres@127.0.0.1:5432/portal_bench_peers]
+        [--no-docs] [--json reports/bench-peers.json]
+
+In the same interleaved rounds as ``bench/run.py`` (same client processes, barrier,
+slices in rotating order), on one PostgreSQL server:
+
+- full task lifecycle through the services against DBOS Transact one-step workflows;
+- claim → complete through the services against Procrastinate's worker steps per
+  job (and the lean claim);
+- transition and reservation through the services against the lean baseline, one
+  data-modifying CTE per state change on tables without triggers (bench/lean.sql).
+
+Drops and creates its databases: the services' (name must contain "bench"), and
+the peers' own, ``<name>_procrastinate`` and ``<name>_dbos``, dropped again at the
+end. REST and relay figures come from ``bench/api.py`` and ``bench/relay.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import os
+import platform
+import shlex
+import sys
+import time
+import urllib.parse
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final
+
+# Run as a script: make the repository, not bench/, the first import root.
+if __name__ == "__main__":
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+import psycopg
+from psycopg import sql
+
+from bench import report
+from bench.service_layer import (
+    REWARMUP,
+    Clients,
+    prepare,
+    recreate_database,
+    say,
+    server_facts,
+    tidy,
+    verify,
+)
+from bench.spec import ClientResult, RunSpec
+
+REPO = Path(__file__).resolve().parent.parent
+DOCS = REPO / "docs" / "performance.md"
+JSON_REPORT = REPO / "reports" / "bench-peers.json"
+SECTION = "peers"
+DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/portal_bench_peers"
+
+# (workload, ours, the peer, aim as peer multiple or share, how the ratio reads)
+ROWS: Final = (
+    ("lifecycle", "service", "dbos", 2.0,
+     "full task lifecycle (register → claim → reserve → begin → verified outcome →"
+     " succeeded) vs DBOS Transact one-step workflows"),
+    ("claim", "service", "procrastinate", 2.0,
+     "claim → complete through the services vs Procrastinate jobs processed"),
+    ("claim", "lean", "procrastinate", 0.0,
+     "(reference) lean claim → complete vs Procrastinate jobs processed"),
+    ("transition", "service", "lean", 0.6,
+     "service transition vs lean raw psycopg transition (one CTE, no triggers)"),
+    ("reservation", "service", "lean", 0.5,
+     "reservation through the services vs lean raw reservation (one CTE)"),
+)  # fmt: skip
+# Lifecycle last: once launched, DBOS keeps its threads in the client processes.
+FLAVOURS: Final[dict[str, tuple[str, ...]]] = {
+    "transition": ("lean", "service"),
+    "reservation": ("lean", "service"),
+    "claim": ("procrastinate", "lean", "service"),
+    "lifecycle": ("dbos", "service"),
+}
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="bench/peers.py", description=__doc__)
+    parser.add_argument("--duration", type=float, default=3.0)
+    parser.add_argument("--clients", default="1,4,8")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=20, help="untimed ops/client")
+    parser.add_argument("--workloads", default=",".join(FLAVOURS))
+    parser.add_argument(
+        "--database-url",
+        default=os.environ.get("BENCH_PEERS_DATABASE_URL", DEFAULT_DATABASE_URL),
+        help="an administrator's URL of the database to DROP and create ('bench')",
+    )
+    parser.add_argument("--no-docs", action="store_true")
+    parser.add_argument("--json", type=Path, default=JSON_REPORT)
+    args = parser.parse_args(argv)
+    args.client_counts = sorted({int(c) for c in args.clients.split(",") if c})
+    args.workload_list = [w for w in args.workloads.split(",") if w]
+    if set(args.workload_list) - set(FLAVOURS) or not args.client_counts:
+        parser.error("bad --workloads or --clients")
+    args.what_if = False
+    return args
+
+
+# --- The peers' databases ------------------------------------------------------------
+
+
+def _recreate(admin_url: str, name: str, *, drop_only: bool = False) -> str:
+    if "bench" not in name:
+        raise SystemExit(f"refusing to drop {name!r}: its name must contain 'bench'")
+    with psycopg.connect(
+        psycopg.conninfo.make_conninfo(admin_url, dbname="postgres"), autocommit=True
+    ) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                sql.Identifier(name)
+            )
+        )
+        if not drop_only:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    return urllib.parse.urlsplit(admin_url)._replace(path=f"/{name}").geturl()
+
+
+def setup_lean(admin_url: str, app_url: str) -> None:
+    """bench/lean.sql in the services' database, usable by the role they run as."""
+    role = str(psycopg.conninfo.conninfo_to_dict(app_url).get("user") or "postgres")
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute((REPO / "bench" / "lean.sql").read_text().encode())
+        conn.execute(
+            sql.SQL(
+                "GRANT USAGE ON SCHEMA lean TO {0};"
+                " GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA lean"
+                " TO {0}"
+            ).format(sql.Identifier(role))
+        )
+
+
+def setup_procrastinate(url: str) -> str:
+    from bench.peer_apps import procrastinate_app
+
+    app = procrastinate_app(url)
+    with app.open():
+        app.schema_manager.apply_schema()
+    return url
+
+
+def setup_dbos(url: str) -> str:
+    """Launch DBOS once here, so its system tables exist before the clients start."""
+    from dbos import DBOS
+
+    from bench.peer_apps import dbos_workflow
+
+    assert dbos_workflow(url)(1) == 2
+    DBOS.destroy()
+    return url
+
+
+# --- Runs ----------------------------------------------------------------------------
+
+
+def make_spec(
+    raw: psycopg.Connection[Any],
+    *,
+    tag: str,
+    workload: str,
+    flavour: str,
+    clients: int,
+    args: argparse.Namespace,
+    peer_url: str,
+) -> RunSpec:
+    if flavour == "service" and workload != "lifecycle":
+        spec = prepare(
+            raw, tag=tag, workload=workload, flavour=flavour, clients=clients, args=args
+        )
+        return dataclasses.replace(spec, peer_url=peer_url)
+    from bench.workloads import make_tenant
+
+    tenant, agent = make_tenant(f"peers-{tag}-{workload}-{clients}-{flavour}")
+    return RunSpec(
+        run_id=f"{tag}-{workload}-{clients}-{flavour}",
+        round=0,
+        workload=workload,
+        flavour=flavour,
+        clients=clients,
+        duration_s=args.duration / args.rounds,
+        warmup=args.warmup,
+        tenant_id=str(tenant.pk),
+        agent_id=str(agent.pk),
+        refill_batch=1000,
+        peer_url=peer_url,
+    )
+
+
+def check_lean(raw: psycopg.Connection[Any], spec: RunSpec, done: int) -> None:
+    row = raw.execute(
+        "SELECT (SELECT count(*) FROM lean.event WHERE tenant_id = %(t)s),"
+        " (SELECT count(*) FROM lean.outbox WHERE tenant_id = %(t)s)",
+        {"t": uuid.UUID(spec.tenant_id)},
+    ).fetchone()
+    per_op = 2 if spec.workload == "claim" else 1
+    if row != (per_op * done, per_op * done):
+        raise AssertionError(f"{spec.run_id}: (events, outbox) {row}, done {done}")
+
+
+def check_lifecycle(raw: psycopg.Connection[Any], spec: RunSpec, done: int) -> None:
+    row = raw.execute(
+        "SELECT count(*) FILTER (WHERE state = 'succeeded'), count(*)"
+        " FROM tasks_task WHERE tenant_id = %s",
+        [uuid.UUID(spec.tenant_id)],
+    ).fetchone()
+    if row != (done, done):
+        raise AssertionError(f"{spec.run_id}: (succeeded, tasks) {row}, done {done}")
+
+
+def measure(
+    clients: Clients,
+    raw: psycopg.Connection[Any],
+    *,
+    tag: str,
+    workload: str,
+    count: int,
+    args: argparse.Namespace,
+    peer_urls: dict[str, str],
+) -> list[report.RunSummary]:
+    flavours = FLAVOURS[workload]
+    specs = {
+        flavour: make_spec(
+            raw,
+            tag=tag,
+            workload=workload,
+            flavour=flavour,
+            clients=count,
+            args=args,
+            peer_url=peer_urls.get(flavour, ""),
+        )
+        for flavour in flavours
+    }
+    tidy(raw)
+    rounds: dict[str, list[list[ClientResult]]] = {f: [] for f in flavours}
+    for number in range(args.rounds):
+        order = flavours[number % len(flavours) :] + flavours[: number % len(flavours)]
+        figures = []
+        for flavour in order:
+            spec = dataclasses.replace(
+                specs[flavour],
+                round=number,
+                warmup=args.warmup if number == 0 else REWARMUP,
+            )
+            results = clients.run(spec)
+            rounds[flavour].append(results)
+            rate = sum(r.ops / r.elapsed_s for r in results if r.elapsed_s > 0)
+            figures.append(f"{flavour} {rate:.0f}/s")
+        say(f"    {workload} clients={count} round {number + 1}: {', '.join(figures)}")
+    summaries = []
+    for flavour in flavours:
+        results = [r for round_ in rounds[flavour] for r in round_]
+        done = sum(r.ops + r.warmup_ops for r in results)
+        if flavour == "lean":
+            check_lean(raw, specs[flavour], done)
+        elif flavour == "service" and workload == "lifecycle":
+            check_lifecycle(raw, specs[flavour], done)
+        elif flavour == "service":
+            verify(raw, specs[flavour], results)
+        summaries.append(
+            report.summarise(
+                workload=workload,
+                flavour=flavour,
+                clients=count,
+                rounds=rounds[flavour],
+            )
+        )
+    for summary in summaries:
+        say(report.progress_line(summary))
+    return summaries
+
+
+# --- Report --------------------------------------------------------------------------
+
+
+def _find(
+    summaries: Sequence[report.RunSummary], workload: str, flavour: str, clients: int
+) -> report.RunSummary | None:
+    for summary in summaries:
+        if (summary.workload, summary.flavour, summary.clients) == (
+            workload,
+            flavour,
+            clients,
+        ):
+            return summary
+    return None
+
+
+def _cpu(summary: report.RunSummary) -> str:
+    return f"{summary.cpu_us_per_op:,.0f} + {summary.server_cpu_us_per_op:,.0f}"
+
+
+def table(summaries: Sequence[report.RunSummary], client_counts: Sequence[int]) -> str:
+    lines = [
+        "| work | clients | ours ops/s | peer ops/s | **ours / peer** | per round"
+        " | aim | ours p50 / p99 ms | peer p50 / p99 ms"
+        " | CPU µs/op ours (client + server) | peer |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for workload, ours, peer, aim, label in ROWS:
+        for clients in client_counts:
+            a = _find(summaries, workload, ours, clients)
+            b = _find(summaries, workload, peer, clients)
+            if a is None or b is None or b.ops_per_s == 0:
+                continue
+            ratio = a.ops_per_s / b.ops_per_s
+            per_round = report.round_ratios(a, b)
+            span = (
+                f"{min(per_round) / 100:.2f}-{max(per_round) / 100:.2f}"
+                if per_round
+                else "-"
+            )
+            if not aim:
+                aim_text = "-"
+            else:
+                aim_text = f">= {aim:g}x" if aim >= 1 else f">= {aim:.0%}"
+            shown = f"{ratio:.2f}x" if aim >= 1 or not aim else f"{ratio:.0%}"
+            lines.append(
+                f"| {label} | {clients} | {a.ops_per_s:,.0f} | {b.ops_per_s:,.0f}"
+                f" | **{shown}** | {span} | {aim_text}"
+                f" | {a.p50_ms:.2f} / {a.p99_ms:.2f} | {b.p50_ms:.2f} / {b.p99_ms:.2f}"
+                f" | {_cpu(a)} | {_cpu(b)} |"
+            )
+    return "\n".join(lines)
+
+
+def markdown(meta: dict[str, Any], summaries: Sequence[report.RunSummary]) -> str:
+    load = meta["load_average_1m"]
+    return f"""## Against the peers: DBOS Transact, Procrastinate, a lean baseline
+
+Generated by `bench/peers.py` on {meta["date"]} (run took {meta["wall_s"]:.0f} s,
+code at `{meta["commit"]}`); do not edit between the markers, run the command again
+(the peers come with the `bench` extra: `.venv/bin/pip install -e '.[bench]' -c
+constraints.txt`):
+
+```
+{meta["command"]}
+```
+
+- {meta["nproc"]} CPUs, 1-minute load average {load[0]} → {load[1]} (start → end;
+  the machine is shared, so compare the columns of one run).
+  PostgreSQL {meta["postgres_version"]}; Python {meta["python_version"]};
+  {meta["peers"]}.
+- The clients are `bench/run.py`'s: separate processes released together by a
+  barrier, each flavour {meta["duration_s"]:g} s per client count in
+  {meta["rounds"]} slices alternated with the others' in rotating order. "Per round"
+  is the range of the per-slice ratios. CPU per operation: the client process's,
+  then its PostgreSQL backends'.
+- Ours: the services as the app role in the tenant's scope, prepared statements on
+  (the settings' defaults). DBOS Transact: a workflow of one step, called
+  synchronously, system database `<name>_dbos`. Procrastinate: jobs deferred
+  beforehand (untimed), then per operation what its worker does per job
+  (`fetch_job`, the task, `finish_job`), database `<name>_procrastinate`. Lean:
+  `bench/lean.sql`, one statement per state change over plain psycopg
+  (`bench/peer_runners.py`).
+
+{table(summaries, meta["clients"])}
+"""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    started = time.monotonic()
+    admin_url = args.database_url
+    name = str(psycopg.conninfo.conninfo_to_dict(admin_url).get("dbname", ""))
+    say(f"peers: recreating and migrating {name}")
+    app_url = recreate_database(admin_url)
+    setup_lean(admin_url, app_url)
+    peer_urls = {}
+    if "procrastinate" in {f for w in args.workload_list for f in FLAVOURS[w]}:
+        peer_urls["procrastinate"] = setup_procrastinate(
+            _recreate(admin_url, f"{name}_procrastinate")
+        )
+    if "lifecycle" in args.workload_list:
+        peer_urls["dbos"] = setup_dbos(_recreate(admin_url, f"{name}_dbos"))
+
+    os.environ["DJANGO_SETTINGS_MODULE"] = "portal.settings"
+    os.environ.setdefault("PORTAL_DEV_MODE", "1")
+    os.environ["DATABASE_URL"] = app_url
+    import django
+
+    django.setup()
+    from django.db import connection
+
+    from bench.workloads import connect_raw
+
+    raw = connect_raw(app_url)
+    postgres_version, _ = server_facts(raw)
+    tag = uuid.uuid4().hex[:8]
+    clients = Clients(max(args.client_counts), args.client_counts, app_url)
+    summaries: list[report.RunSummary] = []
+    load_before = os.getloadavg()
+    try:
+        for workload in args.workload_list:
+            say(f"peers: {workload}")
+            for n in args.client_counts:
+                summaries += measure(
+                    clients,
+                    raw,
+                    tag=tag,
+                    workload=workload,
+                    count=n,
+                    args=args,
+                    peer_urls=peer_urls,
+                )
+                connection.close()
+    finally:
+        clients.stop()
+        raw.close()
+        for peer in ("procrastinate", "dbos"):
+            _recreate(admin_url, f"{name}_{peer}", drop_only=True)
+    load_after = os.getloadavg()
+    from importlib.metadata import version
+
+    commit = os.popen(f"git -C {shlex.quote(str(REPO))} rev-parse --short HEAD").read()
+    meta: dict[str, Any] = {
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": shlex.join([".venv/bin/python", "bench/peers.py", *argv]),
+        "commit": commit.strip(),
+        "nproc": len(os.sched_getaffinity(0)),
+        "platform": f"{platform.system()} {platform.machine()}",
+        "postgres_version": postgres_version,
+        "python_version": platform.python_version(),
+        "peers": ", ".join(
+            f"{p} {version(p)}" for p in ("procrastinate", "dbos", "psycopg", "django")
+        ),
+        "duration_s": args.duration,
+        "rounds": args.rounds,
+        "clients": args.client_counts,
+        "load_average_1m": [round(load_before[0], 1), round(load_after[0], 1)],
+        "wall_s": round(time.monotonic() - started, 1),
+    }
+    say("")
+    say(table(summaries, args.client_counts))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(
+        json.dumps({"meta": meta, "runs": [s.as_json() for s in summaries]}, indent=2)
+        + "\n"
+    )
+    if not args.no_docs:
+        report.replace_section(DOCS, markdown(meta, summaries), section=SECTION)
+        say(f"peers: updated {DOCS.relative_to(REPO)}")
+    say(f"peers: done in {meta['wall_s']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
