@@ -209,6 +209,7 @@ def main() -> int:
     django.setup()
 
     from bench import workloads
+    from portal import scope
 
     raw = workloads.connect_raw(args.database_url)
     ctx = workloads.WorkerContext(index=0, raw=raw, database_url=args.database_url)
@@ -218,6 +219,8 @@ def main() -> int:
     def runner(flavour: str, ops: int) -> workloads.Runner:
         tag = uuid.uuid4().hex[:8]
         tenant, agent = workloads.make_tenant(f"bench-profile-{tag}-{flavour}")
+        # Row-level security: the flavours' operations run in the tenants made here.
+        scope.include(tenant.pk)
         owner = None if args.workload == "claim" else ctx.owner
         count = 1 if args.workload == "reservation" else ops + WARMUP
         count += REWARM * args.rounds
