@@ -80,7 +80,8 @@ def setup(service: str) -> TracerProvider:
 
 def _instrument() -> None:
     """Django (server spans, ``traceparent`` in), Celery (job headers, both sides),
-    psycopg (statement spans, when exporting) and httpx (the connectors' calls, ``traceparent`` out).
+    psycopg (statement spans, when exporting) and httpx (the connectors' calls,
+    ``traceparent`` out).
     """
     from opentelemetry.instrumentation.celery import CeleryInstrumentor
     from opentelemetry.instrumentation.django import DjangoInstrumentor
