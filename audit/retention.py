@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from django.conf import settings
 from django.db import connection, transaction
 
+from portal import scope
 from portal.actors import Actor
 from portal.ids import new_id
 from portal.models import Tenant
@@ -144,8 +146,16 @@ def event_partitions_drop() -> list[str]:
         return [row[0] for row in cursor.fetchall()]
 
 
+def every_tenant() -> AbstractContextManager[None]:
+    """The scope of every tenant (row-level security): retention's horizon is global,
+    so its jobs work across all tenants, and ``audit_retention_global_horizon``
+    refuses a scope that leaves one out (docs/database-roles.md)."""
+    return scope.tenant_scope(Tenant.objects.values_list("pk", flat=True))
+
+
 def outbox_sent_purge(*, older_than: dt.timedelta | None = None) -> int:
-    """Delete delivered (and dismissed) outbox rows older than the window.
+    """Delete delivered (and dismissed) outbox rows older than the window, of every
+    tenant.
 
     Pending and dead rows stay: they are work to do or evidence of failure.
     Guarantee: idempotent; one short statement per batch of 5000.
@@ -154,7 +164,11 @@ def outbox_sent_purge(*, older_than: dt.timedelta | None = None) -> int:
         older_than = dt.timedelta(days=settings.PORTAL_OUTBOX_SENT_RETENTION_DAYS)
     deleted = 0
     while True:
-        with transaction.atomic(durable=True), connection.cursor() as cursor:
+        with (
+            every_tenant(),
+            transaction.atomic(durable=True),
+            connection.cursor() as cursor,
+        ):
             cursor.execute(
                 """
                 DELETE FROM audit_outbox WHERE id IN (
@@ -176,16 +190,18 @@ def unscoped_retention_run() -> RetentionReport:
     """One retention pass over every tenant (the daily beat job).
 
     Partitions ahead first; then per tenant (one transaction each) payloads, then
-    events; then the month partitions every tenant has expired and purged.
+    events; then the month partitions every tenant has expired and purged. All in
+    the scope of every tenant (``every_tenant``).
     """
     report = RetentionReport()
     report.created_partitions = event_partitions_ensure()
-    for tenant_id in Tenant.objects.order_by("pk").values_list("pk", flat=True):
-        dropped = tenant_payloads_drop(tenant_id=tenant_id)
-        if dropped:
-            report.dropped_payloads[str(tenant_id)] = dropped
-        purged = tenant_events_purge(tenant_id=tenant_id)
-        if purged:
-            report.purged_events[str(tenant_id)] = purged
-    report.dropped_partitions = event_partitions_drop()
+    with every_tenant():
+        for tenant_id in Tenant.objects.order_by("pk").values_list("pk", flat=True):
+            dropped = tenant_payloads_drop(tenant_id=tenant_id)
+            if dropped:
+                report.dropped_payloads[str(tenant_id)] = dropped
+            purged = tenant_events_purge(tenant_id=tenant_id)
+            if purged:
+                report.purged_events[str(tenant_id)] = purged
+        report.dropped_partitions = event_partitions_drop()
     return report
