@@ -932,8 +932,9 @@ def _check_same_statements(
         wanted = tuple(grant_sql if s == GRANT_CHECK else s for s in expected)
         executed = tuple(sql for sql, _ in seen[workload])
         if executed != wanted:
+            pairs = zip(executed, wanted, strict=False)
             first = next(
-                (i for i, pair in enumerate(zip(executed, wanted)) if len(set(pair)) > 1),
+                (i for i, (one, other) in enumerate(pairs) if one != other),
                 min(len(executed), len(wanted)),
             )
             raise AssertionError(
