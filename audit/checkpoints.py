@@ -27,6 +27,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 from django.conf import settings
 from django.db import connection, transaction
 
+from portal import scope
 from portal.exceptions import PortalError
 from portal.models import Tenant
 
@@ -259,7 +260,8 @@ def tenant_checkpoint(*, tenant_id: uuid.UUID, key: SigningKey) -> int:
 
 
 def unscoped_checkpoint_all(*, key: SigningKey | None = None) -> dict[str, int]:
-    """Checkpoint every tenant that has events, one transaction per tenant.
+    """Checkpoint every tenant that has events, one transaction per tenant, each in
+    its own tenant scope (row-level security).
 
     Returns rows written per tenant id (tenants with nothing new are left out).
     """
@@ -267,7 +269,8 @@ def unscoped_checkpoint_all(*, key: SigningKey | None = None) -> dict[str, int]:
     tenant_ids = list(Tenant.objects.order_by("pk").values_list("pk", flat=True))
     written: dict[str, int] = {}
     for tenant_id in tenant_ids:
-        rows = tenant_checkpoint(tenant_id=tenant_id, key=key)
+        with scope.tenant_scope([tenant_id]):  # row-level security: this tenant
+            rows = tenant_checkpoint(tenant_id=tenant_id, key=key)
         if rows:
             written[str(tenant_id)] = rows
     return written

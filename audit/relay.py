@@ -52,7 +52,7 @@ from django.db import connection, transaction
 from kombu import Connection, Exchange, Producer
 
 from portal import db as portal_db
-from portal import tracing
+from portal import scope, tracing
 from portal.exceptions import PortalError
 from portal.models import Tenant
 from portal.tracing import Trace
@@ -310,6 +310,7 @@ def _no_hook(point: str) -> None:
     pass
 
 
+@scope.in_tenants_with("audit_tenants_with_due_outbox")  # row-level security
 def outbox_relay_once(
     *,
     publisher: Publisher,
@@ -440,8 +441,9 @@ class OutboxBacklog:
     oldest_pending_age_s: float | None
 
 
-def unscoped_outbox_backlog() -> OutboxBacklog:
-    """Counts across all tenants, for monitoring: pending, due now, dead."""
+def outbox_backlog() -> OutboxBacklog:
+    """Counts over the tenants in scope (row-level security), for monitoring:
+    pending, due now, dead."""
     with connection.cursor() as cursor:
         cursor.execute(_BACKLOG)
         pending, due, dead, age = cursor.fetchone()

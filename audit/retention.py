@@ -25,6 +25,7 @@ from typing import Any, Final
 from django.conf import settings
 from django.db import connection, transaction
 
+from portal import scope
 from portal.actors import Actor
 from portal.ids import new_id
 from portal.models import Tenant
@@ -145,7 +146,8 @@ def event_partitions_drop() -> list[str]:
 
 
 def outbox_sent_purge(*, older_than: dt.timedelta | None = None) -> int:
-    """Delete delivered (and dismissed) outbox rows older than the window.
+    """Delete delivered (and dismissed) outbox rows older than the window, of every
+    tenant.
 
     Pending and dead rows stay: they are work to do or evidence of failure.
     Guarantee: idempotent; one short statement per batch of 5000.
@@ -154,7 +156,11 @@ def outbox_sent_purge(*, older_than: dt.timedelta | None = None) -> int:
         older_than = dt.timedelta(days=settings.PORTAL_OUTBOX_SENT_RETENTION_DAYS)
     deleted = 0
     while True:
-        with transaction.atomic(durable=True), connection.cursor() as cursor:
+        with (
+            scope.every_tenant(),
+            transaction.atomic(durable=True),
+            connection.cursor() as cursor,
+        ):
             cursor.execute(
                 """
                 DELETE FROM audit_outbox WHERE id IN (
@@ -176,16 +182,18 @@ def unscoped_retention_run() -> RetentionReport:
     """One retention pass over every tenant (the daily beat job).
 
     Partitions ahead first; then per tenant (one transaction each) payloads, then
-    events; then the month partitions every tenant has expired and purged.
+    events; then the month partitions every tenant has expired and purged. All in
+    the scope of every tenant (``portal.scope.every_tenant``).
     """
     report = RetentionReport()
     report.created_partitions = event_partitions_ensure()
-    for tenant_id in Tenant.objects.order_by("pk").values_list("pk", flat=True):
-        dropped = tenant_payloads_drop(tenant_id=tenant_id)
-        if dropped:
-            report.dropped_payloads[str(tenant_id)] = dropped
-        purged = tenant_events_purge(tenant_id=tenant_id)
-        if purged:
-            report.purged_events[str(tenant_id)] = purged
-    report.dropped_partitions = event_partitions_drop()
+    with scope.every_tenant():
+        for tenant_id in Tenant.objects.order_by("pk").values_list("pk", flat=True):
+            dropped = tenant_payloads_drop(tenant_id=tenant_id)
+            if dropped:
+                report.dropped_payloads[str(tenant_id)] = dropped
+            purged = tenant_events_purge(tenant_id=tenant_id)
+            if purged:
+                report.purged_events[str(tenant_id)] = purged
+        report.dropped_partitions = event_partitions_drop()
     return report

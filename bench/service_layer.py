@@ -276,9 +276,10 @@ def prepare(
     args: argparse.Namespace,
 ) -> RunSpec:
     """A fresh tenant with the tasks all rounds of the run need; the run's spec."""
-    from .workloads import insert_tasks, make_tenant, owner_of
+    from .workloads import insert_tasks, make_tenant, owner_of, raw_scope
 
     tenant, agent = make_tenant(f"bench-{tag}-{workload}-{clients}-{flavour}")
+    raw_scope(raw, tenant.pk)
     warmup = args.warmup + REWARMUP * (args.rounds - 1)
     if workload == "transition":
         rate = max(POOL_RATE_TOTAL[workload] / clients, POOL_RATE_PER_CLIENT_MIN)
@@ -366,7 +367,10 @@ def verify(
     raw: psycopg.Connection[Any], spec: RunSpec, results: Sequence[ClientResult]
 ) -> None:
     """Every operation (warm-up included) committed its state, event and outbox."""
+    from .workloads import raw_scope
+
     done = sum(r.ops + r.warmup_ops for r in results)
+    raw_scope(raw, spec.tenant_id)
     row = raw.execute(
         """
         SELECT (SELECT count(*) FROM tasks_task
@@ -416,7 +420,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     tag = uuid.uuid4().hex[:8]
     raw = connect_raw(args.database_url)
-    check_same_statements(raw, slug=f"bench-{tag}-check")
+    check_same_statements(
+        raw, slug=f"bench-{tag}-check", workloads=tuple(args.workload_list)
+    )
     connection.close()
     say("bench: the raw flavour executes the services' exact statements (checked)")
     postgres_version, postgres_settings = server_facts(raw)

@@ -89,6 +89,7 @@ def worker_main(
             # As an API request does: the services work in the tenant's scope,
             # one set_config per transaction (docs/database-roles.md).
             with scope.tenant_scope([spec.tenant_id]):
+                ctx.enter_tenant(spec.tenant_id)
                 what_ifs.apply(spec.flavour)
                 flavour = runner_flavour(spec.flavour)
                 runner = runners[spec.workload, flavour](spec, ctx)

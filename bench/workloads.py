@@ -104,6 +104,13 @@ def connect_raw(database_url: str) -> psycopg.Connection[Any]:
     return psycopg.connect(database_url, autocommit=True, options=connection_options())
 
 
+def raw_scope(conn: psycopg.Connection[Any], tenant_id: uuid.UUID | str) -> None:
+    """Row-level security: the raw flavour sees its tenant's rows through a
+    session-wide scope, set once per run, so it pays the policies but not the
+    per-transaction ``set_config`` the services pay (docs/database-roles.md)."""
+    conn.execute("SELECT set_config('portal.tenant_ids', %s, false)", [str(tenant_id)])
+
+
 def connect_raw_like_django(database_url: str) -> psycopg.Connection[Any]:
     """Psycopg as Django sets it up: client-side binding, no prepared statements."""
     return psycopg.connect(
@@ -140,14 +147,23 @@ def _json(value: Any) -> str:
 
 # --- Setup ---------------------------------------------------------------------------
 
-_COPY_TASKS = """
-COPY tasks_task (
+_TASK_COLUMNS = """
     id, tenant_id, client_task_id, registration_hash, workflow_key, workflow_version,
     object_type, object_id, object_version, state, state_version, current_step,
     lease_owner, lease_token, lease_acquired_at, lease_expires_at, trace_id, span_id,
     created_at, updated_at
-) FROM STDIN
 """
+# COPY FROM refuses a table under row-level security: copy into a temporary twin,
+# then one INSERT … SELECT, which the policy checks (the raw scope: ``raw_scope``).
+_COPY_TASKS_STAGE = """
+CREATE TEMPORARY TABLE IF NOT EXISTS bench_task_stage
+    (LIKE tasks_task INCLUDING DEFAULTS) ON COMMIT DELETE ROWS
+"""
+_COPY_TASKS = f"COPY bench_task_stage ({_TASK_COLUMNS}) FROM STDIN"
+_INSERT_STAGED_TASKS = (
+    f"INSERT INTO tasks_task ({_TASK_COLUMNS}) SELECT {_TASK_COLUMNS}"
+    " FROM bench_task_stage"
+)
 # Registration times one microsecond apart, as if registered one by one: claim_next
 # orders by (created_at, id) over an index on created_at, and one shared timestamp
 # would make every claim sort the whole queue.
@@ -167,21 +183,20 @@ def insert_tasks(
     ids = [new_id() for _ in range(count)]
     state = TaskState.RUNNING.value if leased else TaskState.PENDING.value
     lease = (owner, 1, now, now + POOL_LEASE) if leased else (None, 0, None, None)
-    with (
-        conn.transaction(),
-        conn.cursor() as cursor,
-        cursor.copy(_COPY_TASKS) as copy,
-    ):
-        for number, task_id in enumerate(ids):
-            text_id = str(task_id)
-            created_at = now + number * _REGISTRATION_GAP
-            copy.write_row(
-                [
-                    task_id, tenant_id, text_id, "0" * 64, "bench", "1",
-                    "bench_object", text_id, "1", state, 1, "", *lease, "", "",
-                    created_at, created_at,
-                ]
-            )  # fmt: skip
+    with conn.transaction(), conn.cursor() as cursor:
+        cursor.execute(_COPY_TASKS_STAGE)
+        with cursor.copy(_COPY_TASKS) as copy:
+            for number, task_id in enumerate(ids):
+                text_id = str(task_id)
+                created_at = now + number * _REGISTRATION_GAP
+                copy.write_row(
+                    [
+                        task_id, tenant_id, text_id, "0" * 64, "bench", "1",
+                        "bench_object", text_id, "1", state, 1, "", *lease, "", "",
+                        created_at, created_at,
+                    ]
+                )  # fmt: skip
+        cursor.execute(_INSERT_STAGED_TASKS)
     return ids
 
 
@@ -573,6 +588,7 @@ class WorkerContext:
     raw: psycopg.Connection[Any]
     database_url: str
     _raw_like_django: psycopg.Connection[Any] | None = None
+    tenant_id: str | None = None
 
     @property
     def owner(self) -> str:
@@ -582,7 +598,14 @@ class WorkerContext:
         """A second raw connection, opened on first use (diagnostic flavours)."""
         if self._raw_like_django is None:
             self._raw_like_django = connect_raw_like_django(self.database_url)
+        if self.tenant_id is not None:
+            raw_scope(self._raw_like_django, self.tenant_id)
         return self._raw_like_django
+
+    def enter_tenant(self, tenant_id: str) -> None:
+        """The raw connections' scope for a run (``raw_scope``)."""
+        self.tenant_id = tenant_id
+        raw_scope(self.raw, tenant_id)
 
     def server_cpu_s(self) -> float:
         """CPU seconds so far of every backend serving this client (local server),
@@ -880,15 +903,23 @@ def captured_statements() -> Iterator[list[tuple[str, Any]]]:
         yield seen
 
 
-def check_same_statements(raw: psycopg.Connection[Any], slug: str) -> None:
-    """Fail unless each service executes exactly the statements its raw twin does."""
+def check_same_statements(
+    raw: psycopg.Connection[Any], slug: str, workloads: tuple[str, ...] = ()
+) -> None:
+    """Fail unless each service executes exactly the statements its raw twin does
+    (only the ``workloads`` measured, when given)."""
     tenant, agent = make_tenant(slug)
+    raw_scope(raw, tenant.pk)
     with scope.tenant_scope([tenant.pk]):
-        _check_same_statements(raw, tenant=tenant, agent=agent)
+        _check_same_statements(raw, tenant=tenant, agent=agent, workloads=workloads)
 
 
 def _check_same_statements(
-    raw: psycopg.Connection[Any], *, tenant: Tenant, agent: Agent
+    raw: psycopg.Connection[Any],
+    *,
+    tenant: Tenant,
+    agent: Agent,
+    workloads: tuple[str, ...] = (),
 ) -> None:
     actor = Actor.of_agent(agent)
     leased = insert_tasks(raw, tenant_id=tenant.pk, count=2, owner="bench-check")
@@ -915,9 +946,19 @@ def _check_same_statements(
             actor=actor,
         )  # fmt: skip
     for workload, expected in STATEMENTS.items():
+        if workloads and workload not in workloads:
+            continue
         wanted = tuple(grant_sql if s == GRANT_CHECK else s for s in expected)
-        if tuple(sql for sql, _ in seen[workload]) != wanted:
+        executed = tuple(sql for sql, _ in seen[workload])
+        if executed != wanted:
+            pairs = zip(executed, wanted, strict=False)
+            first = next(
+                (i for i, (one, other) in enumerate(pairs) if one != other),
+                min(len(executed), len(wanted)),
+            )
             raise AssertionError(
                 f"{workload}: the service executed {len(seen[workload])} statements"
                 " that differ from the raw flavour's; update bench/workloads.py"
+                f" (first difference at #{first}:"
+                f" {executed[first:first + 1]} vs {wanted[first:first + 1]})"
             )

@@ -29,6 +29,20 @@ from psycopg import sql
 
 OWNER_ROLE: Final = "portal_owner"
 APP_ROLE: Final = "portal_app"
+# Owns the discovery functions (tasks/migrations/0015): NOLOGIN, BYPASSRLS, column
+# SELECTs only; they return which tenants have work of one kind, nothing else.
+DISCOVERY_ROLE: Final = "portal_discovery"
+# The one way across tenants (docs/database-roles.md, "Work across tenants"): each
+# returns tenant ids only; the work then runs under exactly that scope.
+DISCOVERY_FUNCTIONS: Final = (
+    "audit_tenants_with_due_outbox()",
+    "portal_agent_key_tenant(text,text)",
+    "portal_person_tenants(integer)",
+    "portal_tenants_with_expired_idempotency()",
+    "tasks_tenants_with_due_operations()",
+    "tasks_tenants_with_lapsed_leases()",
+    "tasks_tenants_with_waking_tasks()",
+)
 
 # What the app role may do, applied after every migrate. Everything else is the
 # owner's: no TRUNCATE, no DDL, no trigger switches, no UPDATE or DELETE on events
@@ -38,7 +52,8 @@ APP_ROLE: Final = "portal_app"
 # reads them); a tenant's retention policy the app role keeps (DELETE too: a tenant
 # deletion removes it, and a missing policy means the defaults, which an UPDATE could
 # set as well). Only the four retention entry points are executable, never
-# ``audit_event_partition_create`` or ``audit_retention_unguarded``.
+# ``audit_event_partition_create`` or ``audit_retention_unguarded``. The discovery
+# functions are the app role's way across tenants (docs/database-roles.md).
 APP_GRANTS: Final = """
 GRANT USAGE ON SCHEMA public TO {app};
 GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {app};
@@ -62,7 +77,10 @@ BEGIN
         EXECUTE format('REVOKE ALL ON %I FROM {app}', v_part.name);
     END LOOP;
 END $grants$;
-"""
+""" + "".join(  # the discovery functions: the app role runs them, nobody else
+    f"GRANT EXECUTE ON FUNCTION {function} TO {{app}};\n"
+    for function in DISCOVERY_FUNCTIONS
+)
 
 # Only the test suite moves the database clock (RELIABILITY.md D.2).
 TEST_CLOCK_GRANT: Final = """
@@ -119,7 +137,10 @@ def ensure_roles(admin_url: str) -> None:
     """Create (or correct) the owner and the app role; idempotent.
 
     The owner may log in (migrations connect as it) and create databases (the test
-    suite's); the app role may log in and nothing else.
+    suite's); the app role may log in and nothing else. The discovery role cannot
+    log in; it bypasses row-level security for the discovery functions it owns, and
+    the owner is its member only so that a migration can hand them over
+    (``ALTER FUNCTION … OWNER TO`` needs it). The app role is never its member.
     """
     with psycopg.connect(
         **_conninfo(admin_url, dbname="postgres"), autocommit=True
@@ -127,6 +148,10 @@ def ensure_roles(admin_url: str) -> None:
         for role, attributes in (
             (OWNER_ROLE, "LOGIN CREATEDB NOSUPERUSER NOCREATEROLE NOBYPASSRLS"),
             (APP_ROLE, "LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOBYPASSRLS"),
+            (
+                DISCOVERY_ROLE,
+                "NOLOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE BYPASSRLS",
+            ),
         ):
             exists = conn.execute(
                 "SELECT 1 FROM pg_roles WHERE rolname = %s", [role]
@@ -138,13 +163,19 @@ def ensure_roles(admin_url: str) -> None:
             conn.execute(
                 sql.SQL("ALTER ROLE {} " + attributes).format(sql.Identifier(role))
             )
+        conn.execute(
+            sql.SQL("GRANT {} TO {}").format(
+                sql.Identifier(DISCOVERY_ROLE), sql.Identifier(OWNER_ROLE)
+            )
+        )
 
 
 def adopt_database(admin_url: str) -> None:
     """Give the database and everything in its ``public`` schema to the owner.
 
     For a database made before the two roles existed (an older ``var/pgdata``);
-    a no-op once the owner owns it all.
+    a no-op once the owner owns it all. The discovery functions stay the discovery
+    role's.
     """
     info = _conninfo(admin_url)
     with psycopg.connect(**info, autocommit=True) as conn:
@@ -174,9 +205,10 @@ def adopt_database(admin_url: str) -> None:
             """
             SELECT p.oid::regprocedure::text FROM pg_proc p
             JOIN pg_namespace n ON n.oid = p.pronamespace
-            WHERE n.nspname = 'public' AND p.proowner <> %s::regrole
+            WHERE n.nspname = 'public'
+              AND p.proowner NOT IN (%s::regrole, %s::regrole)
             """,
-            [OWNER_ROLE],
+            [OWNER_ROLE, DISCOVERY_ROLE],
         ).fetchall()
         for (signature,) in functions:
             conn.execute(

@@ -21,6 +21,7 @@ from typing import Final
 from django.conf import settings
 from django.db import connection
 
+from . import scope
 from .exceptions import PortalError, ValidationFailed
 from .ids import new_id
 from .models import Agent
@@ -179,6 +180,7 @@ def idempotent_request_finish(
         )
 
 
+@scope.in_tenants_with("portal_tenants_with_expired_idempotency")
 def idempotent_requests_purge_expired() -> int:
     """Delete records past their window; returns how many went."""
     with connection.cursor() as cursor:

@@ -6,12 +6,15 @@ the gauges below are read from the database at scrape time, one function per met
 family, each one statement:
 
 ===================================  ==========================================
-metric family                        function (reads across tenants)
+metric family                        function
 ===================================  ==========================================
-``portal_tasks``                     ``tasks.selectors.unscoped_open_task_counts``
-``portal_takeover_queue_*``          ``tasks.selectors.unscoped_takeover_queue``
-``portal_outbox_*``                  ``audit.relay.unscoped_outbox_backlog``
+``portal_tasks``                     ``tasks.selectors.open_task_counts``
+``portal_takeover_queue_*``          ``tasks.selectors.takeover_queue_stats``
+``portal_outbox_*``                  ``audit.relay.outbox_backlog``
 ===================================  ==========================================
+
+Each reads the tenants in scope; a scrape is the operator's view of the whole
+portal, so it reads in the scope of every tenant (``portal.scope.every_tenant``).
 
 Wiring above the apps (like ``portal.urls``): it imports ``tasks`` and ``audit``.
 docs/observability.md, "Metrics", lists every metric and says how to scrape.
@@ -38,6 +41,7 @@ from prometheus_client.registry import Collector
 from audit import relay
 from tasks import selectors as task_selectors
 
+from . import scope
 from .problems import PROBLEM_CONTENT_TYPE, encode, status_problem
 
 logger = logging.getLogger(__name__)
@@ -47,8 +51,9 @@ SCRAPE_STATEMENT_TIMEOUT_MS: Final = 5000
 
 
 def _timed_read(read: Callable[[], Any]) -> Any:
-    """``read`` in a short transaction of its own, under the scrape's time limit."""
-    with transaction.atomic():
+    """``read`` in a short transaction of its own, under the scrape's time limit, in
+    the scope of every tenant (row-level security)."""
+    with scope.every_tenant(), transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT set_config('statement_timeout', %s, true)",
@@ -83,13 +88,13 @@ class DatabaseCollector(Collector):
             "Unfinished tasks of all tenants, by state and reason code ('' for none).",
             labels=["state", "reason"],
         )
-        for state, reason, count in task_selectors.unscoped_open_task_counts():
+        for state, reason, count in task_selectors.open_task_counts():
             family.add_metric([state, reason], count)
         return [family]
 
     @staticmethod
     def _takeover() -> list[GaugeMetricFamily]:
-        stats = task_selectors.unscoped_takeover_queue()
+        stats = task_selectors.takeover_queue_stats()
         size = GaugeMetricFamily(
             "portal_takeover_queue_size",
             "Tasks in the takeover queue, by state (human_required: waiting for a "
@@ -108,7 +113,7 @@ class DatabaseCollector(Collector):
 
     @staticmethod
     def _outbox() -> list[GaugeMetricFamily]:
-        backlog = relay.unscoped_outbox_backlog()
+        backlog = relay.outbox_backlog()
         families = []
         for name, value, meaning in (
             ("pending", backlog.pending, "Outbox rows not yet published."),

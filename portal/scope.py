@@ -11,18 +11,25 @@ the next request, job or error path. No scope, no rows: the policies compare
 
 A statement outside any transaction runs in a short one of its own while a scope is
 set (``scoped_statement``), so autocommit reads are scoped too.
+
+Work across tenants (the relay, the reaper, log-in…) learns which tenants have work
+from a discovery function (``discover``, ``in_tenants_with``), which returns tenant
+ids and nothing else, then works under exactly that scope with the same policies.
 """
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar, Token
-from typing import Any, Final
+from typing import Any, Final, ParamSpec, TypeVar
 
 from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
+
+from .db_roles import DISCOVERY_FUNCTIONS
 
 SETTING: Final = "portal.tenant_ids"
 
@@ -109,3 +116,50 @@ def scoped_statement(
         return execute(sql, params, many, context)
     with transaction.atomic(using=connection.alias):
         return execute(sql, params, many, context)
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+@contextmanager
+def every_tenant() -> Iterator[None]:
+    """The scope of every tenant, for the few readers that are global by nature:
+    retention's horizon (``audit_retention_global_horizon`` refuses a scope that
+    leaves one out) and the operator's ``/metrics`` gauges. ``portal_tenant`` has no
+    tenant scope of its own, so the list is read first."""
+    from .models import Tenant
+
+    with tenant_scope(Tenant.objects.values_list("pk", flat=True)):
+        yield
+
+
+def discover(function: str, *args: Any) -> list[str]:
+    """The tenant ids one discovery function returns (``db_roles.DISCOVERY_FUNCTIONS``,
+    named without its argument types), e.g. which tenants have lapsed leases.
+
+    The functions bypass row-level security to say *which* tenants, never anything
+    else; the caller then works under that scope (``tenant_scope``).
+    """
+    if not any(f.startswith(function + "(") for f in DISCOVERY_FUNCTIONS):
+        raise ValueError(f"{function} is not a discovery function")
+    placeholders = ", ".join(["%s"] * len(args))
+    with connections["default"].cursor() as cursor:
+        cursor.execute(f"SELECT * FROM {function}({placeholders})", list(args))
+        return sorted({str(row[0]) for row in cursor.fetchall() if row[0]})
+
+
+def in_tenants_with(function: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
+    """Run the decorated work under the scope of the tenants ``function`` discovers
+    (and only them), then the scope before. Outermost decorator: the scope must be
+    set before the work's transaction begins."""
+
+    def decorate(work: Callable[_P, _R]) -> Callable[_P, _R]:
+        @functools.wraps(work)
+        def scoped(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+            with tenant_scope(discover(function)):
+                return work(*args, **kwargs)
+
+        return scoped
+
+    return decorate

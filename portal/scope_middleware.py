@@ -14,19 +14,15 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.http import HttpRequest, HttpResponseBase, StreamingHttpResponse
 
 from . import scope
-from .models import Membership, Tenant
+from .models import Tenant
 
 
 def person_tenant_ids(user: AbstractBaseUser | AnonymousUser) -> list[str]:
     """The tenants whose rows a signed-in person may see."""
     if getattr(user, "is_superuser", False):
         return [str(pk) for pk in Tenant.objects.values_list("pk", flat=True)]
-    return [
-        str(pk)
-        for pk in Membership.objects.filter(user_id=user.pk or 0).values_list(
-            "tenant_id", flat=True
-        )
-    ]
+    # Memberships are scoped too: the discovery function names the tenants.
+    return scope.discover("portal_person_tenants", user.pk or 0)
 
 
 def _streamed_in_scope(

@@ -13,6 +13,7 @@ from django.db import connection
 from django.db.models import BooleanField, ExpressionWrapper, Q
 from django.db.models.expressions import RawSQL
 
+from . import scope
 from .exceptions import NotFound
 from .models import AgentGrant, AgentKey, Tenant
 from .roles import tenant_ids_with_perm
@@ -62,19 +63,26 @@ def agent_key_authenticate(*, secret: str) -> KeyCheck | None:
     prefix, dot, _ = secret.partition(".")
     if not dot or len(prefix) > 16:
         return None
-    key = (
-        AgentKey.objects.select_related("agent", "agent__tenant")
-        .filter(prefix=prefix)
-        .annotate(
-            expired=ExpressionWrapper(
-                Q(expires_at__isnull=False)
-                & Q(expires_at__lte=RawSQL("app_now()", [])),
-                output_field=BooleanField(),
+    # Row-level security: the key's tenant first (prefix and hash must match), then
+    # the key is read in that tenant's scope.
+    key_hash = agent_key_hash(secret)
+    tenant_ids = scope.discover("portal_agent_key_tenant", prefix, key_hash)
+    if not tenant_ids:
+        return None
+    with scope.tenant_scope(tenant_ids):
+        key = (
+            AgentKey.objects.select_related("agent", "agent__tenant")
+            .filter(prefix=prefix)
+            .annotate(
+                expired=ExpressionWrapper(
+                    Q(expires_at__isnull=False)
+                    & Q(expires_at__lte=RawSQL("app_now()", [])),
+                    output_field=BooleanField(),
+                )
             )
+            .first()
         )
-        .first()
-    )
-    if key is None or not hmac.compare_digest(key.key_hash, agent_key_hash(secret)):
+    if key is None or not hmac.compare_digest(key.key_hash, key_hash):
         return None
     if key.revoked_at is not None:
         return KeyCheck(key=key, status="revoked")

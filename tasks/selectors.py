@@ -172,15 +172,17 @@ class TakeoverQueueStats:
     oldest_age_s: dict[str, float]
 
 
-def unscoped_open_task_counts() -> list[tuple[str, str, int]]:
-    """Unfinished tasks of all tenants by (state, reason code or '') and count."""
+def open_task_counts() -> list[tuple[str, str, int]]:
+    """Unfinished tasks of the tenants in scope by (state, reason code or '') and
+    count."""
     with connection.cursor() as cursor:
         cursor.execute(_OPEN_TASK_COUNTS, [list(OPEN_TASK_STATES)])
         return [(state, reason, int(count)) for state, reason, count in cursor]
 
 
-def unscoped_takeover_queue() -> TakeoverQueueStats:
-    """The takeover queue of all tenants: its size and its oldest task's age."""
+def takeover_queue_stats() -> TakeoverQueueStats:
+    """The takeover queue of the tenants in scope: its size and its oldest task's
+    age."""
     with connection.cursor() as cursor:
         cursor.execute(_TAKEOVER_QUEUE)
         rows = cursor.fetchall()

@@ -27,7 +27,7 @@ from audit import services as audit_services
 from audit.models import EventCode
 from audit.redaction import redact, refuse_sensitive
 from portal import db as portal_db
-from portal import metrics
+from portal import metrics, scope
 from portal import selectors as portal_selectors
 from portal.actors import Actor, ActorType
 from portal.codes import ReasonCode
@@ -1310,6 +1310,7 @@ _REAP: Final = TaskStateWrite(
 )
 
 
+@scope.in_tenants_with("tasks_tenants_with_lapsed_leases")
 @portal_db.translate_integrity_errors
 @transaction.atomic(durable=True)
 def unscoped_leases_reap(*, limit: int = 200) -> int:
@@ -1361,6 +1362,7 @@ _WAKE: Final = TaskStateWrite(
 )
 
 
+@scope.in_tenants_with("tasks_tenants_with_waking_tasks")
 @portal_db.translate_integrity_errors
 @transaction.atomic(durable=True)
 def unscoped_waiting_tasks_wake(*, limit: int = 200) -> int:

@@ -21,6 +21,7 @@ from django.db import connection, transaction
 from audit import services as audit_services
 from audit.models import EventCode
 from portal import db as portal_db
+from portal import scope
 from portal import selectors as portal_selectors
 from portal.codes import ReasonCode
 from portal.models import Tenant
@@ -344,6 +345,7 @@ def recovery_decide(
     return dataclasses.replace(authorized, operation=moved)
 
 
+@scope.in_tenants_with("tasks_tenants_with_due_operations")
 def unscoped_operations_due(
     *, limit: int = 100
 ) -> list[tuple[uuid.UUID, uuid.UUID, str]]:

@@ -133,9 +133,14 @@ def test_a_duplicate_while_the_first_is_in_flight_is_409(api):
     first_started = threading.Event()
     try:
         with side.cursor() as cursor:  # hold the task row: the first request blocks
+            cursor.execute(  # in the task's tenant (row-level security)
+                "SELECT set_config('portal.tenant_ids', %s, true)",
+                [str(Task.objects.get(pk=task["id"]).tenant_id)],
+            )
             cursor.execute(
                 "SELECT 1 FROM tasks_task WHERE id = %s FOR UPDATE", [task["id"]]
             )
+            assert cursor.rowcount == 1
 
         def first():
             first_started.set()

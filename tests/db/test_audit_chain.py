@@ -428,6 +428,10 @@ def test_checkpoints_are_append_only(trail: dict[str, Any]) -> None:
     with connect_as("admin") as conn:
         conn.execute("GRANT UPDATE, DELETE ON audit_checkpoint TO portal_app")
         conn.execute("SET LOCAL ROLE portal_app")
+        conn.execute(  # the tenant's scope: row-level security shows the rows
+            "SELECT set_config('portal.tenant_ids', %s, true)",
+            [str(trail["tenant"].pk)],
+        )
         for statement in (
             "UPDATE audit_checkpoint SET event_count = 0",
             "DELETE FROM audit_checkpoint",

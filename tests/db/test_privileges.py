@@ -74,17 +74,21 @@ def test_the_app_role_is_no_owner_superuser_or_bypass(db):
 
 
 def test_the_owner_owns_every_table_and_function_of_the_schema(db):
+    """All but the discovery functions, which the discovery role owns
+    (tests/db/test_row_level_security.py pins them)."""
     foreign = _rows(
         """
         SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
         WHERE n.nspname = 'public' AND c.relowner <> %s::regrole
         UNION ALL
-        SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+        SELECT p.oid::regprocedure::text FROM pg_proc p
+        JOIN pg_namespace n ON n.oid = p.pronamespace
         WHERE n.nspname = 'public' AND p.proowner <> %s::regrole
+        ORDER BY 1
         """,
         [OWNER, OWNER],
     )
-    assert foreign == []
+    assert [row[0] for row in foreign] == sorted(db_roles.DISCOVERY_FUNCTIONS)
 
 
 def test_the_app_role_holds_only_the_rights_it_uses(db):
@@ -156,22 +160,30 @@ def test_the_privileged_functions_are_not_executable_by_public(db):
     """EXECUTE on the definer functions goes to the app role alone, by name."""
     rows = _rows(
         """
-        SELECT p.proname, p.prosecdef,
+        SELECT p.proname, p.proowner::regrole::text,
                has_function_privilege('public', p.oid, 'EXECUTE')
         FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
         WHERE n.nspname = 'public' AND p.prosecdef
         ORDER BY 1
         """
     )
+    discovery = db_roles.DISCOVERY_ROLE
     assert rows == [
-        ("audit_event_partition_create", True, False),
-        ("audit_event_partitions_ensure", True, False),
-        ("audit_retention_drop_partitions", True, False),
-        ("audit_retention_drop_payloads", True, False),
-        ("audit_retention_purge", True, False),
-        ("portal_reset_clock_offset", True, False),
-        ("portal_set_clock_offset", True, False),
-        ("tasks_purge_tenant_rows", True, False),
+        ("audit_event_partition_create", OWNER, False),
+        ("audit_event_partitions_ensure", OWNER, False),
+        ("audit_retention_drop_partitions", OWNER, False),
+        ("audit_retention_drop_payloads", OWNER, False),
+        ("audit_retention_purge", OWNER, False),
+        ("audit_tenants_with_due_outbox", discovery, False),
+        ("portal_agent_key_tenant", discovery, False),
+        ("portal_person_tenants", discovery, False),
+        ("portal_reset_clock_offset", OWNER, False),
+        ("portal_set_clock_offset", OWNER, False),
+        ("portal_tenants_with_expired_idempotency", discovery, False),
+        ("tasks_purge_tenant_rows", OWNER, False),
+        ("tasks_tenants_with_due_operations", discovery, False),
+        ("tasks_tenants_with_lapsed_leases", discovery, False),
+        ("tasks_tenants_with_waking_tasks", discovery, False),
     ]
 
 
@@ -307,6 +319,9 @@ def test_the_event_trigger_refuses_even_with_the_privilege(
     event = _event(tenant)
     with app_role_granted(privilege) as conn:
         conn.execute("SET LOCAL portal.purge = 'on'")  # the old key opens nothing
+        conn.execute(  # the tenant's scope: row-level security shows the rows
+            "SELECT set_config('portal.tenant_ids', %s, true)", [str(tenant.pk)]
+        )
         conn.execute("DELETE FROM audit_outbox WHERE event_id = %s", [event.pk])
         with pytest.raises(psycopg.errors.IntegrityConstraintViolation) as caught:
             conn.execute(statement, [event.pk])

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.db import ProgrammingError, connection, transaction
+from django.db import IntegrityError, ProgrammingError, connection, transaction
 from django.http import HttpRequest, HttpResponse
 from django.test import RequestFactory
 from rest_framework.test import APIClient
@@ -22,28 +22,9 @@ from portal.scope_middleware import TenantScopeMiddleware
 from tasks.jobs import run_operation_job
 from tests.support.db import connect_as
 
-# Tables with tenant_id that wait for the cross-tenant mechanism (docs/database-
-# roles.md, "Still to do"): work spanning tenants or log-in reads them across tenants.
-# Retention's three (docs/retention.md) are read across tenants by its cleanup jobs
-# and by the owner's definer functions (the global horizon over every tenant's
-# policy, the partition drop over every tenant's purge records), which a forced
-# policy would blind.
-PENDING = frozenset(
-    {
-        "audit_checkpoint",
-        "audit_event",
-        "audit_outbox",
-        "audit_retentionanchor",
-        "audit_retentionpolicy",
-        "audit_retentionpurge",
-        "portal_agent",
-        "portal_agentkey",
-        "portal_idempotentrequest",
-        "portal_membership",
-        "tasks_operation",
-        "tasks_task",
-    }
-)
+# Tables with tenant_id allowed to lack row-level security: none. A new one must
+# get the policy in its migration (or be listed here with the reason).
+PENDING: frozenset[str] = frozenset()
 
 CATALOG = """
 SELECT c.relname, c.relrowsecurity, c.relforcerowsecurity,
@@ -273,3 +254,342 @@ def test_the_owner_is_bound_too(db):
         assert owner.execute("SELECT count(*) FROM portal_agentgrant").fetchone() == (
             0,
         )
+
+
+# --- Every covered table, and the one way across tenants -----------------------------
+
+# The twelve tables tasks migration 0015 covered (audit_event through its parent).
+NEWLY_COVERED = (
+    "audit_checkpoint",
+    "audit_event",
+    "audit_outbox",
+    "audit_retentionanchor",
+    "audit_retentionpolicy",
+    "audit_retentionpurge",
+    "portal_agent",
+    "portal_agentkey",
+    "portal_idempotentrequest",
+    "portal_membership",
+    "tasks_operation",
+    "tasks_task",
+)
+
+
+def _rows_in_every_table(tenant: Any, make_agent: Any, make_operation: Any, user: Any):
+    """One tenant's rows in each of the twelve tables (committed: transactional)."""
+    import datetime as dt
+    import uuid
+
+    from audit import checkpoints
+    from audit import services as audit_services
+    from audit.models import EventCode, RetentionPolicy
+    from portal.actors import Actor
+    from portal.models import IdempotentRequest
+    from tasks.models import Task, TaskState
+
+    with scope.tenant_scope([tenant.pk]):
+        agent = make_agent(tenant=tenant)
+        portal_services.agent_key_issue(agent=agent)
+        portal_services.membership_grant(tenant=tenant, user=user, role=Role.REVIEWER)
+        task = Task.objects.create(
+            tenant=tenant,
+            state=TaskState.PENDING,
+            client_task_id=f"rls-{uuid.uuid4()}",
+            registration_hash="0" * 64,
+            workflow_key="customer-issue",
+            workflow_version="1",
+            object_type="customer_issue",
+            object_id=f"issue-{uuid.uuid4()}",
+            object_version="1",
+        )
+        operation = make_operation(task=task)
+        with transaction.atomic():
+            event_id = audit_services.event_append(
+                tenant_id=tenant.pk,
+                code=EventCode.TASK_REGISTERED,
+                actor=Actor.system("rls-test"),
+                task_id=operation.task_id,
+            )
+        checkpoints.tenant_checkpoint(
+            tenant_id=tenant.pk, key=checkpoints.signing_key()
+        )
+        RetentionPolicy.objects.create(tenant=tenant, event_months=12, payload_days=30)
+        IdempotentRequest.objects.create(
+            tenant=tenant,
+            agent=agent,
+            key=f"rls-{uuid.uuid4()}",
+            fingerprint="0" * 64,
+            state="completed",
+            locked_until=dt.datetime.now(dt.UTC),
+            expires_at=dt.datetime.now(dt.UTC) + dt.timedelta(hours=1),
+        )
+    # Retention's records only the owner's purge writes: a superuser stands in.
+    purge_id = uuid.uuid4()
+    with connect_as("admin") as admin:
+        admin.execute(
+            "INSERT INTO audit_retentionpurge (id, tenant_id, before_id, events,"
+            " purged_at) VALUES (%s, %s, %s, 0, now())",
+            [purge_id, tenant.pk, event_id],
+        )
+        admin.execute(
+            "INSERT INTO audit_retentionanchor (tenant_id, purge_id, task_id, seq,"
+            " event_id, hash) VALUES (%s, %s, %s, 0, %s, %s)",
+            [tenant.pk, purge_id, operation.task_id, event_id, "0" * 64],
+        )
+        admin.commit()
+
+
+def _count_as_admin(table: str, tenant_id: Any) -> int:
+    with connect_as("admin") as admin:
+        row = admin.execute(
+            f"SELECT count(*) FROM {table} WHERE tenant_id = %s", [tenant_id]
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_raw_sql_in_tenant_a_cannot_read_or_write_b_in_any_covered_table(
+    tenant, other_tenant, make_agent, make_operation, django_user_model
+):
+    person = django_user_model.objects.create_user("rls-member")
+    for owner in (tenant, other_tenant):
+        _rows_in_every_table(owner, make_agent, make_operation, person)
+    before = {t: _count_as_admin(t, other_tenant.pk) for t in NEWLY_COVERED}
+    assert all(before.values()), before  # B has rows in each table
+    refused: dict[str, str] = {}
+    with scope.tenant_scope([tenant.pk]), connection.cursor() as cursor:
+        for table in NEWLY_COVERED:
+            cursor.execute(
+                f"SELECT count(*) FROM {table} WHERE tenant_id = %s", [other_tenant.pk]
+            )
+            assert cursor.fetchone() == (0,), table
+            cursor.execute(f"SELECT count(*) FROM {table} WHERE tenant_id = %s",
+                           [tenant.pk])  # fmt: skip
+            assert cursor.fetchone()[0] > 0, table  # A's own rows are there
+            cursor.execute(
+                "SELECT has_table_privilege(%s, 'UPDATE'),"
+                " has_table_privilege(%s, 'DELETE')",
+                [table, table],
+            )
+            may_update, may_delete = cursor.fetchone()
+            if may_update:
+                cursor.execute(
+                    f"UPDATE {table} SET tenant_id = tenant_id WHERE tenant_id = %s",
+                    [other_tenant.pk],
+                )
+                assert cursor.rowcount == 0, table
+            if may_delete:
+                cursor.execute(
+                    f"DELETE FROM {table} WHERE tenant_id = %s", [other_tenant.pk]
+                )
+                assert cursor.rowcount == 0, table
+            # A copy of an own row, into B: the policy's WITH CHECK refuses it.
+            with pytest.raises(ProgrammingError) as caught, transaction.atomic():
+                cursor.execute(
+                    f"INSERT INTO {table} SELECT (jsonb_populate_record("
+                    f"NULL::{table}, to_jsonb(x)"
+                    f" || jsonb_build_object('tenant_id', %s::text))).*"
+                    f" FROM {table} x WHERE x.tenant_id = %s LIMIT 1",
+                    [other_tenant.pk, tenant.pk],
+                )
+            refused[f"{table} INSERT"] = str(caught.value)
+            if may_update:  # moving an own row into B (a row trigger may say no
+                # first: BEFORE ROW triggers run before the policy's check)
+                with (
+                    pytest.raises((ProgrammingError, IntegrityError)),
+                    transaction.atomic(),
+                ):
+                    cursor.execute(
+                        f"UPDATE {table} SET tenant_id = %s WHERE tenant_id = %s",
+                        [other_tenant.pk, tenant.pk],
+                    )
+    # Refused by the policy, not merely for want of a privilege.
+    for write, error in refused.items():
+        no_insert_privilege = write.split()[0] in (
+            "audit_retentionpurge",
+            "audit_retentionanchor",
+        )
+        assert ("row-level security" in error) != no_insert_privilege, (write, error)
+    assert {t: _count_as_admin(t, other_tenant.pk) for t in NEWLY_COVERED} == before
+
+
+def test_the_partitions_carry_the_parents_policy(db):
+    """The owner's retention functions reach a partition directly: it is bound by
+    the same policy as the parent, new months included."""
+    partitions = """
+        SELECT c.relname, c.relrowsecurity, c.relforcerowsecurity,
+               EXISTS (SELECT 1 FROM pg_policy p WHERE p.polrelid = c.oid
+                       AND pg_get_expr(p.polqual, p.polrelid)
+                           LIKE '%%portal_tenant_scope()%%')
+        FROM pg_class c WHERE c.relispartition AND c.relkind = 'r'
+          AND c.relnamespace = 'public'::regnamespace
+    """
+    with connect_as("owner") as owner, owner.cursor() as cursor:
+        cursor.execute("SELECT audit_event_partition_create('2031-07-01')")
+        cursor.execute(partitions)
+        rows = cursor.fetchall()
+        assert "audit_event_p203107" in {row[0] for row in rows}
+        assert [row for row in rows if not all(row[1:])] == []
+        owner.rollback()
+
+
+DISCOVERY_CATALOG = """
+SELECT p.oid::regprocedure::text, p.prosecdef, p.proretset,
+       p.prorettype::regtype::text, p.provolatile,
+       has_function_privilege(%(app)s, p.oid, 'EXECUTE'),
+       has_function_privilege('public', p.oid, 'EXECUTE'),
+       array_to_string(p.proconfig, ',')
+FROM pg_proc p
+WHERE p.proowner = %(role)s::regrole
+ORDER BY 1
+"""
+
+
+def test_the_discovery_functions_are_pinned(db):
+    """The one way across tenants: these functions, owned by the discovery role,
+    definer, returning only tenant ids, executable by the app role alone."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            DISCOVERY_CATALOG,
+            {"app": db_roles.APP_ROLE, "role": db_roles.DISCOVERY_ROLE},
+        )
+        rows = cursor.fetchall()
+    assert [row[0] for row in rows] == sorted(db_roles.DISCOVERY_FUNCTIONS)
+    for row in rows:
+        assert row[1:] == (
+            True,  # SECURITY DEFINER
+            True,  # a set of …
+            "uuid",  # … tenant ids, nothing else
+            "s",  # STABLE: reads, never writes
+            True,  # the app role executes it
+            False,  # PUBLIC does not
+            "search_path=pg_catalog, public",
+        ), row[0]
+
+
+def test_the_discovery_role_can_do_nothing_but_own_them(db):
+    role = db_roles.DISCOVERY_ROLE
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT rolcanlogin, rolsuper, rolbypassrls, rolcreaterole, rolcreatedb"
+            " FROM pg_roles WHERE rolname = %s",
+            [role],
+        )
+        assert cursor.fetchone() == (False, False, True, False, False)
+        # Nobody uses it but through its functions: the app role is no member.
+        cursor.execute(
+            "SELECT pg_has_role(%s, %s, 'MEMBER')", [db_roles.APP_ROLE, role]
+        )
+        assert cursor.fetchone() == (False,)
+        # It owns no table, no schema, and holds no table-wide privilege: only the
+        # columns its functions filter on (tasks migration 0015).
+        cursor.execute(
+            """
+            SELECT c.relname FROM pg_class c WHERE c.relowner = %(r)s::regrole
+            UNION ALL
+            SELECT n.nspname FROM pg_namespace n WHERE n.nspowner = %(r)s::regrole
+            UNION ALL
+            SELECT c.relname || ' ' || p.privilege_type FROM pg_class c
+            CROSS JOIN LATERAL aclexplode(c.relacl) p
+            WHERE p.grantee = %(r)s::regrole
+            UNION ALL
+            SELECT 'schema CREATE' WHERE has_schema_privilege(%(r)s, 'public', 'CREATE')
+            """,
+            {"r": role},
+        )
+        assert cursor.fetchall() == []
+        cursor.execute(
+            "SELECT DISTINCT c.relname FROM pg_attribute a"
+            " JOIN pg_class c ON c.oid = a.attrelid"
+            " CROSS JOIN LATERAL aclexplode(a.attacl) p"
+            " WHERE p.grantee = %s::regrole ORDER BY 1",
+            [role],
+        )
+        assert [row[0] for row in cursor.fetchall()] == [
+            "audit_outbox",
+            "portal_agentkey",
+            "portal_idempotentrequest",
+            "portal_membership",
+            "portal_test_clock",
+            "tasks_operation",
+            "tasks_task",
+        ]
+        # The column grants hold no payload, input or secret column.
+        cursor.execute(
+            "SELECT c.relname, a.attname FROM pg_attribute a"
+            " JOIN pg_class c ON c.oid = a.attrelid"
+            " CROSS JOIN LATERAL aclexplode(a.attacl) p"
+            " WHERE p.grantee = %s::regrole AND a.attname IN"
+            " ('payload', 'input', 'result', 'response_body', 'call_fields',"
+            " 'name', 'last_error')",
+            [role],
+        )
+        assert cursor.fetchall() == []
+
+
+def test_discovery_reveals_tenant_ids_only_and_refuses_misuse(
+    tenant, other_tenant, make_task, make_agent, django_user_model
+):
+    from portal.selectors import agent_key_hash
+
+    make_task(tenant=tenant, state="running", leased=True, lease_seconds=-1)
+    make_task(tenant=other_tenant, state="running", leased=True, lease_seconds=60)
+    agent = make_agent(tenant=other_tenant)
+    secret = portal_services.agent_key_issue(agent=agent).secret
+    prefix = secret.partition(".")[0]
+    person = django_user_model.objects.create_user("rls-discovery")
+    portal_services.membership_grant(tenant=tenant, user=person, role=Role.REVIEWER)
+    with scope.unit_of_work():  # no scope at all: the functions still answer
+        assert scope.discover("tasks_tenants_with_lapsed_leases") == [str(tenant.pk)]
+        # A key: both prefix and hash must match; a prefix alone finds nothing.
+        assert scope.discover(
+            "portal_agent_key_tenant", prefix, agent_key_hash(secret)
+        ) == [str(other_tenant.pk)]
+        assert scope.discover("portal_agent_key_tenant", prefix, "0" * 64) == []
+        assert scope.discover("portal_agent_key_tenant", None, None) == []
+        assert scope.discover("portal_person_tenants", person.pk) == [str(tenant.pk)]
+        assert scope.discover("portal_person_tenants", 0) == []
+        # Only the listed functions are called, by name.
+        with pytest.raises(ValueError):
+            scope.discover("tasks_purge_tenant_rows")
+    # The app role cannot reach round them: not a member of the role, no SET ROLE.
+    with (
+        pytest.raises(ProgrammingError),
+        transaction.atomic(),
+        connection.cursor() as cursor,
+    ):
+        cursor.execute(f"SET LOCAL ROLE {db_roles.DISCOVERY_ROLE}")
+    # Nobody else may execute them.
+    with connect_as("admin") as admin:
+        admin.execute("CREATE ROLE rls_probe_other NOLOGIN")
+        try:
+            admin.execute("SET LOCAL ROLE rls_probe_other")
+            with pytest.raises(Exception) as caught:
+                admin.execute("SELECT * FROM tasks_tenants_with_lapsed_leases()")
+            assert caught.value.sqlstate == "42501"
+        finally:
+            admin.rollback()
+
+
+def test_retention_refuses_a_scope_without_every_tenant(tenant, other_tenant):
+    from audit import retention
+
+    with scope.tenant_scope([tenant.pk]), pytest.raises(ProgrammingError) as caught:
+        retention.event_partitions_drop()
+    assert "every tenant in scope" in str(caught.value)
+    with scope.every_tenant():
+        assert retention.event_partitions_drop() == []
+
+
+def test_the_tenant_purge_refuses_a_tenant_outside_the_scope(tenant, other_tenant):
+    with (
+        scope.tenant_scope([tenant.pk]),
+        connection.cursor() as cursor,
+        pytest.raises(ProgrammingError) as caught,
+        transaction.atomic(),
+    ):
+        cursor.execute(
+            "SELECT tasks_purge_tenant_rows('tasks_contract', %s)", [other_tenant.pk]
+        )
+    assert "not in scope" in str(caught.value)

@@ -226,7 +226,7 @@ def test_broker_outage_keeps_writes_available_and_the_backlog_drains(
             with relay.broker_publisher() as publisher:
                 relay_totals.append(relay.outbox_relay_drain(publisher=publisher))
             connect_attempts[0] += publisher.connect_attempts
-            backlog = relay.unscoped_outbox_backlog()
+            backlog = relay.outbox_backlog()
             backlog_peak[0] = max(backlog_peak[0], backlog.pending)
             stop_relaying.wait(0.5)
 

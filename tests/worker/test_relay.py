@@ -26,6 +26,7 @@ from audit import relay
 from audit import services as audit_services
 from audit.inbox import inbox_process_once
 from audit.models import EventCode, Outbox, OutboxState
+from portal import scope
 from portal.actors import Actor
 from portal.exceptions import TransactionForbidden
 from portal.ids import new_id
@@ -98,6 +99,26 @@ def test_relay_publishes_with_confirms_and_marks_rows_sent(
     assert {row.state for row in rows} == {OutboxState.SENT}
     assert all(row.sent_at is not None and row.attempts == 1 for row in rows)
     assert all(row.last_error == "" for row in rows)
+
+
+def test_one_relay_pass_publishes_two_tenants_rows_from_no_scope(
+    tenant: Tenant, other_tenant: Tenant, event_queue: EventQueue
+) -> None:
+    """Row-level security: the relay learns which tenants have due rows
+    (``audit_tenants_with_due_outbox``) and claims them in their scope, as a job
+    that starts with none (docs/database-roles.md)."""
+    appended = append_events(tenant=tenant, task_ids=[new_id()])
+    appended += append_events(tenant=other_tenant, task_ids=[new_id()])
+    with scope.unit_of_work(), relay.broker_publisher() as publisher:
+        report = relay.outbox_relay_once(publisher=publisher)
+        assert scope.current() is None
+    assert report == relay.RelayReport(claimed=2, sent=2)
+    received = event_queue.drain(expected=2)
+    assert {r.message_id for r in received} == {str(a.event_id) for a in appended}
+    assert {r.headers["tenant_id"] for r in received} == {
+        str(tenant.pk),
+        str(other_tenant.pk),
+    }
 
 
 def test_claimed_rows_are_leased_away_from_other_relays(tenant: Tenant) -> None:

@@ -25,10 +25,12 @@ def main(tenant_id: str, count: int) -> int:
     from audit import relay
     from audit import services as audit_services
     from audit.models import EventCode
+    from portal import scope
     from portal.actors import Actor
     from portal.tracing import Trace
 
-    with transaction.atomic(durable=True):
+    # As a request of this tenant would (row-level security).
+    with scope.tenant_scope([tenant_id]), transaction.atomic(durable=True):
         event_ids = [
             str(
                 audit_services.event_append(

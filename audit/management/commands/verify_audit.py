@@ -15,6 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from audit import checkpoints, verify
+from portal import scope
 from portal.models import Tenant
 
 PROGRESS_EVERY = 50_000
@@ -63,9 +64,10 @@ class Command(BaseCommand):
                     self.stderr.write(f"  {slug}: {events} events verified…")
                     next_note += PROGRESS_EVERY
 
-            report = verify.verify_tenant(
-                tenant_id=tenant.pk, public_keys=public_keys, progress=progress
-            )
+            with scope.tenant_scope([tenant.pk]):  # row-level security
+                report = verify.verify_tenant(
+                    tenant_id=tenant.pk, public_keys=public_keys, progress=progress
+                )
             if report.broken is not None:
                 self.stdout.write(f"BROKEN tenant {tenant.slug}: {report.broken}")
                 sys.exit(1)

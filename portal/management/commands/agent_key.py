@@ -20,10 +20,11 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection, transaction
 
 from console import services as console_services
+from portal import scope
 from portal import services as portal_services
 from portal.actors import Actor
 from portal.exceptions import PortalError
-from portal.models import AgentKey
+from portal.models import AgentKey, Tenant
 
 ACTOR: Final = Actor.system("agent_key")
 
@@ -96,6 +97,13 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, verb: str, **options: Any) -> None:
+        # The platform operator's command: every tenant's keys, as the admin shows
+        # a superuser (row-level security, docs/database-roles.md).
+        tenant_ids = Tenant.objects.values_list("pk", flat=True)
+        with scope.tenant_scope(tenant_ids):
+            self._handle(verb, options)
+
+    def _handle(self, verb: str, options: dict[str, Any]) -> None:
         if verb == "list":
             self._list(options.get("tenant"))
             return
