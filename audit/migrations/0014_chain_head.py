@@ -17,11 +17,9 @@ result, so ``event_append``'s statement is unchanged.
   too. A retention purge leaves the row alone: a chain whose events all went
   continues from the last one, as it did from its anchor.
 - ``audit_chainhead`` is tenant-owned: forced row-level security with the scope
-  policy (tasks migration 0012). Appends also run where no tenant scope is set yet
-  (lease reaper, wake-up, retention: ``audit_event`` itself has no policy yet), so
-  the function and the trigger add the event's own tenant to the scope for their one
-  statement when it is missing, and put the setting back: they reach only the head
-  row of the chain the caller is appending to.
+  policy (tasks migration 0012). An append runs in its tenant's scope, as the
+  event's own row must (tasks migration 0017); outside it the head row is out of
+  sight and making one is refused, so the append fails.
 - Existing chains get their row here, from their newest event or, for a chain
   retention emptied, its newest anchor; ``audit_event`` is locked against appends
   (SHARE) meanwhile.
@@ -32,26 +30,7 @@ from __future__ import annotations
 import django.db.models.deletion
 from django.db import migrations, models
 
-# Add p_tenant to the transaction-local tenant scope when it is not there; returns
-# the setting to put back (NULL: nothing to put back).
-_WIDEN = """
-CREATE FUNCTION audit_chainhead_scope_widen(p_tenant uuid) RETURNS text
-LANGUAGE plpgsql VOLATILE AS $$
-DECLARE
-    v_setting text := current_setting('portal.tenant_ids', true);
-BEGIN
-    IF p_tenant = ANY (coalesce(portal_tenant_scope(), '{}'::uuid[])) THEN
-        RETURN NULL;
-    END IF;
-    PERFORM set_config('portal.tenant_ids', concat_ws(',',
-        NULLIF(v_setting, ''), p_tenant::text), true);
-    RETURN coalesce(v_setting, '');
-END $$;
-"""
-
-FORWARD = (
-    _WIDEN
-    + """
+FORWARD = """
 LOCK TABLE audit_event IN SHARE MODE;
 INSERT INTO audit_chainhead (tenant_id, task_id, head_seq, head_event_id, head_hash)
 SELECT DISTINCT ON (h.tenant_id, h.task_id)
@@ -76,8 +55,6 @@ CREATE POLICY audit_chainhead_tenant_scope ON audit_chainhead
 CREATE OR REPLACE FUNCTION audit_event_chain_head(
     p_tenant uuid, p_task uuid, OUT head_seq bigint, OUT head_hash text
 ) LANGUAGE plpgsql VOLATILE AS $$
-DECLARE
-    v_restore text := audit_chainhead_scope_widen(p_tenant);
 BEGIN
     LOOP
         -- Two statements, not "IS NOT DISTINCT FROM": each uses the chain index.
@@ -102,21 +79,15 @@ BEGIN
     IF head_seq = 0 THEN
         head_seq := NULL;  -- no event yet: the first one is #1, after GENESIS
     END IF;
-    IF v_restore IS NOT NULL THEN
-        PERFORM set_config('portal.tenant_ids', v_restore, true);
-    END IF;
 END $$;
 
 -- Every chained insert moves its chain's row forward (never back).
 CREATE FUNCTION audit_event_chainhead_advance() RETURNS trigger
 LANGUAGE plpgsql AS $$
-DECLARE
-    v_restore text;
 BEGIN
     IF NEW.chain_seq IS NULL THEN
         RETURN NULL;
     END IF;
-    v_restore := audit_chainhead_scope_widen(NEW.tenant_id);
     INSERT INTO audit_chainhead AS h (
         tenant_id, task_id, head_seq, head_event_id, head_hash
     ) VALUES (NEW.tenant_id, NEW.task_id, NEW.chain_seq, NEW.id, NEW.hash)
@@ -125,16 +96,12 @@ BEGIN
             head_event_id = EXCLUDED.head_event_id,
             head_hash = EXCLUDED.head_hash
         WHERE h.head_seq < EXCLUDED.head_seq;
-    IF v_restore IS NOT NULL THEN
-        PERFORM set_config('portal.tenant_ids', v_restore, true);
-    END IF;
     RETURN NULL;
 END $$;
 CREATE TRIGGER audit_event_chainhead_trg
     AFTER INSERT ON audit_event
     FOR EACH ROW EXECUTE FUNCTION audit_event_chainhead_advance();
 """
-)
 
 # Migration 0013's function: the advisory lock, then the newest event or anchor.
 REVERSE = """
@@ -172,7 +139,6 @@ BEGIN
         END IF;
     END IF;
 END $$;
-DROP FUNCTION audit_chainhead_scope_widen(uuid);
 """
 
 

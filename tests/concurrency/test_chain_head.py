@@ -3,8 +3,8 @@
 ``audit_event_chain_head`` locks a chain's ``audit_chainhead`` row (making it on the
 chain's first append) and the insert trigger moves it forward. Several connections
 appending at once, from the very first event of a chain, must still give one line
-whose head row names its last event; and appends made where no tenant scope is set
-(the lease reaper, wake-up, retention) must keep the row too.
+whose head row names its last event; and an append outside its tenant's scope
+(row-level security) must be refused without moving the row.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 from django.core.management import call_command
-from django.db import connection, transaction
+from django.db import ProgrammingError, transaction
 
 from audit import services as audit_services
 from audit.models import ChainHead, Event, EventCode
@@ -77,34 +77,22 @@ def test_parallel_first_appends_make_one_head_and_one_line(
     assert "BROKEN" not in out.getvalue()
 
 
-def test_an_append_without_a_tenant_scope_moves_the_head_and_leaves_no_scope(
-    tenant: Tenant,
+@pytest.mark.parametrize("scoped_to", ["no tenant", "another tenant"])
+def test_an_append_outside_its_tenants_scope_is_refused_and_the_head_stays(
+    tenant: Tenant, other_tenant: Tenant, scoped_to: str
 ) -> None:
     task_id = uuid.uuid4()
     append(tenant, task_id, 1)
-    # when a job with no tenant scope (the lease reaper's way) appends
-    with scope.tenant_scope([]), transaction.atomic():
+    ids = [] if scoped_to == "no tenant" else [other_tenant.pk]
+    # when a job appends to the tenant's chain outside the tenant's scope
+    with (
+        scope.tenant_scope(ids),
+        pytest.raises(ProgrammingError, match="row-level security"),
+        transaction.atomic(),
+    ):
         audit_services.event_append(
             tenant_id=tenant.pk, task_id=task_id, code=EventCode.TASK_LEASE_EXPIRED,
             actor=ACTOR, data={"n": 2},
         )  # fmt: skip
-        with connection.cursor() as cursor:
-            # the scope is what it was: the head row is out of sight again
-            cursor.execute("SELECT current_setting('portal.tenant_ids', true)")
-            assert cursor.fetchone()[0] in ("", None)
-            cursor.execute("SELECT count(*) FROM audit_chainhead")
-            assert cursor.fetchone()[0] == 0
-    # then the chain went on from its head
-    _assert_one_line_with_its_head(tenant, task_id, 2)
-
-
-def test_a_scope_of_other_tenants_gets_the_event_tenant_only_for_the_head(
-    tenant: Tenant, other_tenant: Tenant
-) -> None:
-    task_id = uuid.uuid4()
-    with scope.tenant_scope([other_tenant.pk]), transaction.atomic():
-        append(tenant, task_id, 1)
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT current_setting('portal.tenant_ids', true)")
-            assert cursor.fetchone()[0] == str(other_tenant.pk)
+    # then nothing was written: the chain and its head are as they were
     _assert_one_line_with_its_head(tenant, task_id, 1)
