@@ -18,7 +18,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from portal import db_roles
 from tests.deploy import support, units
+from tests.support.net import free_port
 from tests.worker.broker import (
     SHARED_URL,
     EventQueue,
@@ -53,11 +53,6 @@ ISSUES = 3
 # Read by the settings but not part of a production deployment.
 DEVELOPMENT_ONLY = {"PORTAL_DEV_MODE", "PORTAL_EMBEDDED_PG_PORT", "PORTAL_TEST_DATABASE"}
 
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class _Proxy(BaseHTTPRequestHandler):
@@ -217,7 +212,7 @@ def test_the_production_layout_starts_and_serves_the_demo_agent(
     if reason is not None:
         pytest.skip(reason)
     database = make_database("deploy")
-    web_port = _free_port()
+    web_port = free_port()
     env = _environment(database=database, tmp=tmp_path, web_port=web_port)
     (tmp_path / "state").mkdir()
     owner_url = support.url(database, role=db_roles.OWNER_ROLE)

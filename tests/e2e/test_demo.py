@@ -12,7 +12,6 @@ import os
 import re
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -32,6 +31,7 @@ from psycopg import sql
 
 from launcher import embedded_db
 from portal.management.commands.seed_demo import USERS
+from tests.support.net import free_port
 from tests.support.otlp import Receiver, Span, otlp_receiver
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,11 +46,6 @@ CHILDREN = ("ticketdesk", "gunicorn", "celery")
 AGENT_TRACE = re.compile(r"customer-issue agent: \d+ issue\(s\), trace ([0-9a-f]{32})")
 SPANS_TIMEOUT_S = 30.0
 
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _server_params() -> dict[str, Any]:
@@ -251,7 +246,7 @@ def _the_readme_demo(
 ) -> None:
     # Given: the README's start command, on a scratch database and free ports,
     # exporting its spans to a collector (docs/observability.md).
-    port, desk_port = _free_port(), _free_port()
+    port, desk_port = free_port(), free_port()
     portal = f"http://127.0.0.1:{port}"
     env = _clean_env(
         DATABASE_URL=scratch_database_url,

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,15 +27,11 @@ from portal import services as portal_services
 from portal.models import Agent, AgentGrant, Tenant
 from tasks.models import Operation, OperationState, Task, TaskState
 from tests.fault.harness import database_url
+from tests.support.net import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 60.0
 
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @dataclass
@@ -63,7 +58,7 @@ def start(
     extra_args: tuple[str, ...] = (),
     wait_path: str = "/api/v1/",
 ) -> Server:
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SECRET_KEY"}
     env.update(
         DATABASE_URL=database_url(),

@@ -7,7 +7,6 @@ no Django database.
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -19,6 +18,7 @@ import psycopg
 import pytest
 
 from launcher.embedded_db import embedded_postgres
+from tests.support.net import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(60)
@@ -29,11 +29,6 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One data directory for the module: initdb runs once."""
     return tmp_path_factory.mktemp("var") / "pgdata"
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def postmaster_pid(data_dir: Path) -> int:

@@ -28,6 +28,8 @@ from typing import Any
 
 import psycopg
 
+from tests.support.net import free_port
+
 START_TIMEOUT_S = 30.0
 
 
@@ -58,11 +60,6 @@ def startup_timeouts(options: str) -> str:
     assert pairs, options
     return "; ".join(f"SET {name} = {value}" for name, value in pairs)
 
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @dataclass
@@ -164,7 +161,7 @@ def running_pgbouncer(
     folder = Path(tempfile.mkdtemp(prefix="portal-pgbouncer-"))
     folder.chmod(0o777)  # written by the user PgBouncer drops to
     admin_user = users[0]
-    port = _free_port()
+    port = free_port()
     (folder / "userlist.txt").write_text(
         "".join(f'"{user}" ""\n' for user in users)
     )

@@ -24,6 +24,8 @@ import psutil
 from amqp.exceptions import NotFound
 from kombu import Connection, Exchange, Queue
 
+from tests.support.net import free_port
+
 SHARED_URL = os.environ.get(
     "PORTAL_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//"
 )
@@ -71,11 +73,6 @@ def _run(
         command, capture_output=True, text=True, check=check, timeout=timeout, env=env
     )
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @contextlib.contextmanager
