@@ -32,10 +32,10 @@ from portal.exceptions import TransactionForbidden
 from portal.ids import new_id
 from portal.models import Tenant
 from tests.conftest import db_now
+from tests.support.broker import EventQueue, closed_port, queued_messages
 from tests.support.concurrency import run_in_threads
 from tests.support.db import db_clock_offset
 
-from .broker import EventQueue, closed_port, queued_messages
 from .conftest import (
     PYTHON,
     REPO,
