@@ -27,7 +27,7 @@ import secrets
 import string
 import time
 import urllib.parse
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -255,7 +255,7 @@ def _run_on_a_celery_worker(operation_id: str, timeout: float = 60) -> None:
     conf.worker_hijack_root_logger = False  # the test's log capture stays attached
     try:
         with start_worker(
-            app,
+            cast(Any, app),
             pool="solo",
             perform_ping_check=False,
             loglevel="INFO",

@@ -71,10 +71,12 @@ class ServerLog:
 
     def __init__(self) -> None:
         with connect_as("admin", autocommit=True) as admin:
-            current, data_directory, pid = admin.execute(
+            row = admin.execute(
                 "SELECT pg_current_logfile(), current_setting('data_directory'),"
                 " pg_backend_pid()"
             ).fetchone()
+            assert row is not None
+            current, data_directory, pid = row
             if current:
                 path = (
                     current
@@ -95,9 +97,9 @@ class ServerLog:
             self.start = self._size(admin)
 
     def _size(self, admin: psycopg.Connection[Any]) -> int:
-        return int(
-            admin.execute("SELECT (pg_stat_file(%s)).size", [self.path]).fetchone()[0]
-        )
+        row = admin.execute("SELECT (pg_stat_file(%s)).size", [self.path]).fetchone()
+        assert row is not None
+        return int(row[0])
 
     def appended(self) -> str:
         """The text written since this object was made."""
@@ -105,8 +107,9 @@ class ServerLog:
             end = self._size(admin)
             if end <= self.start:
                 return ""
-            data = admin.execute(
+            row = admin.execute(
                 "SELECT pg_read_binary_file(%s, %s, %s)",
                 [self.path, self.start, end - self.start],
-            ).fetchone()[0]
-        return bytes(data).decode(errors="replace")
+            ).fetchone()
+        assert row is not None
+        return bytes(row[0]).decode(errors="replace")

@@ -444,7 +444,7 @@ def test_nudge_with_the_broker_down_never_raises_nor_blocks_the_commit(
 ) -> None:
     """With the Celery broker unreachable the write commits at once; a warning is
     logged, and further nudges are skipped for a moment."""
-    from .conftest import redirect_celery
+    from tests.support.broker import redirect_celery
 
     with closed_port() as port:
         redirect_celery(broker_url=f"amqp://guest:guest@127.0.0.1:{port}//", queue="x")
