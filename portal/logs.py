@@ -23,6 +23,7 @@ from contextvars import ContextVar
 from typing import Any, Final
 from urllib.parse import unquote
 
+from django.utils.log import AdminEmailHandler
 from django.utils.module_loading import import_string
 from pythonjsonlogger.json import JsonFormatter as _JsonFormatter
 
@@ -135,3 +136,35 @@ class JsonFormatter(_JsonFormatter):
             else:
                 redacted[key] = self.redact({key: value}, tenant_id=tenant)[key]
         return redacted
+
+
+class RedactingAdminEmailHandler(AdminEmailHandler):
+    """Django's ``mail_admins`` handler, its report redacted like a JSON line.
+
+    Django's error report (an unhandled error, or any ERROR of ``django.request``
+    while ``ADMINS`` is set and ``DEBUG`` off) holds the request's query string,
+    headers and the settings; its filter hides only values under names such as
+    ``AUTH``, ``TOKEN`` or ``KEY``, so a secret in the query string, the user agent
+    or a custom header would be mailed (found by the redaction canary,
+    tests/gateway/test_log_canary.py). Subject and body pass the redactor line by
+    line, URL-decoded first; the HTML version, which would repeat them, is not sent.
+    """
+
+    def __init__(self, *args: Any, redactor: str, **kwargs: Any) -> None:
+        kwargs["include_html"] = False
+        super().__init__(*args, **kwargs)
+        self.redact: Redactor = import_string(redactor)
+
+    def send_mail(self, subject: Any, message: Any, *args: Any, **kwargs: Any) -> None:
+        kwargs.pop("html_message", None)
+        super().send_mail(
+            self._redacted(str(subject)), self._redacted(str(message)), *args, **kwargs
+        )
+
+    def _redacted(self, text: str) -> str:
+        return "\n".join(
+            str(
+                self.redact(unquote(line) if "%" in line else line, tenant_id=NO_TENANT)
+            )
+            for line in text.split("\n")
+        )

@@ -384,9 +384,19 @@ LOGGING: dict[str, Any] = {
             "redactor": "audit.redaction.redact",
         },
     },
+    "filters": {"require_debug_false": {"()": "django.utils.log.RequireDebugFalse"}},
     "handlers": {
-        "console": {"class": "logging.StreamHandler", "formatter": PORTAL_LOG_FORMAT}
+        "console": {"class": "logging.StreamHandler", "formatter": PORTAL_LOG_FORMAT},
+        # Django's error report to ADMINS (none by default), redacted first
+        # (docs/redaction.md, "The canary test"); it replaces Django's own handler.
+        "mail_admins": {
+            "class": "portal.logs.RedactingAdminEmailHandler",
+            "level": "ERROR",
+            "filters": ["require_debug_false"],
+            "redactor": "audit.redaction.redact",
+        },
     },
+    "loggers": {"django": {"handlers": ["mail_admins"], "level": "INFO"}},
     "root": {
         "handlers": ["console"],
         "level": os.environ.get("PORTAL_LOG_LEVEL", "INFO"),

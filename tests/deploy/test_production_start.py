@@ -36,14 +36,14 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from portal import db_roles
 from tests.deploy import support, units
-from tests.support.net import free_port
-from tests.worker.broker import (
+from tests.support.broker import (
     SHARED_URL,
     EventQueue,
     delete_exchange,
     delete_queue,
     ensure_shared_broker,
 )
+from tests.support.net import free_port
 from ticketdesk.harness import TicketDesk, start_ticketdesk
 
 REPO = units.REPO

@@ -17,7 +17,13 @@ from portal.models import Agent, Tenant
 from tasks import services as task_services
 from tasks.models import Connector, Contract
 from tests.conftest import db_now
+from tests.support import broker
 from ticketdesk.harness import TicketDesk, start_ticketdesk
+
+# The shared broker fixtures (tests/support/broker.py): the canary test taps them.
+amqp_url = broker.amqp_url
+events_exchange = broker.events_exchange
+celery_test_queue = broker.celery_test_queue
 
 TARGET = "ticket-desk"
 SPEC = {
@@ -95,7 +101,11 @@ class World:
         return list(values.values())
 
     def start_task(
-        self, n: int = 1042, *, key: str | None = None, input: dict[str, Any] | None = None
+        self,
+        n: int = 1042,
+        *,
+        key: str | None = None,
+        input: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Register, claim and reserve: a running task with one reserved operation."""
         registered = self.http.post(

@@ -110,6 +110,7 @@ def test_no_canary_reaches_a_json_log_line(
         "/api/v1/tasks/" + urllib.parse.quote(note, safe=""),
     )
     assert missing.status_code == 404
+
     # And: the broker refuses a queued execution's job, quoting them
     def refusing_broker(**kwargs: Any) -> None:
         raise ConnectionRefusedError(f"broker said: {note}")
@@ -121,6 +122,7 @@ def test_no_canary_reaches_a_json_log_line(
         headers={"Lease-Token": str(first["token"]), "Prefer": "respond-async"},
     )
     assert queued.status_code == 202, queued.text
+
     # And: the gateway's call fails with an error that quotes them
     def failing_call(**kwargs: Any) -> None:
         raise RuntimeError(f"connector exploded: {note}")
@@ -177,3 +179,73 @@ def test_a_line_carries_tenant_task_operation_and_trace(json_lines: _Lines):
     assert line["trace_id"] == current.trace_id
     assert line["span_id"] == current.span_id
     assert line["level"] == "INFO" and line["logger"] == "portal.test"
+
+
+def test_a_500_with_debug_off_shows_and_reports_no_canary(
+    world: World, json_lines: _Lines, settings: Any
+):
+    """A 500 with ``DEBUG=False`` (S10): the answer, the JSON log lines and the
+    error-report e-mail Django's ``mail_admins`` handler sends hold no canary.
+
+    The failure is real: the database refuses the write mid-request. As the schema
+    owner the test revokes the app role's UPDATE on ``tasks_task`` (a grant lost in
+    a botched migration), so a transition's request passes authentication, reads
+    the task, and fails on its update with ``permission denied``: an unhandled error.
+    The request carries canaries in its query string, its headers (the agent's real
+    key in ``Authorization: Bearer``, a cookie, a user agent, a custom header) and
+    its JSON body. ``ADMINS`` is set so the report is sent (to Django's in-memory
+    mailbox). The PostgreSQL server log's new lines are read too.
+    """
+    from django.core import mail
+
+    from portal import db_roles
+    from tests.gateway.test_redaction_canary import Sinks, _canaries, _nested
+    from tests.support.db import ServerLog, connect_as
+
+    assert settings.DEBUG is False
+    settings.ADMINS = [("Operations", "ops@example.org")]
+    mail.outbox = []
+    c = _canaries()
+    c["agent_key_in_use"] = world.http.headers["Authorization"].removeprefix("Bearer ")
+    started = world.start_task(1)
+    server_log = ServerLog()
+    refuse = f"REVOKE UPDATE ON tasks_task FROM {db_roles.app_role()}"
+    with connect_as("owner", autocommit=True) as owner:
+        owner.execute(refuse)
+        try:
+            failed = world.http.post(
+                f"/api/v1/tasks/{started['task']['id']}/transitions",
+                params={"debug": c["github"], "contact": c["email"], "t": c["jwt"]},
+                json={
+                    "to": "waiting",
+                    "expected_state_version": started["task"]["state_version"],
+                    "payload": _nested(c),
+                },
+                headers={
+                    "Lease-Token": str(started["token"]),
+                    "User-Agent": f"agent/1 {c['aws']}",
+                    "X-Customer-Note": f"{c['email']} {c['card']} {c['stripe']}",
+                    "Cookie": f"sessionid={c['slack']}",
+                },
+            )
+        finally:
+            owner.execute(f"GRANT UPDATE ON tasks_task TO {db_roles.app_role()}")
+    assert failed.status_code == 500, failed.text
+    # the raw records show the refusal and the request (the paths ran)
+    assert "permission denied for table tasks_task" in "\n".join(json_lines.raw)
+    assert len(mail.outbox) == 1, [m.subject for m in mail.outbox]
+    report = mail.outbox[0]
+    sinks = Sinks()
+    sinks.add("500 response", failed.text + "\n" + str(dict(failed.headers)))
+    sinks.add("JSON log lines", "\n".join(json_lines.lines()))
+    sinks.add(
+        "error-report e-mail",
+        "\n".join(
+            [str(report.subject), str(report.body)]
+            + [str(content) for content, _ in getattr(report, "alternatives", [])]
+        ),
+    )
+    sinks.add("PostgreSQL server log", server_log.appended())
+    assert "Internal Server Error" in report.subject
+    assert "QUERY_STRING" in report.body and "[email:hm_" in report.body  # redacted
+    assert sinks.hits(c) == []

@@ -25,8 +25,9 @@ import json
 import logging
 import secrets
 import string
+import time
 import urllib.parse
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -36,17 +37,20 @@ from detect_secrets.plugins.high_entropy_strings import (
 )
 from django.contrib import admin
 from django.contrib.auth.models import User
-from django.db import connection
+from django.db import DataError, connection
 from django.test import Client
 from django.urls import NoReverseMatch, reverse
 
-from audit.models import Outbox
+from audit import jobs as audit_jobs
+from audit.models import Outbox, OutboxState
 from portal import services as portal_services
 from portal.models import Role
 from tasks import services as task_services
 from tasks.models import Operation, OperationState, Task, TaskState
 from tests.conftest import db_now
 from tests.gateway.conftest import SPEC, TARGET, World, minutes_ago
+from tests.support.broker import Tap
+from tests.support.db import ServerLog
 
 
 def _rand(alphabet: str, n: int) -> str:
@@ -223,11 +227,65 @@ def _admin_pages(client: Client, tenant: Any) -> list[tuple[str, int, str]]:
     ]
 
 
+def _broker_message(message: Any) -> str:
+    """A tapped message as text: where it went, its headers, properties and body."""
+    body = message.body
+    if isinstance(body, bytes):
+        body = body.decode(errors="replace")
+    return "\n".join(
+        [
+            json.dumps(message.delivery_info, default=str),
+            json.dumps(message.headers, default=str, ensure_ascii=False),
+            json.dumps(message.properties, default=str, ensure_ascii=False),
+            body,
+        ]
+    )
+
+
+def _run_on_a_celery_worker(operation_id: str, timeout: float = 60) -> None:
+    """Start an embedded Celery worker (solo pool, a thread of this process) on the
+    test's queue and let it take the messages the API and the commits sent (the
+    queued execution's job, the relay nudges) until the operation is settled."""
+    from celery.contrib.testing.worker import start_worker
+
+    from portal.celery import app
+
+    conf: Any = app.conf
+    hijack = conf.worker_hijack_root_logger
+    conf.worker_hijack_root_logger = False  # the test's log capture stays attached
+    try:
+        with start_worker(
+            cast(Any, app),
+            pool="solo",
+            perform_ping_check=False,
+            loglevel="INFO",
+            shutdown_timeout=60,
+        ):
+            deadline = time.monotonic() + timeout
+            while Operation.objects.get(pk=operation_id).state in (
+                OperationState.RESERVED,
+                OperationState.EXECUTING,
+            ):
+                assert time.monotonic() < deadline, "the worker did not run the job"
+                time.sleep(0.1)
+    finally:
+        conf.worker_hijack_root_logger = hijack
+
+
 @pytest.mark.timeout(300)
-def test_no_canary_reaches_any_sink(world: World, caplog: pytest.LogCaptureFixture):
+def test_no_canary_reaches_any_sink(
+    world: World,
+    caplog: pytest.LogCaptureFixture,
+    amqp_url: str,
+    events_exchange: str,
+    celery_test_queue: str,
+):
     caplog.set_level(logging.DEBUG)
     c = _canaries()
     sinks = Sinks()
+    # a copy of the messages the portal sends: events, and (peeked) Celery jobs
+    tap = Tap(url=amqp_url, events=events_exchange).declare()
+    server_log = ServerLog()  # what PostgreSQL logs from here on
     responses: list[httpx.Response] = []
 
     def keep(response: httpx.Response) -> None:
@@ -431,7 +489,28 @@ def test_no_canary_reaches_any_sink(world: World, caplog: pytest.LogCaptureFixtu
         == 0
     )
 
-    # 6. read everything back: API reads, exports, admin pages
+    # 6. a queued execution: its job goes through RabbitMQ to a Celery worker, and
+    # the commits' nudges run the outbox relay there (events to the exchange)
+    task6, token6 = running(6)
+    queued_id = reserve(
+        task6,
+        token6,
+        "canary-op-6",
+        queue="billing",
+        summary=f"Refund for {c['person']}. " + _note(c)[:900],
+        customer=c["person"],
+    )
+    queued = world.http.post(
+        f"/api/v1/operations/{queued_id}/execute",
+        json={"field_values": fields()},
+        headers={"Lease-Token": str(token6), "Prefer": "respond-async"},
+    )
+    assert queued.status_code == 202, queued.text
+    assert tap.peek(celery_test_queue) >= 1  # the job (and nudges), left in place
+    _run_on_a_celery_worker(queued_id)
+    assert Operation.objects.get(pk=queued_id).state == OperationState.VERIFIED
+
+    # 7. read everything back: API reads, exports, admin pages
     for path in (
         f"/api/v1/tasks/{task['id']}",
         f"/api/v1/tasks/{task['id']}/events",
@@ -490,6 +569,26 @@ def test_no_canary_reaches_any_sink(world: World, caplog: pytest.LogCaptureFixtu
     ):
         sinks.add("outbox payloads", json.dumps(payload, ensure_ascii=False))
     assert Outbox.objects.filter(tenant=tenant).count() > 10
+    # the broker: a relay pass publishes what the worker's runs left (rows written
+    # since, e.g. the exports' events); every message the tap copied is read
+    audit_jobs.relay_outbox_job()
+    tapped = tap.drain()
+    tap.delete()
+    jobs = {m.headers.get("task") for m in tapped if "task" in (m.headers or {})}
+    events = [m for m in tapped if m.delivery_info["exchange"] == events_exchange]
+    assert "tasks.jobs.run_operation_job" in jobs, [m.delivery_info for m in tapped]
+    sent = Outbox.objects.filter(state=OutboxState.SENT).count()
+    assert sent == Outbox.objects.count() and len(events) == sent, (sent, len(events))
+    for message in tapped:
+        sinks.add("broker messages", _broker_message(message))
+    # the PostgreSQL server log: the scan reads what the server wrote (a probe's
+    # refused cast names its value there), then looks for the canaries
+    probe = "canary-log-probe-" + _rand(ALNUM, 12)
+    with pytest.raises(DataError), connection.cursor() as cursor:
+        cursor.execute("SELECT %s::integer", [probe])
+    logged = server_log.appended()
+    assert probe in logged, f"{server_log.path} did not show the probe"
+    sinks.add("PostgreSQL server log", logged)
     sinks.add("logs", caplog.text)
     sinks.add("logs", "\n".join(str(r.args) for r in caplog.records))
 

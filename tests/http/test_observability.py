@@ -31,13 +31,13 @@ from tasks.models import Task, TaskState
 from tests.fault.harness import database_url
 from tests.gateway.conftest import World as GatewayWorld
 from tests.gateway.conftest import desk, make_world, ticketdesk_server
-from tests.support.db import connect_as
-from tests.worker.broker import (
+from tests.support.broker import (
     SHARED_URL,
     closed_port,
     delete_queue,
     ensure_shared_broker,
 )
+from tests.support.db import connect_as
 from ticketdesk.harness import TicketDesk
 
 from .conftest import REPO, Server, World, start, stop

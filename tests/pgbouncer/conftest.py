@@ -17,8 +17,8 @@ from django.db import connection
 
 from portal import db_roles
 from tests.support import pgbouncer
+from tests.support.broker import amqp_url  # noqa: F401 (the fixture)
 from tests.support.pgbouncer import PgBouncer
-from tests.worker.conftest import amqp_url  # noqa: F401 (the fixture)
 
 if pgbouncer.version() is None:
     pytest.skip(

@@ -21,8 +21,8 @@ from tasks.models import Connector, Operation
 from tests.fault.harness import WorkerPool
 from tests.gateway.conftest import SPEC, TARGET, World
 from tests.http.conftest import start, stop
+from tests.support.broker import EventQueue, delete_exchange, delete_queue
 from tests.support.pgbouncer import PgBouncer
-from tests.worker.broker import EventQueue, delete_exchange, delete_queue
 from ticketdesk.harness import TicketDesk, start_ticketdesk
 
 from .conftest import bouncer_settings

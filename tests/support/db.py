@@ -7,6 +7,7 @@ an explicit separate connection from here, never through the tests' connection.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -54,3 +55,61 @@ def connect_as(role: str, **kwargs: Any) -> psycopg.Connection[Any]:
     ``"app"`` or ``"admin"``, the superuser of DATABASE_URL)."""
     user = {"owner": db_roles.OWNER_ROLE, "app": db_roles.APP_ROLE, "admin": None}[role]
     return psycopg.connect(**conninfo(user=user), **kwargs)
+
+
+class ServerLog:
+    """What the PostgreSQL server writes to its log from now on.
+
+    The file is found through the server, as the superuser: ``pg_current_logfile()``
+    when the logging collector runs (relative to ``data_directory``); otherwise the
+    server logs to its standard error, inherited by every backend, and the file
+    behind a backend's descriptor 2 is read from ``/proc`` (the Debian packages point
+    it at ``/var/log/postgresql/postgresql-<version>-<cluster>.log``). The bytes are
+    read by the server (``pg_read_binary_file``), so the log's owner and mode do not
+    matter. The server is shared: what other clients log lands here too.
+    """
+
+    def __init__(self) -> None:
+        with connect_as("admin", autocommit=True) as admin:
+            row = admin.execute(
+                "SELECT pg_current_logfile(), current_setting('data_directory'),"
+                " pg_backend_pid()"
+            ).fetchone()
+            assert row is not None
+            current, data_directory, pid = row
+            if current:
+                path = (
+                    current
+                    if current.startswith("/")
+                    else f"{data_directory}/{current}"
+                )
+            else:
+                try:
+                    path = os.readlink(f"/proc/{pid}/fd/2")
+                except OSError as error:
+                    raise LookupError(
+                        "the server logs to its standard error, and this process "
+                        f"cannot see where that goes ({error})"
+                    ) from None
+                if not path.startswith("/") or path == "/dev/null":
+                    raise LookupError(f"the server's standard error is {path!r}")
+            self.path = path
+            self.start = self._size(admin)
+
+    def _size(self, admin: psycopg.Connection[Any]) -> int:
+        row = admin.execute("SELECT (pg_stat_file(%s)).size", [self.path]).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    def appended(self) -> str:
+        """The text written since this object was made."""
+        with connect_as("admin", autocommit=True) as admin:
+            end = self._size(admin)
+            if end <= self.start:
+                return ""
+            row = admin.execute(
+                "SELECT pg_read_binary_file(%s, %s, %s)",
+                [self.path, self.start, end - self.start],
+            ).fetchone()
+        assert row is not None
+        return bytes(row[0]).decode(errors="replace")

@@ -28,31 +28,17 @@ from portal import db_roles
 from portal.actors import Actor
 from portal.models import Tenant
 from portal.tracing import Trace
+from tests.support import broker
+from tests.support.broker import EventQueue
 from tests.support.db import connect_as
 
-from .broker import SHARED_URL, EventQueue, delete_exchange, ensure_shared_broker
-
 REPO = Path(__file__).resolve().parents[2]
+
+# The shared broker fixtures (tests/support/broker.py), for this tier's tests.
+amqp_url = broker.amqp_url
+events_exchange = broker.events_exchange
+celery_test_queue = broker.celery_test_queue
 REPORTS = REPO / "reports"
-
-
-@pytest.fixture(scope="session")
-def amqp_url() -> str:
-    """The machine's RabbitMQ, started when it is down."""
-    reason = ensure_shared_broker(SHARED_URL)
-    if reason is not None:
-        pytest.skip(reason)
-    return SHARED_URL
-
-
-@pytest.fixture
-def events_exchange(amqp_url: str, settings: Any) -> Iterator[str]:
-    """This test's own topic exchange; the relay publishes there."""
-    name = f"portal.events.test-{uuid.uuid4().hex[:10]}"
-    settings.PORTAL_EVENTS_BROKER_URL = amqp_url
-    settings.PORTAL_EVENTS_EXCHANGE = name
-    yield name
-    delete_exchange(amqp_url, name)
 
 
 @pytest.fixture
@@ -189,36 +175,9 @@ def inbox_consumer() -> Iterator[str]:
 
 
 @pytest.fixture(autouse=True)
-def celery_test_queue(amqp_url: str) -> Iterator[str]:
-    """Point the Celery app at the test broker and a queue of this test only.
-
-    Nudges (``relay.nudge_relay``) land there, where no other worker listens; the
-    queue is deleted afterwards.
-    """
-    from audit import relay
-    from portal.celery import app
-
-    name = f"celery-test-{uuid.uuid4().hex[:10]}"
-    saved = (app.conf.broker_url, app.conf.task_default_queue)
-    redirect_celery(broker_url=amqp_url, queue=name)
-    relay._nudge_paused_until = 0.0
-    yield name
-    from .broker import delete_queue
-
-    delete_queue(amqp_url, name)
-    redirect_celery(broker_url=saved[0], queue=saved[1])
-    relay._nudge_paused_until = 0.0
-
-
-def redirect_celery(*, broker_url: str, queue: str) -> None:
-    """Re-point the Celery app; its cached producers and queues are rebuilt lazily."""
-    from portal.celery import app
-
-    conf: Any = app.conf
-    conf.broker_url = broker_url
-    conf.task_default_queue = queue
-    app.__dict__["_pool"] = None  # celery's private connection pool cache
-    app.__dict__.pop("amqp", None)
+def _each_test_on_its_celery_queue(celery_test_queue: str) -> str:
+    """Every worker-tier test sends its jobs and nudges to a queue of its own."""
+    return celery_test_queue
 
 
 @pytest.fixture(autouse=True)

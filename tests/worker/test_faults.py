@@ -27,9 +27,9 @@ from portal.actors import Actor
 from portal.ids import new_id
 from portal.models import Tenant
 from portal.tracing import Trace
+from tests.support.broker import EventQueue, PrivateNode
 from tests.support.concurrency import run_in_threads
 
-from .broker import EventQueue, PrivateNode
 from .conftest import (
     PYTHON,
     REPO,
@@ -182,7 +182,7 @@ def test_broker_outage_keeps_writes_available_and_the_backlog_drains(
     exchange = f"portal.events.outage-{uuid.uuid4().hex[:8]}"
     settings.PORTAL_EVENTS_BROKER_URL = private_node.url
     settings.PORTAL_EVENTS_EXCHANGE = exchange
-    from .conftest import redirect_celery
+    from tests.support.broker import redirect_celery
 
     redirect_celery(broker_url=private_node.url, queue=f"celery-{exchange}")
     queue = EventQueue(url=private_node.url, exchange=exchange).declare()

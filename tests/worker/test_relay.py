@@ -32,10 +32,10 @@ from portal.exceptions import TransactionForbidden
 from portal.ids import new_id
 from portal.models import Tenant
 from tests.conftest import db_now
+from tests.support.broker import EventQueue, closed_port, queued_messages
 from tests.support.concurrency import run_in_threads
 from tests.support.db import db_clock_offset
 
-from .broker import EventQueue, closed_port, queued_messages
 from .conftest import (
     PYTHON,
     REPO,
@@ -444,7 +444,7 @@ def test_nudge_with_the_broker_down_never_raises_nor_blocks_the_commit(
 ) -> None:
     """With the Celery broker unreachable the write commits at once; a warning is
     logged, and further nudges are skipped for a moment."""
-    from .conftest import redirect_celery
+    from tests.support.broker import redirect_celery
 
     with closed_port() as port:
         redirect_celery(broker_url=f"amqp://guest:guest@127.0.0.1:{port}//", queue="x")

@@ -1,8 +1,11 @@
-"""RabbitMQ for the worker tier: the machine's broker, a private node, test queues.
+"""RabbitMQ for the tests: the machine's broker, a private node, test queues.
 
 The machine's broker (127.0.0.1:5672) is shared with whatever else runs here, so each
 test publishes to its own exchange. The outage test stops a *private* node of its own
 (its own name, port and data folder) so that stopping it disturbs no one else.
+
+The fixtures ``amqp_url``, ``events_exchange`` and ``celery_test_queue`` are defined
+here once; a conftest that needs them imports them (tests/worker, tests/gateway).
 """
 
 from __future__ import annotations
@@ -16,11 +19,13 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 from amqp.exceptions import NotFound
 from kombu import Connection, Exchange, Queue
 
@@ -72,7 +77,6 @@ def _run(
     return subprocess.run(
         command, capture_output=True, text=True, check=check, timeout=timeout, env=env
     )
-
 
 
 @contextlib.contextmanager
@@ -229,6 +233,49 @@ class EventQueue:
             self.queue(broker.default_channel).delete()
 
 
+class Tap:
+    """A copy of what the portal sends through RabbitMQ, as a consumer gets it.
+
+    Events: a queue bound to the relay's topic exchange with ``#``, declared before
+    anything is published. Celery jobs and nudges: Celery publishes them to the
+    default exchange with the queue's name as routing key, and the default exchange
+    takes no bindings, so ``peek`` reads the job queue itself before a worker runs,
+    taking each message without acking and handing them all back (closing the
+    channel requeues them) for the worker.
+    """
+
+    def __init__(self, *, url: str, events: str) -> None:
+        self.url = url
+        self.name = f"tap-{uuid.uuid4().hex[:10]}"
+        self.queue = Queue(
+            self.name, Exchange(events, type="topic", durable=True), routing_key="#"
+        )
+        self.peeked: list[Any] = []
+
+    def declare(self) -> Tap:
+        with Connection(self.url) as broker:
+            self.queue(broker.default_channel).declare()
+        return self
+
+    def peek(self, queue: str) -> int:
+        """Copy every message now in ``queue`` and leave them there; how many."""
+        taken = []
+        with Connection(self.url) as broker:
+            bound = Queue(queue)(broker.default_channel)
+            while (message := bound.get(no_ack=False)) is not None:
+                taken.append(message)
+        self.peeked.extend(taken)
+        return len(taken)
+
+    def drain(self) -> list[Any]:
+        """The messages peeked at, then every event now in the tap (acked)."""
+        return [*self.peeked, *queued_messages(self.url, self.name)]
+
+    def delete(self) -> None:
+        with contextlib.suppress(Exception), Connection(self.url) as broker:
+            self.queue(broker.default_channel).delete()
+
+
 def delete_exchange(url: str, name: str) -> None:
     with contextlib.suppress(Exception), Connection(url) as broker:
         Exchange(name, type="topic")(broker.default_channel).delete()
@@ -251,3 +298,56 @@ def queued_messages(url: str, name: str) -> list[Any]:
         except NotFound:  # nothing was ever sent there
             return []
     return taken
+
+
+# --- Fixtures (imported by the conftests that use them) ------------------------------
+
+
+@pytest.fixture(scope="session")
+def amqp_url() -> str:
+    """The machine's RabbitMQ, started when it is down."""
+    reason = ensure_shared_broker(SHARED_URL)
+    if reason is not None:
+        pytest.skip(reason)
+    return SHARED_URL
+
+
+@pytest.fixture
+def events_exchange(amqp_url: str, settings: Any) -> Iterator[str]:
+    """This test's own topic exchange; the relay publishes there."""
+    name = f"portal.events.test-{uuid.uuid4().hex[:10]}"
+    settings.PORTAL_EVENTS_BROKER_URL = amqp_url
+    settings.PORTAL_EVENTS_EXCHANGE = name
+    yield name
+    delete_exchange(amqp_url, name)
+
+
+@pytest.fixture
+def celery_test_queue(amqp_url: str) -> Iterator[str]:
+    """Point the Celery app at the test broker and a queue of this test only.
+
+    Jobs and nudges (``relay.nudge_relay``) land there, where no other worker
+    listens; the queue is deleted afterwards.
+    """
+    from audit import relay
+    from portal.celery import app
+
+    name = f"celery-test-{uuid.uuid4().hex[:10]}"
+    saved = (app.conf.broker_url, app.conf.task_default_queue)
+    redirect_celery(broker_url=amqp_url, queue=name)
+    relay._nudge_paused_until = 0.0
+    yield name
+    delete_queue(amqp_url, name)
+    redirect_celery(broker_url=saved[0], queue=saved[1])
+    relay._nudge_paused_until = 0.0
+
+
+def redirect_celery(*, broker_url: str, queue: str) -> None:
+    """Re-point the Celery app; its cached producers and queues are rebuilt lazily."""
+    from portal.celery import app
+
+    conf: Any = app.conf
+    conf.broker_url = broker_url
+    conf.task_default_queue = queue
+    app.__dict__["_pool"] = None  # celery's private connection pool cache
+    app.__dict__.pop("amqp", None)
