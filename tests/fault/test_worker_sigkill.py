@@ -8,7 +8,7 @@ redeliveries and half-done runs this causes must be harmless: the ticket desk co
 exactly one ticket per key, every operation ends ``verified``, and each operation's
 events replay to its final state.
 
-Sizes (docs/chaos.md): ``PORTAL_CHAOS_OPS`` (default 200; 1000 by hand), ``PORTAL_CHAOS_WORKERS``
+Sizes (docs/chaos.md): ``PORTAL_CHAOS_OPS`` (1000), ``PORTAL_CHAOS_WORKERS``
 (4), ``PORTAL_CHAOS_SEED`` (random, reported), ``PORTAL_CHAOS_MAIN_SHARE`` (the share
 of kills aimed at a main process, 0.3), ``PORTAL_CHAOS_RATE`` (submissions per
 second; 0, the default, submits as fast as the test process can),
@@ -34,7 +34,7 @@ from .harness import (
 )
 from .scenario import Run, nemesis_figures
 
-OPS = env_int("PORTAL_CHAOS_OPS", 200)
+OPS = env_int("PORTAL_CHAOS_OPS", 1000)
 WORKERS = env_int("PORTAL_CHAOS_WORKERS", 4)
 SEED = env_int("PORTAL_CHAOS_SEED", random.SystemRandom().randrange(2**32))
 MAIN_SHARE = env_float("PORTAL_CHAOS_MAIN_SHARE", 0.3)
