@@ -51,8 +51,11 @@ START_TIMEOUT_S = 90.0
 AGENT_KEY = re.compile(r"issued a new API key for '[^']+': (\S+) \(shown once\)")
 ISSUES = 3
 # Read by the settings but not part of a production deployment.
-DEVELOPMENT_ONLY = {"PORTAL_DEV_MODE", "PORTAL_EMBEDDED_PG_PORT", "PORTAL_TEST_DATABASE"}
-
+DEVELOPMENT_ONLY = {
+    "PORTAL_DEV_MODE",
+    "PORTAL_EMBEDDED_PG_PORT",
+    "PORTAL_TEST_DATABASE",
+}
 
 
 class _Proxy(BaseHTTPRequestHandler):
@@ -210,7 +213,7 @@ def test_the_production_layout_starts_and_serves_the_demo_agent(
 ) -> None:
     reason = ensure_shared_broker(SHARED_URL)
     if reason is not None:
-        pytest.skip(reason)
+        pytest.fail(reason)  # a service the suite needs (.ci/run starts it)
     database = make_database("deploy")
     web_port = free_port()
     env = _environment(database=database, tmp=tmp_path, web_port=web_port)
@@ -219,7 +222,9 @@ def test_the_production_layout_starts_and_serves_the_demo_agent(
 
     # Given: migrated by the owner and static files collected, as deploy/README.md
     # says, with production settings.
-    migrated = support.manage({**env, "DATABASE_OWNER_URL": owner_url}, "migrate", "--noinput")
+    migrated = support.manage(
+        {**env, "DATABASE_OWNER_URL": owner_url}, "migrate", "--noinput"
+    )
     assert migrated.returncode == 0, migrated.stdout + migrated.stderr
     collected = support.manage(env, "collectstatic", "--noinput")
     assert collected.returncode == 0, collected.stdout + collected.stderr
@@ -267,7 +272,10 @@ def test_the_production_layout_starts_and_serves_the_demo_agent(
 
         _wait_for(answers, "answer from gunicorn", processes, tmp_path)
         _wait_for(
-            lambda: " ready." in log("portal-worker"), "ready worker", processes, tmp_path
+            lambda: " ready." in log("portal-worker"),
+            "ready worker",
+            processes,
+            tmp_path,
         )
 
         # Then: the README demo agent, through the proxy, ends as the README says.
@@ -293,8 +301,10 @@ def test_the_production_layout_starts_and_serves_the_demo_agent(
         assert received, "no event published"
         # And: beat sends its jobs, which the worker runs (reap-leases every 5 s).
         _wait_for(
-            lambda: "tasks.jobs.reap_leases_job" in log("portal-worker")
-            and "Sending due task" in log("portal-beat"),
+            lambda: (
+                "tasks.jobs.reap_leases_job" in log("portal-worker")
+                and "Sending due task" in log("portal-beat")
+            ),
             "job from beat",
             processes,
             tmp_path,

@@ -26,13 +26,12 @@ from tasks import services as task_services
 from tasks.gateway import execute as gateway_execute
 from tasks.models import Connector
 from tests.conftest import db_now
+from tests.support import broker
 from ticketdesk.harness import TicketDesk, start_ticketdesk
 
 from .harness import (
-    AMQP_URL,
     WorkerPool,
     database_url,
-    ensure_broker,
     queue_declare,
     queue_delete,
 )
@@ -63,15 +62,6 @@ SPEC = {
 
 
 @pytest.fixture(scope="session")
-def amqp_url() -> str:
-    """The machine's RabbitMQ, started when it is down."""
-    reason = ensure_broker(AMQP_URL)
-    if reason is not None:
-        pytest.fail(reason)
-    return AMQP_URL
-
-
-@pytest.fixture(scope="session")
 def ticketdesk_server() -> Iterator[TicketDesk]:
     with start_ticketdesk() as desk:
         yield desk
@@ -82,6 +72,9 @@ def desk(ticketdesk_server: TicketDesk) -> Iterator[TicketDesk]:
     ticketdesk_server.reset()
     yield ticketdesk_server
     ticketdesk_server.clear_faults()
+
+
+amqp_url = broker.amqp_url  # the shared fixture (tests/support/broker.py)
 
 
 @pytest.fixture

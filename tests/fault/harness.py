@@ -14,7 +14,6 @@ import math
 import os
 import random
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -34,7 +33,6 @@ from kombu import Connection, Exchange, Queue
 
 REPO = Path(__file__).resolve().parents[2]
 REPORTS = REPO / "reports"
-AMQP_URL = os.environ.get("PORTAL_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 # Celery's INFO line for every message a worker main process takes off the queue.
 _RECEIVED = re.compile(r"run_operation_job\[(?P<id>[0-9a-f-]{36})\] received")
 _READY = " ready."
@@ -81,39 +79,6 @@ def env_float(name: str, default: float) -> float:
 
 
 # --- RabbitMQ ------------------------------------------------------------------------
-
-
-def broker_reachable(url: str, timeout: float = 3.0) -> bool:
-    broker = Connection(url, connect_timeout=timeout)
-    try:
-        broker.ensure_connection(max_retries=0)
-        return True
-    except Exception:
-        return False
-    finally:
-        broker.release()
-
-
-def ensure_broker(url: str = AMQP_URL) -> str | None:
-    """Reach the machine's RabbitMQ, starting it if it is down; None, or why not."""
-    if broker_reachable(url):
-        return None
-    if os.geteuid() != 0 or not shutil.which("rabbitmqctl"):
-        return f"RabbitMQ at {url} is down and this user cannot start it"
-
-    def run(*command: str) -> None:
-        subprocess.run(command, capture_output=True, check=False, timeout=120)
-
-    run("rabbitmqctl", "start_app")  # a node stopped with stop_app
-    if not broker_reachable(url):
-        run("rabbitmq-server", "-detached")  # a node that is not running at all
-        run("rabbitmqctl", "await_startup", "--timeout", "90")
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if broker_reachable(url):
-            return None
-        time.sleep(1)
-    return f"RabbitMQ at {url} is down and `rabbitmq-server -detached` did not start it"
 
 
 def celery_queue(name: str) -> Queue:

@@ -31,12 +31,8 @@ from tasks.models import Task, TaskState
 from tests.fault.harness import database_url
 from tests.gateway.conftest import World as GatewayWorld
 from tests.gateway.conftest import desk, make_world, ticketdesk_server
-from tests.support.broker import (
-    SHARED_URL,
-    closed_port,
-    delete_queue,
-    ensure_shared_broker,
-)
+from tests.support import broker
+from tests.support.broker import closed_port, delete_queue
 from tests.support.db import connect_as
 from ticketdesk.harness import TicketDesk
 
@@ -93,13 +89,7 @@ def scrape(server: Server, token: str | None = TOKEN) -> str:
 
 # --- The servers ----------------------------------------------------------------------
 
-
-@pytest.fixture(scope="module")
-def amqp_url() -> str:
-    reason = ensure_shared_broker(SHARED_URL)
-    if reason is not None:
-        pytest.skip(reason)
-    return SHARED_URL
+amqp_url = broker.amqp_url  # the shared fixture (tests/support/broker.py)
 
 
 @pytest.fixture(scope="module")
@@ -541,5 +531,3 @@ def test_the_operations_endpoints_answer_any_method_without_a_5xx(
     for method in ("GET", "HEAD"):
         answer = httpx.request(method, f"{monitored.base_url}{path}", timeout=30)
         assert answer.status_code < 500, (method, path, answer.status_code)
-
-

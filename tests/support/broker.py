@@ -5,7 +5,8 @@ test publishes to its own exchange. The outage test stops a *private* node of it
 (its own name, port and data folder) so that stopping it disturbs no one else.
 
 The fixtures ``amqp_url``, ``events_exchange`` and ``celery_test_queue`` are defined
-here once; a conftest that needs them imports them (tests/worker, tests/gateway).
+here once; a conftest or test module that needs them imports them (tests/worker,
+tests/gateway, tests/fault, tests/pgbouncer, tests/http).
 """
 
 from __future__ import annotations
@@ -305,10 +306,14 @@ def queued_messages(url: str, name: str) -> list[Any]:
 
 @pytest.fixture(scope="session")
 def amqp_url() -> str:
-    """The machine's RabbitMQ, started when it is down."""
+    """The machine's RabbitMQ, started when it is down.
+
+    A failure, not a skip, when it cannot be reached: the broker is one of the
+    services the suite needs (`.ci/run` starts it), not an optional extra.
+    """
     reason = ensure_shared_broker(SHARED_URL)
     if reason is not None:
-        pytest.skip(reason)
+        pytest.fail(reason)
     return SHARED_URL
 
 
