@@ -11,6 +11,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
+from celery import Celery
 from django.db import connection, transaction
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -189,8 +191,6 @@ def celery_worker(
 
 def wait_for(server: Server, name: str, at_least: float, **labels: str) -> str:
     """Scrape until the sample reaches ``at_least`` (a job runs when it runs)."""
-    import time
-
     deadline = time.monotonic() + 60
     while True:
         text = scrape(server)
@@ -397,6 +397,58 @@ def test_a_workers_jobs_and_lease_expiries_are_counted(
     assert sample_sum(after, expiries, state="running") == expired + 1
     lapsed.refresh_from_db()
     assert (lapsed.state, lapsed.reason_code) == ("pending", "LEASE_EXPIRED")
+
+
+def test_a_retried_and_a_revoked_job_are_counted(
+    monitored: Server, celery_worker: Worker, world: World, amqp_url: str
+) -> None:
+    """The two outcomes no plain job reaches: ``retry`` (a job that retries itself
+    on a database error, ``run_operation_job``'s ``autoretry_for``) and ``revoked``
+    (a job revoked before a worker took it; counted by the worker's main process)."""
+    from portal.celery import app
+
+    run = "tasks.jobs.run_operation_job"
+    outcome = "portal_celery_job_outcomes_total"
+    before = scrape(monitored)
+    retried = sample_sum(before, outcome, job=run, outcome="retry")
+    revoked = sample_sum(before, outcome, job=run, outcome="revoked")
+    failed = sample_sum(before, outcome, job=run, outcome="failure")
+    job = {"tenant_id": str(world.tenant.pk), "operation_id": str(uuid.uuid4())}
+    # given: the operations table locked by its owner, so the job's read of it
+    # waits out the lock timeout (an OperationalError, which the job retries on)
+    with connect_as("owner") as owner:
+        owner.execute("LOCK TABLE tasks_operation IN ACCESS EXCLUSIVE MODE")
+        # when
+        celery_worker.send(amqp_url, run, **job)
+        # then: one retry counted while the lock is held
+        wait_for(monitored, outcome, retried + 1, job=run, outcome="retry")
+        owner.rollback()
+    # and the retry, with the table free, fails for good (no such operation)
+    after = wait_for(monitored, outcome, failed + 1, job=run, outcome="failure")
+    assert sample_sum(after, outcome, job=run, outcome="success") == sample_sum(
+        before, outcome, job=run, outcome="success"
+    )
+
+    # when: a job is revoked before it is sent, then sent under that id. The
+    # broadcast goes through an app of the worker's broker: the control mailbox
+    # publishes through its app's own producer pool, whatever connection it is given.
+    task_id = str(uuid.uuid4())
+    control = Celery("revoker", broker=amqp_url)
+    try:
+        control.control.revoke(task_id)
+    finally:
+        control.close()
+    time.sleep(1)  # the broadcast reaches the worker before the job does
+    with app.connection_for_write(amqp_url) as broker_link:
+        app.send_task(
+            run, kwargs=job, queue=celery_worker.queue, task_id=task_id,
+            connection=broker_link,
+        )  # fmt: skip
+    # then: discarded and counted, never run
+    after = wait_for(monitored, outcome, revoked + 1, job=run, outcome="revoked")
+    assert sample_sum(after, outcome, job=run, outcome="failure") == failed + 1
+    assert any(task_id in line and "revoked" in line.lower()
+               for line in celery_worker.lines), celery_worker.lines[-20:]  # fmt: skip
 
 
 # --- Every metric the issue names is there -----------------------------------------------
