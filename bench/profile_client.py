@@ -4,8 +4,10 @@
         [--rounds 5] [--profile service] [--top 30]
         [--database-url postgres://.../portal_bench]
 
-Uses the database ``bench/run.py`` made (it must exist; it is migrated) and adds fresh
-tenants with their own tasks. Prints, per operation:
+Drops, creates and migrates the benchmark database (as ``bench/run.py`` does) and
+runs as the app role, under row-level security, as the portal does (each flavour in
+a tenant of its own; the raw connection sees those tenants through a session-wide
+scope). Prints, per operation:
 
 1. wall and client CPU time of each step from raw to service (interleaved rounds):
    ``raw`` (psycopg defaults), ``raw-like-django`` (client-side binding, no prepared
@@ -37,7 +39,7 @@ from typing import Any
 
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from bench.service_layer import DEFAULT_DATABASE_URL, migrate  # noqa: E402
+from bench.service_layer import DEFAULT_DATABASE_URL, recreate_database  # noqa: E402
 from bench.spec import (  # noqa: E402
     DIAGNOSTIC_FLAVOURS,
     WORKLOADS,
@@ -63,6 +65,7 @@ def components(workload: str, raw: Any) -> list[tuple[str, float]]:
     from audit.redaction import redact
     from bench import workloads
     from portal import db as portal_db
+    from portal import scope
     from portal import selectors as portal_selectors
     from portal.actors import ActorType
     from portal.ids import new_id
@@ -71,6 +74,8 @@ def components(workload: str, raw: Any) -> list[tuple[str, float]]:
     from tasks.models import Operation, Task, TaskState
 
     tenant, agent = workloads.make_tenant(f"bench-parts-{uuid.uuid4().hex[:8]}")
+    scope.include(tenant.pk)  # row-level security, as in main()
+    workloads.raw_scope(raw, tenant.pk)
     (task_id,) = workloads.insert_tasks(raw, tenant_id=tenant.pk, count=1, owner="p")
     with connection.cursor() as cursor:
         cursor.execute(
@@ -91,6 +96,7 @@ def components(workload: str, raw: Any) -> list[tuple[str, float]]:
         "lease_token": 1, "data": {},
     }  # fmt: skip
     client = workloads.connect_raw_like_django(raw.info.dsn)
+    workloads.raw_scope(client, tenant.pk)
     client_cursor = client.cursor()
 
     def atomic_empty() -> None:
@@ -200,10 +206,10 @@ def main() -> int:
     flavours = DIAGNOSTIC_FLAVOURS[args.workload]
     if args.profile not in flavours:
         parser.error(f"--profile must be one of {flavours}")
-    migrate(args.database_url)  # the code may have moved on since bench/run.py
+    app_url = recreate_database(args.database_url)
     os.environ["DJANGO_SETTINGS_MODULE"] = "portal.settings"
     os.environ.setdefault("PORTAL_DEV_MODE", "1")  # benchmarks run the dev setup
-    os.environ["DATABASE_URL"] = args.database_url
+    os.environ["DATABASE_URL"] = app_url
     import django
 
     django.setup()
@@ -211,21 +217,27 @@ def main() -> int:
     from bench import workloads
     from portal import scope
 
-    raw = workloads.connect_raw(args.database_url)
-    ctx = workloads.WorkerContext(index=0, raw=raw, database_url=args.database_url)
+    raw = workloads.connect_raw(app_url)
+    # VACUUM is the tables' owner's (or a superuser's): the URL given.
+    maintenance = workloads.connect_raw(args.database_url)
+    ctx = workloads.WorkerContext(index=0, raw=raw, database_url=app_url)
+    tenants: list[str] = []
     what_ifs = workloads.WhatIfSwitch()
     configure = what_ifs.apply
 
     def runner(flavour: str, ops: int) -> workloads.Runner:
         tag = uuid.uuid4().hex[:8]
         tenant, agent = workloads.make_tenant(f"bench-profile-{tag}-{flavour}")
-        # Row-level security: the flavours' operations run in the tenants made here.
+        # Row-level security: the flavours' operations run in the tenants made here,
+        # and the raw connection sees all of them.
         scope.include(tenant.pk)
+        tenants.append(str(tenant.pk))
+        ctx.enter_tenant(",".join(tenants))  # the setting takes a list
         owner = None if args.workload == "claim" else ctx.owner
         count = 1 if args.workload == "reservation" else ops + WARMUP
         count += REWARM * args.rounds
         workloads.insert_tasks(raw, tenant_id=tenant.pk, count=count, owner=owner)
-        raw.execute("VACUUM (ANALYZE) tasks_task")
+        maintenance.execute("VACUUM (ANALYZE) tasks_task")
         spec = RunSpec(
             run_id=f"profile-{tag}", round=0, workload=args.workload,
             flavour=flavour, clients=1, duration_s=0, warmup=WARMUP,
@@ -292,6 +304,7 @@ def main() -> int:
     stats.sort_stats("cumulative").print_stats(args.top)
     stats.sort_stats("tottime").print_stats(args.top)
     raw.close()
+    maintenance.close()
     return 0
 
 
