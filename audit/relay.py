@@ -19,18 +19,19 @@ STYLE.md R9, and docs/outbox.md for the operator's view. One relay pass:
 
 Per-task order. A row is claimable only when no *older* unsent (pending or dead) row
 of the same task exists (a ``dismissed`` row, given up by an operator, does not
-count); the task id is read from the envelope (``payload->>'task_id'``, indexed by
-migration 0004). The claim takes the oldest due row of each task (its "head", locked
-with ``SKIP LOCKED``) plus the contiguous due rows behind it, and the relay publishes
-them in id order, one per wave: each goes out only after the previous one's confirm
-and ``sent`` mark. A task is therefore in the hands of one relay at a time, and its
-next row is claimable only once this one is ``sent``: messages of one task reach the
-broker in id order. Ids are generated inside the writing transaction, so a write
-that commits before another begins has the lower id: publish order follows commit
-order wherever there is one (overlapping writes have none; docs/outbox.md has the
-limits). Rows without a task have no order among themselves. A dead row holds its
-task's later rows back until an operator retries it (strict order beats availability
-for one task; other tasks are unaffected).
+count); the task id is the envelope's, typed (``task_id``, a column generated from
+``payload->>'task_id'`` by migration 0016 and indexed on unsent rows). The claim
+takes the oldest due row of each task (its "head", locked with ``SKIP LOCKED``) plus
+the contiguous due rows behind it, and the relay publishes them in id order, one per
+wave: each goes out only after the previous one's confirm and ``sent`` mark. A task
+is therefore in the hands of one relay at a time, and its next row is claimable only
+once this one is ``sent``: messages of one task reach the broker in id order. Ids
+are generated inside the writing transaction, so a write that commits before another
+begins has the lower id: publish order follows commit order wherever there is one
+(overlapping writes have none; docs/outbox.md has the limits). Rows without a task
+have no order among themselves. A dead row holds its task's later rows back until an
+operator retries it (strict order beats availability for one task; other tasks are
+unaffected).
 
 At least once. A crash between a wave's confirms and its ``sent`` mark leaves the
 wave's confirmed rows leased; when the lease lapses another relay publishes them
@@ -98,7 +99,7 @@ class ClaimedMessage:
     topic: str
     key: str  # the event id: the AMQP message_id consumers dedupe on
     body: str  # the JSON envelope, exactly as stored
-    task_id: str | None  # from the envelope: the ordering key, with the tenant
+    task_id: str | None  # the envelope's (column task_id): ordering key, with tenant
     trace_id: str  # from the envelope; "" when the event had no trace
     attempts: int  # including this one
     created_at: dt.datetime
@@ -162,18 +163,20 @@ class Publisher(Protocol):
 # "Unsent" is pending or dead: a dismissed row (an operator gave up on it) is never
 # claimed and holds nothing back. ``<> 'sent'`` stays spelled out so the partial
 # index audit_outbox_task_unsent_idx (WHERE state <> 'sent') still serves the probe.
+# ``task_id`` is generated from the envelope (migration 0016). Rows without a task
+# (NULL) never match ``=``, so each is a head of its own.
 # Followers: the task's next pending rows, as long as each is due (the running
 # bool_and stops at the first leased, backing-off or dead row). The window and the
 # lock sit in different CTEs because PostgreSQL refuses FOR UPDATE beside a window.
 _CLAIM = """
 WITH heads AS (
-    SELECT o.id, o.tenant_id, o.payload->>'task_id' AS task_key
+    SELECT o.id, o.tenant_id, o.task_id
     FROM audit_outbox AS o
     WHERE o.state = 'pending' AND o.available_at <= app_now()
       AND NOT EXISTS (
           SELECT 1 FROM audit_outbox AS older
           WHERE older.tenant_id = o.tenant_id
-            AND older.payload->>'task_id' = o.payload->>'task_id'
+            AND older.task_id = o.task_id
             AND older.state <> 'sent' AND older.state <> 'dismissed'
             AND older.id < o.id
       )
@@ -183,11 +186,11 @@ WITH heads AS (
 ),
 followers AS (
     SELECT f.id, bool_and(f.state = 'pending' AND f.available_at <= app_now()) OVER (
-        PARTITION BY f.tenant_id, f.payload->>'task_id' ORDER BY f.id
+        PARTITION BY f.tenant_id, f.task_id ORDER BY f.id
     ) AS due_so_far
     FROM audit_outbox AS f
     JOIN heads AS h
-      ON f.tenant_id = h.tenant_id AND f.payload->>'task_id' = h.task_key
+      ON f.tenant_id = h.tenant_id AND f.task_id = h.task_id
      AND f.id > h.id
     WHERE f.state <> 'sent' AND f.state <> 'dismissed'
 ),
@@ -202,7 +205,7 @@ SET attempts = o.attempts + 1,
     available_at = app_now() + make_interval(secs => %(lease_s)s)
 FROM claimable AS c
 WHERE o.id = c.id AND o.state = 'pending'
-RETURNING o.id, o.tenant_id, o.topic, o.key, o.payload::text, o.payload->>'task_id',
+RETURNING o.id, o.tenant_id, o.topic, o.key, o.payload::text, o.task_id::text,
     COALESCE(o.payload->>'trace_id', ''), o.attempts, o.created_at
 """
 
