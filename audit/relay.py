@@ -72,6 +72,7 @@ NUDGE_EXPIRES_S: Final = 30.0
 # After a failed nudge, this process sends none for a while (beat covers the gap).
 NUDGE_PAUSE_AFTER_FAILURE_S: Final = 5.0
 # Named points where tests crash the relay (STYLE.md R18); no-ops otherwise.
+# after_claim: once per batch; after_publish, after_record: once per wave.
 FAULT_POINTS: Final = ("after_claim", "after_publish", "after_record")
 
 TestHook = Callable[[str], None]
