@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from django.db import models
 from django.db.models import Q
-from django.db.models.functions import Now
+from django.db.models.fields.json import KT
+from django.db.models.functions import Cast, Now
 
 from portal.actors import ActorType
 from portal.codes import ReasonCode
@@ -404,6 +405,12 @@ class Outbox(models.Model):
     # Goes out as the message id / Idempotency-Key: consumers dedupe on it.
     key = models.CharField(max_length=200)
     payload = models.JSONField()
+    # The envelope's task id, typed: the relay's per-task order key (migration 0016).
+    task_id = models.GeneratedField(
+        expression=Cast(KT("payload__task_id"), models.UUIDField()),
+        output_field=models.UUIDField(null=True),
+        db_persist=True,
+    )
     state = models.CharField(
         max_length=10, choices=OutboxState, default=OutboxState.PENDING
     )

@@ -7,29 +7,35 @@ STYLE.md R9, and docs/outbox.md for the operator's view. One relay pass:
    ``PORTAL_OUTBOX_CLAIM_LEASE_S`` and count the attempt, commit. Other relays skip
    locked rows and ignore leased ones, so in the normal path no two relays ever hold
    the same row.
-2. **Publish** with no transaction open, one message at a time, each waiting for the
-   broker's publisher confirm.
-3. **Record** each outcome in its own statement (so its own transaction): ``sent``
-   after the confirm; otherwise a capped doubling backoff, or ``dead`` after
-   ``PORTAL_OUTBOX_MAX_ATTEMPTS``.
+2. **Publish in waves** with no transaction open. Wave *k* holds the *k*-th claimed
+   row of every task (the first wave also holds the rows without a task). A wave is
+   published whole on one channel in publisher-confirm mode, then the relay waits
+   for all its confirms (``basic.ack``/``basic.nack`` by delivery tag) before the
+   next wave goes out.
+3. **Record** each wave's outcome: its confirmed rows become ``sent`` in one
+   set-based statement; every other row gets a capped doubling backoff, or
+   ``dead`` after ``PORTAL_OUTBOX_MAX_ATTEMPTS``, and its task's later rows in the
+   batch are released (their attempt not counted).
 
 Per-task order. A row is claimable only when no *older* unsent (pending or dead) row
 of the same task exists (a ``dismissed`` row, given up by an operator, does not
-count); the task id is read from the envelope
-(``payload->>'task_id'``, indexed by migration 0004). The claim takes the oldest due
-row of each task (its "head", locked with ``SKIP LOCKED``) plus the contiguous due
-rows behind it, and the relay publishes them in id order, each after the previous
-one's confirm. A task is therefore in the hands of one relay at a time, and its
-next row is claimable only once this one is ``sent``: messages of one task reach the
-broker in id order. Ids are generated inside the writing transaction, so a write that
-commits before another begins has the lower id: publish order follows commit order
-wherever there is one (overlapping writes have none; docs/outbox.md has the limits).
-Rows without a task have no order among themselves. A dead row
-holds its task's later rows back until an operator retries it (strict order beats
-availability for one task; other tasks are unaffected).
+count); the task id is the envelope's, typed (``task_id``, a column generated from
+``payload->>'task_id'`` by migration 0016 and indexed on unsent rows). The claim
+takes the oldest due row of each task (its "head", locked with ``SKIP LOCKED``) plus
+the contiguous due rows behind it, and the relay publishes them in id order, one per
+wave: each goes out only after the previous one's confirm and ``sent`` mark. A task
+is therefore in the hands of one relay at a time, and its next row is claimable only
+once this one is ``sent``: messages of one task reach the broker in id order. Ids
+are generated inside the writing transaction, so a write that commits before another
+begins has the lower id: publish order follows commit order wherever there is one
+(overlapping writes have none; docs/outbox.md has the limits). Rows without a task
+have no order among themselves. A dead row holds its task's later rows back until an
+operator retries it (strict order beats availability for one task; other tasks are
+unaffected).
 
-At least once. A crash between the confirm and the ``sent`` mark leaves the row
-leased; when the lease lapses another relay publishes it again. The event id goes out
+At least once. A crash between a wave's confirms and its ``sent`` mark leaves the
+wave's confirmed rows leased; when the lease lapses another relay publishes them
+again. The event id goes out
 as the AMQP ``message_id``: consumers dedupe on it (audit/inbox.py).
 """
 
@@ -46,7 +52,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Protocol
 
-from amqp.exceptions import MessageNacked
 from django.conf import settings
 from django.db import connection, transaction
 from kombu import Connection, Exchange, Producer
@@ -67,6 +72,7 @@ NUDGE_EXPIRES_S: Final = 30.0
 # After a failed nudge, this process sends none for a while (beat covers the gap).
 NUDGE_PAUSE_AFTER_FAILURE_S: Final = 5.0
 # Named points where tests crash the relay (STYLE.md R18); no-ops otherwise.
+# after_claim: once per batch; after_publish, after_record: once per wave.
 FAULT_POINTS: Final = ("after_claim", "after_publish", "after_record")
 
 TestHook = Callable[[str], None]
@@ -94,7 +100,7 @@ class ClaimedMessage:
     topic: str
     key: str  # the event id: the AMQP message_id consumers dedupe on
     body: str  # the JSON envelope, exactly as stored
-    task_id: str | None  # from the envelope: the ordering key, with the tenant
+    task_id: str | None  # the envelope's (column task_id): ordering key, with tenant
     trace_id: str  # from the envelope; "" when the event had no trace
     attempts: int  # including this one
     created_at: dt.datetime
@@ -140,12 +146,16 @@ class RelayReport:
 
 
 class Publisher(Protocol):
-    def publish(self, message: ClaimedMessage) -> None:
-        """Return once the broker has confirmed the message.
+    def publish_wave(
+        self, messages: Sequence[ClaimedMessage]
+    ) -> list[PublishFailed | None]:
+        """Publish the messages in order and wait for the broker's confirms.
 
-        Raises:
-            PublishFailed: not confirmed (refused, timed out or the link failed).
+        Returns one outcome per message, in order: ``None`` once the broker confirmed
+        it, otherwise the ``PublishFailed`` that says why not (refused, timed out, or
+        the link failed: ``connection_lost``). Never raises for a message's failure.
         """
+        ...
 
 
 # --- Claim and record ----------------------------------------------------------------
@@ -154,18 +164,20 @@ class Publisher(Protocol):
 # "Unsent" is pending or dead: a dismissed row (an operator gave up on it) is never
 # claimed and holds nothing back. ``<> 'sent'`` stays spelled out so the partial
 # index audit_outbox_task_unsent_idx (WHERE state <> 'sent') still serves the probe.
+# ``task_id`` is generated from the envelope (migration 0016). Rows without a task
+# (NULL) never match ``=``, so each is a head of its own.
 # Followers: the task's next pending rows, as long as each is due (the running
 # bool_and stops at the first leased, backing-off or dead row). The window and the
 # lock sit in different CTEs because PostgreSQL refuses FOR UPDATE beside a window.
 _CLAIM = """
 WITH heads AS (
-    SELECT o.id, o.tenant_id, o.payload->>'task_id' AS task_key
+    SELECT o.id, o.tenant_id, o.task_id
     FROM audit_outbox AS o
     WHERE o.state = 'pending' AND o.available_at <= app_now()
       AND NOT EXISTS (
           SELECT 1 FROM audit_outbox AS older
           WHERE older.tenant_id = o.tenant_id
-            AND older.payload->>'task_id' = o.payload->>'task_id'
+            AND older.task_id = o.task_id
             AND older.state <> 'sent' AND older.state <> 'dismissed'
             AND older.id < o.id
       )
@@ -175,11 +187,11 @@ WITH heads AS (
 ),
 followers AS (
     SELECT f.id, bool_and(f.state = 'pending' AND f.available_at <= app_now()) OVER (
-        PARTITION BY f.tenant_id, f.payload->>'task_id' ORDER BY f.id
+        PARTITION BY f.tenant_id, f.task_id ORDER BY f.id
     ) AS due_so_far
     FROM audit_outbox AS f
     JOIN heads AS h
-      ON f.tenant_id = h.tenant_id AND f.payload->>'task_id' = h.task_key
+      ON f.tenant_id = h.tenant_id AND f.task_id = h.task_id
      AND f.id > h.id
     WHERE f.state <> 'sent' AND f.state <> 'dismissed'
 ),
@@ -194,13 +206,13 @@ SET attempts = o.attempts + 1,
     available_at = app_now() + make_interval(secs => %(lease_s)s)
 FROM claimable AS c
 WHERE o.id = c.id AND o.state = 'pending'
-RETURNING o.id, o.tenant_id, o.topic, o.key, o.payload::text, o.payload->>'task_id',
+RETURNING o.id, o.tenant_id, o.topic, o.key, o.payload::text, o.task_id::text,
     COALESCE(o.payload->>'trace_id', ''), o.attempts, o.created_at
 """
 
 _MARK_SENT = """
 UPDATE audit_outbox SET state = 'sent', sent_at = app_now(), last_error = ''
-WHERE id = %s AND state = 'pending'
+WHERE id = ANY(%s) AND state = 'pending'
 """
 
 # attempts was counted at the claim: the first failure waits base, then 2x, 4x, ...
@@ -278,9 +290,11 @@ def outbox_claim_batch(*, limit: int | None = None) -> list[ClaimedMessage]:
     return sorted(messages, key=lambda message: message.id)
 
 
-def _record_sent(message: ClaimedMessage) -> None:
-    with connection.cursor() as cursor:
-        cursor.execute(_MARK_SENT, [message.id])
+def _record_sent(messages: Sequence[ClaimedMessage]) -> None:
+    """Mark a wave's confirmed rows ``sent``: one statement for all of them."""
+    if messages:
+        with connection.cursor() as cursor:
+            cursor.execute(_MARK_SENT, [[message.id for message in messages]])
 
 
 def _record_failure(message: ClaimedMessage, *, error: str) -> bool:
@@ -310,6 +324,30 @@ def _no_hook(point: str) -> None:
     pass
 
 
+TaskKey = tuple[uuid.UUID, str]
+
+
+def _task_of(message: ClaimedMessage) -> TaskKey | None:
+    return (message.tenant_id, message.task_id) if message.task_id else None
+
+
+def _waves(messages: Sequence[ClaimedMessage]) -> list[list[ClaimedMessage]]:
+    """Wave k: the k-th row of every task, in id order; rows without a task go in
+    the first wave (they have no order among themselves)."""
+    waves: list[list[ClaimedMessage]] = []
+    seen: dict[TaskKey, int] = {}
+    for message in messages:  # in id order
+        task = _task_of(message)
+        k = 0
+        if task is not None:
+            k = seen.get(task, 0)
+            seen[task] = k + 1
+        if k == len(waves):
+            waves.append([])
+        waves[k].append(message)
+    return waves
+
+
 @scope.in_tenants_with("audit_tenants_with_due_outbox")  # row-level security
 def outbox_relay_once(
     *,
@@ -317,17 +355,24 @@ def outbox_relay_once(
     limit: int | None = None,
     _test_hook: TestHook | None = None,
 ) -> RelayReport:
-    """Claim one batch, publish it with confirms, and record each outcome.
+    """Claim one batch, publish it in waves with confirms, and record the outcomes.
 
     Guarantee: no transaction is open while publishing; a row is marked ``sent`` only
-    after the broker confirmed it. A failure backs the row off
-    (``min(cap, base * 2**(attempts-1))`` seconds) or makes it ``dead`` at
-    ``PORTAL_OUTBOX_MAX_ATTEMPTS``; the task's later rows in the batch are released
+    after the broker confirmed it. Wave k holds the k-th claimed row of each task, so
+    a task's row goes out only after its previous row was confirmed and marked: per
+    task order holds. Each wave's confirmed rows are marked ``sent`` in one
+    statement. A refused (nack) or unconfirmed row backs off
+    (``min(cap, base * 2**(attempts-1))`` seconds) or becomes ``dead`` at
+    ``PORTAL_OUTBOX_MAX_ATTEMPTS``; its task's later rows in the batch are released
     (their attempt not counted) so they stay behind it. When the broker link fails,
     the rest of the batch is recorded as failed without another connection attempt:
-    one connection attempt per batch. Rows whose lease might lapse before they are
-    published (half the lease spent) are released, not published. Safe to run on
-    many workers at once.
+    one connection attempt per batch. When half the lease is spent before a wave
+    goes out, that wave and the rest are released, not published (their lease might
+    lapse mid-publish). Safe to run on many workers at once.
+
+    Test hooks (``_test_hook``), once per wave: ``after_claim`` (once per batch),
+    ``after_publish`` (the wave's confirms are in, nothing recorded yet) and
+    ``after_record`` (the wave is recorded).
 
     Raises:
         TransactionForbidden: called inside a transaction.
@@ -339,44 +384,54 @@ def outbox_relay_once(
     report = RelayReport(claimed=len(messages))
     hook("after_claim")
     publish_until = started + settings.PORTAL_OUTBOX_CLAIM_LEASE_S / 2
-    stopped_tasks: set[tuple[uuid.UUID, str]] = set()
+    stopped_tasks: set[TaskKey] = set()
     released: list[uuid.UUID] = []
     broken: PublishFailed | None = None
-    for message in messages:
-        task = (message.tenant_id, message.task_id) if message.task_id else None
-        if task is not None and task in stopped_tasks:
-            released.append(message.id)  # its task's earlier row did not go out
+    for wave in _waves(messages):
+        going: list[ClaimedMessage] = []
+        for message in wave:
+            if _task_of(message) in stopped_tasks:
+                released.append(message.id)  # its task's earlier row did not go out
+            else:
+                going.append(message)
+        if not going:
             continue
         if broken is None and time.monotonic() > publish_until:
-            released.append(message.id)
-            if task is not None:
-                stopped_tasks.add(task)
+            released.extend(message.id for message in going)
+            stopped_tasks.update(filter(None, map(_task_of, going)))
             continue
-        if broken is not None:
-            error = f"not published, the broker link failed: {broken}"
+        outcomes: list[PublishFailed | None]
+        published = broken is None
+        if not published:
+            not_sent = PublishFailed(
+                f"not published, the broker link failed: {broken}",
+                connection_lost=True,
+            )
+            outcomes = [not_sent] * len(going)
         else:
-            try:
-                publisher.publish(message)
-            except PublishFailed as failure:
-                error = str(failure)
-                if failure.connection_lost:
-                    broken = failure
-                    report.broker_down = True
-            else:
-                hook("after_publish")
-                _record_sent(message)
-                report.sent += 1
-                hook("after_record")
+            outcomes = publisher.publish_wave(going)
+            hook("after_publish")
+        pairs = list(zip(going, outcomes, strict=True))
+        confirmed = [message for message, failure in pairs if failure is None]
+        _record_sent(confirmed)
+        report.sent += len(confirmed)
+        for message, failure in pairs:
+            if failure is None:
                 continue
-        report.failed += 1
-        # A broker's error can quote the message it refused: redacted like a payload.
-        error = str(redact(error, tenant_id=message.tenant_id))
-        if _record_failure(message, error=error):
-            report.dead += 1
-            logger.error("outbox row %s is dead after %s attempts: %s",
-                         message.id, message.attempts, error)  # fmt: skip
-        if task is not None:
-            stopped_tasks.add(task)
+            if failure.connection_lost and broken is None:
+                broken = failure
+                report.broker_down = True
+            report.failed += 1
+            # A broker's error can quote the message it refused: redacted as a payload.
+            error = str(redact(str(failure), tenant_id=message.tenant_id))
+            if _record_failure(message, error=error):
+                report.dead += 1
+                logger.error("outbox row %s is dead after %s attempts: %s",
+                             message.id, message.attempts, error)  # fmt: skip
+            if (task := _task_of(message)) is not None:
+                stopped_tasks.add(task)
+        if published:
+            hook("after_record")
     _release(released)
     report.released = len(released)
     return report
@@ -510,12 +565,15 @@ def _send_nudge() -> None:
 class BrokerPublisher:
     """Publishes outbox messages to a durable topic exchange through kombu.
 
-    On AMQP (RabbitMQ) the connection runs in publisher-confirm mode, so ``publish``
-    returns only after the broker's ``basic.ack`` (a ``basic.nack`` raises). The
-    connection is opened on the first publish, once, and dropped after any failure;
-    the next publish opens a new one (``connect_attempts`` counts them). kombu's
-    filesystem transport (the laptop mode) has no confirms: its publish is a
-    synchronous file write.
+    On AMQP (RabbitMQ) the channel is put in publisher-confirm mode
+    (``confirm.select``) when it opens. ``publish_wave`` publishes the whole wave
+    without waiting, then reads the broker's ``basic.ack``/``basic.nack`` frames
+    (by delivery tag, ``multiple`` honoured) until every message of the wave is
+    answered or ``timeout_s`` has passed. The connection is opened on the first
+    wave, once, and dropped after any failure; the next wave opens a new one
+    (``connect_attempts`` counts them, ``acks`` counts the messages the broker
+    confirmed). kombu's filesystem transport (the laptop mode) has no confirms:
+    each publish is a synchronous file write, done once it returns.
     """
 
     def __init__(
@@ -530,11 +588,14 @@ class BrokerPublisher:
         self.exchange = Exchange(exchange, type="topic", durable=True)
         self.timeout_s = timeout_s
         self.transport_options = dict(transport_options or {})
-        if not url.startswith("filesystem"):
-            self.transport_options["confirm_publish"] = True
+        self.confirms = not url.startswith("filesystem")
         self.connect_attempts = 0
+        self.acks = 0
         self._connection: Connection | None = None
         self._producer: Producer | None = None
+        self._last_tag = 0  # the delivery tag of the channel's latest publish
+        self._unanswered: set[int] = set()  # delivery tags published, not yet answered
+        self._answers: dict[int, bool] = {}  # delivery tag -> acked (False: nacked)
 
     def _open(self) -> Producer:
         if self._producer is not None:
@@ -548,50 +609,118 @@ class BrokerPublisher:
         try:
             # max_retries=0: one attempt; the relay's backoff is the retry policy.
             broker.ensure_connection(max_retries=0)
-            producer = Producer(broker.channel(), exchange=self.exchange)
+            channel: Any = broker.channel()  # py-amqp's Channel on AMQP
+            if self.confirms:
+                channel.confirm_select()  # delivery tags count from 1 on this channel
+                channel.events["basic_ack"].add(self._on_ack)
+                channel.events["basic_nack"].add(self._on_nack)
+            producer = Producer(channel, exchange=self.exchange)
         except BaseException:
             broker.release()
             raise
         self._connection, self._producer = broker, producer
+        self._last_tag = 0
+        self._unanswered, self._answers = set(), {}
         return producer
 
-    def publish(self, message: ClaimedMessage) -> None:
-        """Publish one message and wait for the broker's confirm.
+    def _on_ack(self, delivery_tag: int, multiple: bool) -> None:
+        self._answer(delivery_tag, multiple, acked=True)
 
-        Raises:
-            PublishFailed: refused (``connection_lost`` False) or the link failed or
-                timed out (``connection_lost`` True).
-        """
+    def _on_nack(self, delivery_tag: int, multiple: bool) -> None:
+        self._answer(delivery_tag, multiple, acked=False)
+
+    def _answer(self, delivery_tag: int, multiple: bool, *, acked: bool) -> None:
+        if multiple:
+            tags = {tag for tag in self._unanswered if tag <= delivery_tag}
+        else:
+            tags = {delivery_tag} & self._unanswered
+        for tag in tags:
+            self._answers[tag] = acked
+        self._unanswered -= tags
+
+    def _send(self, producer: Producer, message: ClaimedMessage) -> None:
         headers: dict[str, Any] = {"tenant_id": str(message.tenant_id)}
         # The event's trace (its id is in the envelope) goes on to the consumer.
         headers.update(message_trace_headers(message, exchange=self.exchange.name))
+        producer.publish(
+            message.body,
+            routing_key=message.topic,
+            content_type="application/json",
+            content_encoding="utf-8",
+            headers=headers,
+            delivery_mode=2,  # persistent
+            message_id=message.key,
+            type=message.topic,
+            app_id="portal",
+            retry=False,
+            timeout=self.timeout_s,
+        )
+
+    def publish_wave(
+        self, messages: Sequence[ClaimedMessage]
+    ) -> list[PublishFailed | None]:
+        """Publish the messages in order, then wait for all their confirms.
+
+        Returns one outcome per message: ``None`` when the broker acked it; a
+        ``PublishFailed`` when it nacked it (``connection_lost`` False), when the
+        channel failed (False) or the link failed or no answer came within
+        ``timeout_s`` (True) before its ack. After any failure but a nack the
+        connection is dropped.
+        """
+        outcomes: list[PublishFailed | None] = [None] * len(messages)
+        tags: list[int] = []
         try:
             producer = self._open()
-            producer.publish(
-                message.body,
-                routing_key=message.topic,
-                content_type="application/json",
-                content_encoding="utf-8",
-                headers=headers,
-                delivery_mode=2,  # persistent
-                message_id=message.key,
-                type=message.topic,
-                app_id="portal",
-                retry=False,
-                timeout=self.timeout_s,
-                confirm_timeout=self.timeout_s,
-            )
-        except MessageNacked as error:
-            self.close()
-            raise PublishFailed(
-                "the broker refused the message (nack)", connection_lost=False
-            ) from error
+            for message in messages:
+                self._send(producer, message)
+                self._last_tag += 1
+                tags.append(self._last_tag)
+                if self.confirms:
+                    self._unanswered.add(self._last_tag)
+            if self.confirms:
+                self._wait_for_answers(tags)
         except Exception as error:
-            connection_lost = self._is_connection_error(error)
+            failure = PublishFailed(
+                f"{type(error).__name__}: {error}",
+                connection_lost=self._is_connection_error(error),
+            )
             self.close()
-            raise PublishFailed(
-                f"{type(error).__name__}: {error}", connection_lost=connection_lost
-            ) from error
+            for n in range(len(messages)):
+                if not self.confirms and n < len(tags):
+                    continue  # written to the file already: done
+                if self.confirms and n < len(tags) and self._answers.get(tags[n]):
+                    continue  # acked before the failure
+                outcomes[n] = failure
+        else:
+            for n, tag in enumerate(tags if self.confirms else ()):
+                if not self._answers[tag]:
+                    outcomes[n] = PublishFailed(
+                        "the broker refused the message (nack)", connection_lost=False
+                    )
+        finally:
+            for tag in tags:
+                self._answers.pop(tag, None)
+                self._unanswered.discard(tag)
+        if self.confirms:
+            self.acks += sum(outcome is None for outcome in outcomes)
+        return outcomes
+
+    def _wait_for_answers(self, tags: Sequence[int]) -> None:
+        """Read frames until every tag is acked or nacked.
+
+        Raises:
+            TimeoutError: no full answer within ``timeout_s``.
+        """
+        assert self._connection is not None
+        deadline = time.monotonic() + self.timeout_s
+        while not all(tag in self._answers for tag in tags):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no publisher confirm within {self.timeout_s} s")
+            try:
+                self._connection.drain_events(timeout=remaining)
+            except TimeoutError:  # socket.timeout is TimeoutError
+                continue  # the loop raises it with a clear message
 
     def _is_connection_error(self, error: Exception) -> bool:
         channel_errors: tuple[type[BaseException], ...] = ()

@@ -8,16 +8,18 @@ Drops, creates and migrates its own database (the name must contain "bench"). In
 run it measures:
 
 - **raw SQL**: the relay's own claim and mark statements (``audit.relay._CLAIM`` and
-  ``_MARK_SENT``) through plain psycopg, with no publishing: the database's ceiling;
+  ``_MARK_SENT``, one mark per wave) through plain psycopg, with no publishing: the
+  database's ceiling;
 - **relay**: ``outbox_relay_once`` publishing to a durable topic exchange with
-  publisher confirms (a durable queue is bound, so each confirm waits for the
-  message to be persisted), draining the same backlog with 1 and 4 relays;
+  pipelined publisher confirms, wave by wave (a durable queue is bound, so each
+  confirm waits for the message to be persisted), draining the same backlog with 1
+  and 4 relays;
 - **steady load**: one writer commits events at ``--rate`` per second, each commit
   nudging one relay loop (a commit hook, as ``nudge_relay`` does through Celery);
   commit→publish lag is ``sent_at - created_at`` of every row.
 
-Figures go to docs/performance.md (between this benchmark's markers) and
-reports/bench-relay.json.
+Figures go to docs/performance.md (between this benchmark's markers; not with
+``--no-docs``) and reports/bench-relay.json.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import sys
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -60,6 +63,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--relays", default="1,4", help="relay counts to drain with")
     parser.add_argument("--rate", type=float, default=100, help="steady events/s")
     parser.add_argument("--duration", type=float, default=10, help="steady seconds")
+    parser.add_argument(
+        "--no-docs", action="store_true", help="leave docs/performance.md alone"
+    )
     parser.add_argument(
         "--broker", default=os.environ.get("BENCH_BROKER_URL", DEFAULT_BROKER_URL)
     )
@@ -156,8 +162,17 @@ def raw_claim_and_mark(database_url: str) -> int:
         while True:
             with raw.transaction():
                 rows = raw.execute(relay._CLAIM, params).fetchall()
+            # One mark per wave, as the relay does (wave k: each task's k-th row).
+            waves: dict[int, list[uuid.UUID]] = {}
+            seen: Counter[tuple[uuid.UUID, str]] = Counter()
             for row in sorted(rows):
-                raw.execute(relay._MARK_SENT, [row[0]])
+                wave = 0
+                if row[5] is not None:
+                    wave = seen[row[1], row[5]]
+                    seen[row[1], row[5]] += 1
+                waves.setdefault(wave, []).append(row[0])
+            for _, ids in sorted(waves.items()):
+                raw.execute(relay._MARK_SENT, [ids])
             done += len(rows)
             if not rows:
                 if not pending(raw):
@@ -335,7 +350,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     JSON_REPORT.parent.mkdir(exist_ok=True)
     JSON_REPORT.write_text(json.dumps({"meta": meta, **results}, indent=2))
-    replace_section(DOCS, markdown(meta, results), section=SECTION)
+    if not args.no_docs:
+        replace_section(DOCS, markdown(meta, results), section=SECTION)
     say(json.dumps(results))
     return 0
 
@@ -372,11 +388,12 @@ edit between the markers, run the command again.
   drained in batches of {meta["batch"]} by N workers (threads, each with its own
   database connection and broker connection).
 - *Raw SQL* runs the relay's own claim statement (`SKIP LOCKED`, per-task heads
-  and their followers, lease) and one `sent` mark per row through plain psycopg,
-  publishing nothing: the database's ceiling for this claim pattern.
+  and their followers, lease) and one set-based `sent` mark per wave through plain
+  psycopg, publishing nothing: the database's ceiling for this claim pattern.
 - *Relay* is `outbox_relay_once` publishing each message as persistent to a
-  durable topic exchange with a durable queue bound, **waiting for each publisher
-  confirm** before marking the row `sent`.
+  durable topic exchange with a durable queue bound, **in waves with pipelined
+  publisher confirms**: wave k holds each task's k-th claimed row; the whole wave
+  is published, all its confirms awaited, then its rows marked `sent` at once.
 
 | workers | raw SQL claim+mark rows/s | relay with confirms rows/s | relay / raw |
 |---:|---:|---:|---:|
@@ -391,16 +408,15 @@ p99 {steady["lag_p99_ms"]:.1f} ms**, max {steady["lag_max_ms"]:.1f} ms
 broker round trip and a worker pick-up on top).
 
 Reading: with confirms the relay publishes {relay_1:,.0f} rows/s alone and
-{relay_n:,.0f} rows/s with {n} workers. Each message waits for one confirm round trip
-(the broker persists it before it acks), and several relays overlap those waits. The
+{relay_n:,.0f} rows/s with {n} workers. Each wave waits for one confirm round trip
+(the broker persists its messages before it acks), and several relays overlap those
+waits. The
 same claim and mark statements without publishing run at {raw_1:,.0f} and
 {raw_n:,.0f} rows/s: the gap between the columns is the broker's share. Per-task order
 has a cost
 there: each claim probes the due backlog for older rows of the same task, and workers
 skip each other's locked heads. On this shared 2-core machine, figures vary
-several-fold between runs with the other work on it (see the load averages). If the
-confirm wait ever becomes the limit, the next step is pipelined confirms (publish a
-batch, then wait for all its acks) rather than more relays.
+several-fold between runs with the other work on it (see the load averages).
 """
 
 

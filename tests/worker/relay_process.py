@@ -3,8 +3,9 @@
 Runs ``outbox_relay_drain`` once against the database in ``DATABASE_URL`` and the
 broker in ``PORTAL_EVENTS_BROKER_URL``, then prints its report as JSON. Fault point:
 with ``PORTAL_FAULT_POINT=after_publish`` (any of ``relay.FAULT_POINTS``) the process
-SIGKILLs itself the ``PORTAL_FAULT_AFTER``-th time (default 1) it passes that point,
-so nothing after it runs: no ``sent`` mark, no cleanup. ``PORTAL_TEST_CLAIM_LEASE_S``
+SIGKILLs itself the ``PORTAL_FAULT_AFTER``-th time (default 1) it passes that point
+(``after_publish`` and ``after_record`` are passed once per wave), so nothing after
+it runs: no ``sent`` mark, no cleanup. ``PORTAL_TEST_CLAIM_LEASE_S``
 shortens the claim lease so a test need not wait 30 s for it to lapse.
 """
 

@@ -61,17 +61,19 @@ def _topic_count(consumer: str) -> int:
         return int(cursor.fetchone()[0])
 
 
-def test_relay_sigkilled_between_confirm_and_mark_republishes_and_inbox_dedupes(
+def test_relay_sigkilled_between_confirms_and_mark_republishes_and_inbox_dedupes(
     tenant: Tenant,
     event_queue: EventQueue,
     amqp_url: str,
     inbox_consumer: str,
     settings: Any,
 ) -> None:
-    """A relay process is SIGKILLed right after the broker confirmed its 5th message,
-    before marking it sent: the row stays leased, nobody republishes it until the
-    lease lapses, then a second relay publishes it again. The consumer sees that
-    message twice and, through the inbox, processes every message exactly once."""
+    """A relay process is SIGKILLed right after the broker confirmed its 3rd wave,
+    before marking it sent. Two tasks of ten rows make waves of two (wave k holds
+    each task's k-th row): waves 1 and 2 are sent, wave 3's two confirmed rows stay
+    leased, nobody republishes them until the lease lapses, then a second relay
+    publishes them again. The consumer sees those two messages twice and, through
+    the inbox, processes every message exactly once, each task in order."""
     lease_s = 3.0
     settings.PORTAL_OUTBOX_CLAIM_LEASE_S = lease_s
     task_a, task_b = new_id(), new_id()
@@ -81,11 +83,11 @@ def test_relay_sigkilled_between_confirm_and_mark_republishes_and_inbox_dedupes(
         amqp_url=amqp_url,
         exchange=event_queue.exchange.name,
         PORTAL_FAULT_POINT="after_publish",
-        PORTAL_FAULT_AFTER="5",
+        PORTAL_FAULT_AFTER="3",
         PORTAL_TEST_CLAIM_LEASE_S=str(lease_s),
     )
 
-    # when: the first relay dies after the 5th confirm
+    # when: the first relay dies once its 3rd wave is confirmed
     killed = subprocess.run(
         [PYTHON, "-m", "tests.worker.relay_process"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=60, check=False,
@@ -94,10 +96,14 @@ def test_relay_sigkilled_between_confirm_and_mark_republishes_and_inbox_dedupes(
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert json.loads(killed.stdout.splitlines()[-1]) == {"killed_at": "after_publish"}
 
-    # then: four rows sent, the fifth published but still pending (leased)
+    # then: two waves sent (A1 A2 B1 B2), the third (A3 B3) published but still
+    # pending (leased), like everything behind it
     states = dict(Outbox.objects.filter(tenant=tenant).values_list("key", "state"))
-    assert [states[k] for k in keys[:4]] == ["sent"] * 4
-    assert all(states[k] == "pending" for k in keys[4:])
+    sent_first = keys[0:2] + keys[10:12]
+    assert sorted(k for k, state in states.items() if state == "sent") == sorted(
+        sent_first
+    )
+    assert all(states[k] == "pending" for k in keys if k not in sent_first)
     # Within the lease no other relay touches them (the normal path: no duplicate).
     with relay.broker_publisher() as publisher:
         assert relay.outbox_relay_once(publisher=publisher).claimed == 0
@@ -120,9 +126,11 @@ def test_relay_sigkilled_between_confirm_and_mark_republishes_and_inbox_dedupes(
     processed = Counter(d["message_id"] for d in deliveries if d["processed"])
     duplicates = sum(n - 1 for n in seen.values())
     lost = set(keys) - set(seen)
-    # Task order holds even with the duplicate: A1..A5, A5 again, A6..A10.
+    # Task order holds even with the duplicates: A1..A3, A3 again, A4..A10; B alike.
     order_a = [d["message_id"] for d in deliveries if d["message_id"] in keys[:10]]
-    assert order_a == keys[:5] + keys[4:10]
+    order_b = [d["message_id"] for d in deliveries if d["message_id"] in keys[10:]]
+    assert order_a == keys[:3] + keys[2:10]
+    assert order_b == keys[10:13] + keys[12:20]
     # Each delivery, the duplicate too, was processed in its event's trace: the
     # relay's traceparent header, continued by the consumer's span.
     traces = {str(a.event_id): a.trace_id for a in appended}
@@ -146,11 +154,11 @@ def test_relay_sigkilled_between_confirm_and_mark_republishes_and_inbox_dedupes(
             "lag_p99_ms": round(percentile(lags, 99), 1),
         },
     )
-    assert seen[keys[4]] == 2 and duplicates == 1
+    assert seen[keys[2]] == seen[keys[12]] == 2 and duplicates == 2
     assert not lost
     assert all(n == 1 for n in processed.values()) and len(processed) == 20
     assert summary == {
-        "delivered": 21, "processed": 20, "duplicates": 1, "redelivered": 0,
+        "delivered": 22, "processed": 20, "duplicates": 2, "redelivered": 0,
         "rejected": 0,
     }  # fmt: skip
     assert _inbox_rows(inbox_consumer) == 20

@@ -6,6 +6,7 @@ dies after its commit, the commit-hook nudge, and the consumer's inbox.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import itertools
 import json
@@ -75,16 +76,16 @@ def test_relay_publishes_with_confirms_and_marks_rows_sent(
     # when
     with relay.broker_publisher() as publisher:
         report = relay.outbox_relay_once(publisher=publisher)
-        assert publisher._producer is not None
-        channel: Any = publisher._producer.channel
-        confirm_mode = channel._confirm_selected
 
-    # then
-    assert confirm_mode, "the channel must be in publisher-confirm mode"
+    # then: the broker acked each message (it only does in publisher-confirm mode)
+    assert publisher.acks == 3
     assert report == relay.RelayReport(claimed=3, sent=3)
     received = event_queue.drain(expected=3)
-    assert [r.message_id for r in received] == [str(a.event_id) for a in appended]
-    for message, event in zip(received, appended, strict=True):
+    # Two waves: the task's first row with the taskless one, then its second row.
+    first, second, taskless = appended
+    in_waves = [first, taskless, second]
+    assert [r.message_id for r in received] == [str(a.event_id) for a in in_waves]
+    for message, event in zip(received, in_waves, strict=True):
         assert message.routing_key == "task.transitioned"
         assert message.headers["tenant_id"] == str(tenant.pk)
         assert re.fullmatch(
@@ -369,7 +370,63 @@ def test_unreachable_broker_backs_off_to_a_cap_then_dead_then_retried(
          "delivered_after_retry": len(received), "duplicates": 0,
          "lost": 3 - len(set(received))},
     )  # fmt: skip
-    assert received == [str(e.event_id) for e in (head, follower, loner)]
+    # Wave 1: the head and the taskless row; wave 2: the follower, after its head.
+    assert received == [str(e.event_id) for e in (head, loner, follower)]
+
+
+def test_a_nacked_message_backs_off_and_holds_its_task_while_its_wave_goes_on(
+    tenant: Tenant, amqp_url: str, events_exchange: str
+) -> None:
+    """RabbitMQ nacks what a full queue refuses (``x-overflow: reject-publish``). In
+    one pipelined wave the acked row is sent and the nacked one backs off; its task's
+    next row is held back, the other task's next row goes out (and is nacked too),
+    the connection stays up; once there is room, the rest goes out in task order."""
+    from kombu import Connection, Exchange, Queue
+
+    exchange = Exchange(events_exchange, type="topic", durable=True)
+    full = Queue(
+        f"relaytest-full-{uuid.uuid4().hex[:8]}", exchange, routing_key="#",
+        durable=True, queue_arguments={"x-max-length": 1, "x-overflow": "reject-publish"},
+    )  # fmt: skip
+    with Connection(amqp_url) as broker:
+        full(broker.default_channel).declare()
+    task_a, task_b = new_id(), new_id()
+    a1, b1, a2, b2 = append_events(
+        tenant=tenant, task_ids=[task_a, task_b, task_a, task_b]
+    )
+    queue = EventQueue(url=amqp_url, exchange=events_exchange)
+    try:
+        with relay.broker_publisher() as publisher:
+            # when: wave 1 is a1 (acked: the queue holds it) and b1 (nacked: full);
+            # wave 2 is a2 (nacked) with b2 held behind b1
+            report = relay.outbox_relay_once(publisher=publisher)
+            assert report == relay.RelayReport(claimed=4, sent=1, failed=2, released=1)
+            assert (publisher.acks, publisher.connect_attempts) == (1, 1)
+            rows = {r.event_id: r for r in Outbox.objects.filter(tenant=tenant)}
+            assert rows[a1.event_id].state == OutboxState.SENT
+            for refused in (b1, a2):
+                row = rows[refused.event_id]
+                assert (row.state, row.attempts) == (OutboxState.PENDING, 1)
+                assert "nack" in row.last_error
+                assert row.available_at > db_now()  # backing off
+            held = rows[b2.event_id]
+            assert (held.state, held.attempts) == (OutboxState.PENDING, 0)
+
+            # then: with room (an unbounded queue instead), the rest goes out in
+            # order, on the same connection
+            with Connection(amqp_url) as broker:
+                full(broker.default_channel).delete()
+            queue.declare()
+            with db_clock_offset(60):
+                report = relay.outbox_relay_once(publisher=publisher)
+            assert report == relay.RelayReport(claimed=3, sent=3)
+            assert publisher.connect_attempts == 1
+        received = [r.message_id for r in queue.drain(expected=3)]
+        assert received == [str(e.event_id) for e in (b1, a2, b2)]
+    finally:
+        queue.delete()
+        with contextlib.suppress(Exception), Connection(amqp_url) as broker:
+            full(broker.default_channel).delete()
 
 
 def test_a_dead_row_of_another_tenant_is_not_retried(

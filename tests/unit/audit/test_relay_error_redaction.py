@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import pytest
 from django.db import transaction
@@ -21,11 +22,16 @@ EMAIL = "quoted.person@example.org"
 class QuotingPublisher:
     """A broker stand-in that refuses every message, quoting it in its error."""
 
-    def publish(self, message: relay.ClaimedMessage) -> None:
-        raise relay.PublishFailed(
-            f"refused {message.id}: sent by {EMAIL} with {TOKEN}",
-            connection_lost=False,
-        )
+    def publish_wave(
+        self, messages: Sequence[relay.ClaimedMessage]
+    ) -> list[relay.PublishFailed | None]:
+        return [
+            relay.PublishFailed(
+                f"refused {message.id}: sent by {EMAIL} with {TOKEN}",
+                connection_lost=False,
+            )
+            for message in messages
+        ]
 
 
 def test_the_error_of_a_refused_message_is_redacted_before_it_is_stored(
