@@ -53,7 +53,6 @@ JSON_REPORT = REPO / "reports" / "bench-relay.json"
 SECTION = "relay"
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/portal_bench_relay"
 DEFAULT_BROKER_URL = "amqp://guest:guest@127.0.0.1:5672//"
-BATCH = 50
 TASKS = 50  # the backlog's rows are spread over this many tasks, 1 in 4 has none
 
 
@@ -63,6 +62,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--relays", default="1,4", help="relay counts to drain with")
     parser.add_argument("--rate", type=float, default=100, help="steady events/s")
     parser.add_argument("--duration", type=float, default=10, help="steady seconds")
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=0,
+        help="rows per relay pass (default: the PORTAL_OUTBOX_BATCH_SIZE setting)",
+    )
     parser.add_argument(
         "--no-docs", action="store_true", help="leave docs/performance.md alone"
     )
@@ -156,7 +161,10 @@ def raw_claim_and_mark(database_url: str) -> int:
 
     from audit import relay
 
-    params = {"limit": BATCH, "lease_s": float(settings.PORTAL_OUTBOX_CLAIM_LEASE_S)}
+    params = {
+        "limit": settings.PORTAL_OUTBOX_BATCH_SIZE,
+        "lease_s": float(settings.PORTAL_OUTBOX_CLAIM_LEASE_S),
+    }
     done = 0
     with psycopg.connect(database_url, autocommit=True) as raw:
         while True:
@@ -188,7 +196,7 @@ def relay_drain() -> int:
     done = 0
     with relay.broker_publisher() as publisher:
         while True:
-            report = relay.outbox_relay_once(publisher=publisher, limit=BATCH)
+            report = relay.outbox_relay_once(publisher=publisher)
             if report.failed:
                 raise RuntimeError(f"publishing failed: {report}")
             done += report.sent
@@ -252,7 +260,7 @@ def steady_load(
                 while True:
                     nudged.wait(1.0)  # a nudge, or the "beat" tick
                     nudged.clear()
-                    relay.outbox_relay_drain(publisher=publisher, limit=BATCH)
+                    relay.outbox_relay_drain(publisher=publisher)
                     if writing_done.is_set() and not (
                         Outbox.objects.filter(state="pending").exists()
                     ):
@@ -278,6 +286,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     say(f"recreating {args.database_url}")
     recreate_database(args.database_url)
     setup_django(args.database_url, args.broker, exchange)
+    from django.conf import settings
+
+    if args.batch:  # what the relay passes claim, as the setting would say
+        settings.PORTAL_OUTBOX_BATCH_SIZE = args.batch
 
     import django
     from kombu import Connection, Exchange, Queue
@@ -346,7 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "python": platform.python_version(),
         "django": django.get_version(),
         "rows": args.rows,
-        "batch": BATCH,
+        "batch": settings.PORTAL_OUTBOX_BATCH_SIZE,
     }
     JSON_REPORT.parent.mkdir(exist_ok=True)
     JSON_REPORT.write_text(json.dumps({"meta": meta, **results}, indent=2))
