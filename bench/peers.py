@@ -209,6 +209,9 @@ def check_lean(raw: psycopg.Connection[Any], spec: RunSpec, done: int) -> None:
 
 
 def check_lifecycle(raw: psycopg.Connection[Any], spec: RunSpec, done: int) -> None:
+    from bench.workloads import raw_scope  # after django.setup()
+
+    raw_scope(raw, spec.tenant_id)  # row-level security: the run's tenant
     row = raw.execute(
         "SELECT count(*) FILTER (WHERE state = 'succeeded'), count(*)"
         " FROM tasks_task WHERE tenant_id = %s",
