@@ -8,9 +8,8 @@ over all of these processes, the dead ones included (docs/observability.md).
 
 from __future__ import annotations
 
+import os
 import subprocess
-import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -35,10 +34,11 @@ from tests.gateway.conftest import World as GatewayWorld
 from tests.gateway.conftest import desk, make_world, ticketdesk_server
 from tests.support import broker
 from tests.support.broker import closed_port, delete_queue
+from tests.support.celery_worker import celery_worker_running
 from tests.support.db import connect_as
 from ticketdesk.harness import TicketDesk
 
-from .conftest import REPO, Server, World, start, stop
+from .conftest import Server, World, start, stop
 
 __all__ = ["desk", "ticketdesk_server"]  # the gateway tier's fixtures, used here
 
@@ -145,8 +145,6 @@ def celery_worker(
     monitored: Server, metrics_dir: Path, amqp_url: str
 ) -> Iterator[Worker]:
     """A prefork Celery worker on a queue of this module, sharing the metrics folder."""
-    import os
-
     queue = f"celery-metrics-{uuid.uuid4().hex[:10]}"
     env = dict(os.environ)
     env.update(
@@ -155,37 +153,13 @@ def celery_worker(
         PROMETHEUS_MULTIPROC_DIR=str(metrics_dir),
         PYTHONUNBUFFERED="1",
     )
-    process = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "portal", "worker", "--pool", "prefork",
-         "--concurrency", "1", "-Q", queue, "--loglevel", "INFO", "--without-mingle",
-         "--without-gossip", "--hostname", f"metricstest-{uuid.uuid4().hex[:6]}@%h"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def read_output() -> None:
-        assert process.stdout is not None
-        for line in process.stdout:
-            lines.append(line)
-            if " ready." in line:
-                ready.set()
-
-    reader = threading.Thread(target=read_output, daemon=True)
-    reader.start()
+    prefork = ("--pool", "prefork", "--concurrency", "1")
     try:
-        assert ready.wait(90), "".join(lines)[-3000:]
-        yield Worker(queue=queue, process=process, lines=lines)
+        with celery_worker_running(
+            queue=queue, env=env, pool=prefork, name="metricstest"
+        ) as running:
+            yield Worker(queue=queue, process=running.process, lines=running.lines)
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        reader.join(5)
-        assert process.stdout is not None
-        process.stdout.close()
         delete_queue(amqp_url, queue)
 
 

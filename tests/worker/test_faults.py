@@ -28,6 +28,7 @@ from portal.ids import new_id
 from portal.models import Tenant
 from portal.tracing import Trace
 from tests.support.broker import EventQueue, PrivateNode
+from tests.support.celery_worker import celery_worker_running
 from tests.support.concurrency import run_in_threads
 
 from .conftest import (
@@ -326,43 +327,16 @@ def test_a_celery_worker_relays_after_a_nudge(
         exchange=event_queue.exchange.name,
         CELERY_BROKER_URL=amqp_url,
     )
-    worker = subprocess.Popen(
-        [PYTHON, "-m", "celery", "-A", "portal", "worker", "--pool", "solo",
-         "-Q", celery_test_queue, "--loglevel", "INFO", "--without-mingle",
-         "--without-gossip", "--hostname", f"relaytest-{uuid.uuid4().hex[:6]}@%h"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def read_output() -> None:
-        assert worker.stdout is not None
-        for line in worker.stdout:
-            lines.append(line)
-            if " ready." in line:
-                ready.set()
-
-    reader = threading.Thread(target=read_output, daemon=True)
-    reader.start()
-    try:
-        assert ready.wait(60), "".join(lines)[-3000:]
+    with celery_worker_running(
+        queue=celery_test_queue, env=env, name="relaytest", ready_s=60
+    ) as worker:
         # when: two commits, each with a nudge
         started = time.monotonic()
         appended = append_events(tenant=tenant, task_ids=[None, None], nudge=True)
         appended += append_events(tenant=tenant, task_ids=[None], nudge=True)
         received = event_queue.drain(expected=3, timeout=60, idle=0.2)
         latency = time.monotonic() - started
-    finally:
-        worker.send_signal(signal.SIGTERM)
-        try:
-            worker.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()
-        reader.join(5)
-        assert worker.stdout is not None
-        worker.stdout.close()
-    output = "".join(lines)
+    output = worker.output()
     assert sorted(r.message_id for r in received) == sorted(
         str(a.event_id) for a in appended
     ), output[-3000:]
