@@ -224,11 +224,11 @@ class Checkpoint(models.Model):
 class ChainHead(models.Model):
     """Where one chain ends now: its last event's number, id and hash.
 
-    Kept by the database, not by Python: ``audit_event_chain_head`` (migration 0014)
-    locks the row (creating it at 0 for a new chain) before an append reads it, and
-    the trigger ``audit_event_chainhead_trg`` moves it forward on every chained
-    insert into ``audit_event``, in the same transaction. So an append finds its
-    predecessor with one index lookup, however many month partitions there are. Not
+    Kept by the database, not by Python: ``event_append``'s statement moves the row
+    forward as it inserts the event (an ``UPDATE`` that computes the new link and
+    returns it; the first event of a chain makes the row), so the row's lock lines
+    up appends to one chain and an append finds its predecessor with one index
+    lookup, however many month partitions there are (audit migration 0017). Not
     evidence: ``verify_audit`` and the checkpoints read the events themselves; a
     head row that lies only makes the next append link to the wrong hash, which
     ``verify_audit`` reports. ``head_seq`` is also the chain's event count, purged
@@ -243,9 +243,12 @@ class ChainHead(models.Model):
     # The chain: a task's, or the tenant's own (NULL).
     task_id = models.UUIDField(null=True, blank=True)
     head_seq = models.BigIntegerField()
-    # NULL while the chain has no event yet (a row made by the lock, head_seq 0).
+    # NULL while the chain has no event yet (head_seq 0: rows made before 0017).
     head_event_id = models.UUIDField(null=True, blank=True)
     head_hash = models.CharField(max_length=64, null=True, blank=True)
+    # The hash head_hash replaced: the new event's prev_hash, which the append's
+    # UPDATE … RETURNING can only read from the new row (PostgreSQL 15).
+    prev_hash = models.CharField(max_length=64, null=True, blank=True)
 
     class Meta:
         constraints = [

@@ -20,34 +20,63 @@ from .redaction import redact
 
 ENVELOPE_SCHEMA_VERSION: Final = 1
 
-# The event with its chain link (audit/chain.py). ``audit_event_chain_head`` (migration
-# 0014) locks the chain's head row (``audit_chainhead``) and reads it, and the insert's
-# trigger moves the row on, so appends to one chain line up even when their callers
-# hold only a share lock on the task; the partial unique indexes on ``chain_seq``
-# refuse a fork within a month partition regardless. The hash is computed here
+# The event with its chain link (audit/chain.py), in one statement (audit migration
+# 0017). ``moved`` advances the chain's head row (``audit_chainhead``) and computes the
+# new link from the row it locked: in READ COMMITTED a concurrent append to the same
+# chain waits for that lock until commit and then re-evaluates the UPDATE on the row
+# the first one left, so appends to one chain line up even when their callers hold
+# only a share lock on the task; the partial unique indexes on ``chain_seq`` refuse a
+# fork within a month partition regardless. A chain's first event finds no row and
+# makes it (``begun``); when a concurrent first append made it first, nothing is
+# written and ``event_append`` runs the statement again. The hash is computed here
 # because ``created_at`` is the database's ``now()``.
-_INSERT_EVENT = f"""
-INSERT INTO audit_event (
-    id, tenant_id, task_id, operation_id, code, actor_type, actor_id, reason_code,
-    contract_key, contract_version, payload, payload_digest, trace_id, span_id,
-    created_at, chain_seq, prev_hash, hash
-)
-SELECT %(id)s, %(tenant_id)s, %(task_id)s, %(operation_id)s, %(code)s,
-    %(actor_type)s, %(actor_id)s, %(reason_code)s, %(contract_key)s,
-    %(contract_version)s, %(payload)s::jsonb, %(payload_digest)s, %(trace_id)s,
-    %(span_id)s,
-    now(), COALESCE(head.head_seq, 0) + 1, head.head_hash,
-    encode(sha256(
-        convert_to(COALESCE(head.head_hash, '{chain.GENESIS}'), 'UTF8')
+_LINK_HASH = f"""encode(sha256(
+        convert_to(COALESCE({{prev}}, '{chain.GENESIS}'), 'UTF8')
         || %(content_before)s::bytea
         || convert_to({chain.CREATED_AT_SQL.format(column="now()")}, 'UTF8')
         || %(content_after)s::bytea
-    ), 'hex')
-FROM audit_event_chain_head(%(tenant_id)s, %(task_id)s) AS head
-"""
+    ), 'hex')"""
 
-# The event and its outbox row in one statement: one round trip on the hot paths.
-#
+
+def _insert_event(chain_of: str) -> str:
+    """The chained event insert, as CTEs ending in ``event``; ``chain_of`` is the
+    head row's task condition (two texts, so that each uses the chain's index)."""
+    return f"""
+moved AS (
+    UPDATE audit_chainhead AS h
+    SET head_seq = h.head_seq + 1, head_event_id = %(id)s, prev_hash = h.head_hash,
+        head_hash = {_LINK_HASH.format(prev="h.head_hash")}
+    WHERE h.tenant_id = %(tenant_id)s AND {chain_of}
+    RETURNING h.head_seq, h.prev_hash, h.head_hash
+), begun AS (
+    INSERT INTO audit_chainhead AS h (
+        tenant_id, task_id, head_seq, head_event_id, prev_hash, head_hash
+    )
+    SELECT %(tenant_id)s, %(task_id)s, 1, %(id)s, NULL,
+        {_LINK_HASH.format(prev="NULL")}
+    WHERE NOT EXISTS (SELECT FROM moved)
+    ON CONFLICT (tenant_id, task_id) DO NOTHING
+    RETURNING h.head_seq, h.prev_hash, h.head_hash
+), link AS (
+    SELECT * FROM moved UNION ALL SELECT * FROM begun
+), event AS (
+    INSERT INTO audit_event (
+        id, tenant_id, task_id, operation_id, code, actor_type, actor_id,
+        reason_code, contract_key, contract_version, payload, payload_digest,
+        trace_id, span_id, created_at, chain_seq, prev_hash, hash
+    )
+    SELECT %(id)s, %(tenant_id)s, %(task_id)s, %(operation_id)s, %(code)s,
+        %(actor_type)s, %(actor_id)s, %(reason_code)s, %(contract_key)s,
+        %(contract_version)s, %(payload)s::jsonb, %(payload_digest)s, %(trace_id)s,
+        %(span_id)s, now(), link.head_seq, link.prev_hash, link.head_hash
+    FROM link
+    RETURNING tenant_id, id
+)"""
+
+
+_TASK_CHAIN: Final = "h.task_id = %(task_id)s"
+_TENANT_CHAIN: Final = "h.task_id IS NULL"
+
 # ``generic``: the outbox row's composite foreign key onto the partitioned
 # audit_event is checked by PostgreSQL's RI trigger through a cached plan; left to
 # choose, the plan cache re-plans it for every row (a custom plan looks cheaper
@@ -57,10 +86,7 @@ FROM audit_event_chain_head(%(tenant_id)s, %(task_id)s) AS head
 # for the rest of the caller's transaction every plan PostgreSQL caches (PL/pgSQL,
 # RI checks, the ORM's server-side prepared statements) is generic: the hot paths'
 # statements are key lookups, whose generic plan is the custom one.
-_INSERT_EVENT_AND_OUTBOX = f"""
-WITH generic AS (
-    SELECT set_config('plan_cache_mode', 'force_generic_plan', true)
-), event AS ({_INSERT_EVENT} RETURNING tenant_id, id)
+_OUTBOX_FROM_EVENT: Final = """
 INSERT INTO audit_outbox (
     id, tenant_id, event_id, topic, key, payload, state, attempts, last_error
 )
@@ -68,6 +94,27 @@ SELECT %(outbox_id)s, event.tenant_id, event.id, %(code)s, %(key)s,
     %(envelope)s::jsonb, 'pending', 0, ''
 FROM event CROSS JOIN generic
 """
+_GENERIC: Final = (
+    "generic AS (SELECT set_config('plan_cache_mode', 'force_generic_plan', true))"
+)
+
+# The event and its outbox row in one statement: one round trip on the hot paths.
+# Task chains (nearly every event) and the tenant's chain; with and without the
+# outbox row. Each writes one row (the outbox's, or the event's), or none when a
+# concurrent first append made the chain's head row first.
+_INSERT_TASK_EVENT_AND_OUTBOX: Final = (
+    f"WITH {_GENERIC}, {_insert_event(_TASK_CHAIN)}{_OUTBOX_FROM_EVENT}"
+)
+_INSERT_TENANT_EVENT_AND_OUTBOX: Final = (
+    f"WITH {_GENERIC}, {_insert_event(_TENANT_CHAIN)}{_OUTBOX_FROM_EVENT}"
+)
+_INSERT_TASK_EVENT: Final = f"WITH {_insert_event(_TASK_CHAIN)} SELECT id FROM event"
+_INSERT_TENANT_EVENT: Final = (
+    f"WITH {_insert_event(_TENANT_CHAIN)} SELECT id FROM event"
+)
+# A first append that lost the race to make its chain's head row runs again and
+# then finds the row; more than one more turn means something else is wrong.
+_APPEND_TURNS: Final = 3
 
 
 def event_params(
@@ -86,9 +133,10 @@ def event_params(
     trace_id: str,
     span_id: str,
 ) -> dict[str, Any]:
-    """Parameters of ``_INSERT_EVENT``, including the canonical content around
-    ``created_at`` that the statement hashes (audit/chain.py, format v2: the hash
-    covers the payload's digest, stored beside it)."""
+    """Parameters of the chained event insert (``_insert_event``), including the
+    canonical content around ``created_at`` that the statement hashes
+    (audit/chain.py, format v2: the hash covers the payload's digest, stored beside
+    it)."""
     columns: dict[str, Any] = {
         "tenant_id": tenant_id,
         "task_id": task_id,
@@ -177,30 +225,42 @@ def event_append(
         trace_id=trace.trace_id,
         span_id=trace.span_id,
     )
-    with connection.cursor() as cursor:
-        if not publish:
-            cursor.execute(_INSERT_EVENT, params)
-            return event_id
-        envelope = {
-            "schema_version": ENVELOPE_SCHEMA_VERSION,
-            "event_id": str(event_id),
-            "code": code,
-            "tenant_id": str(tenant_id),
-            "task_id": str(task_id) if task_id else None,
-            "operation_id": str(operation_id) if operation_id else None,
-            "reason_code": reason,
-            "data": payload,
-            "trace_id": trace.trace_id,
+    if publish:
+        statement = _INSERT_TENANT_EVENT_AND_OUTBOX
+        if task_id:
+            statement = _INSERT_TASK_EVENT_AND_OUTBOX
+        params = {
+            **params,
+            "outbox_id": new_id(),
+            "key": str(event_id),
+            "envelope": json_text(
+                {
+                    "schema_version": ENVELOPE_SCHEMA_VERSION,
+                    "event_id": str(event_id),
+                    "code": code,
+                    "tenant_id": str(tenant_id),
+                    "task_id": str(task_id) if task_id else None,
+                    "operation_id": str(operation_id) if operation_id else None,
+                    "reason_code": reason,
+                    "data": payload,
+                    "trace_id": trace.trace_id,
+                }
+            ),
         }
-        cursor.execute(
-            _INSERT_EVENT_AND_OUTBOX,
-            {
-                **params,
-                "outbox_id": new_id(),
-                "key": str(event_id),
-                "envelope": json_text(envelope),
-            },
-        )
+    else:
+        statement = _INSERT_TASK_EVENT if task_id else _INSERT_TENANT_EVENT
+    with connection.cursor() as cursor:
+        for _ in range(_APPEND_TURNS):
+            cursor.execute(statement, params)
+            if cursor.rowcount == 1:
+                break
+        else:
+            raise RuntimeError(
+                f"event_append: the head row of chain ({tenant_id}, {task_id})"
+                f" was neither moved nor made in {_APPEND_TURNS} turns"
+            )
+    if not publish:
+        return event_id
     if settings.PORTAL_RELAY_NUDGE:
         relay.nudge_relay()  # after commit; beat is the safety net
     return event_id

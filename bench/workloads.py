@@ -40,7 +40,7 @@ from tasks.models import TASK_TRANSITIONS, Task, TaskState
 
 from .spec import WHAT_IFS, RunSpec, WhatIf
 
-EVENT_AND_OUTBOX: Final = audit_services._INSERT_EVENT_AND_OUTBOX
+EVENT_AND_OUTBOX: Final = audit_services._INSERT_TASK_EVENT_AND_OUTBOX
 TRANSITION: Final = services._TRANSITION.sql
 RESERVE: Final = services._RESERVE
 CLAIM_NEXT: Final = services._CLAIM_NEXT.sql
@@ -164,6 +164,14 @@ _INSERT_STAGED_TASKS = (
     f"INSERT INTO tasks_task ({_TASK_COLUMNS}) SELECT {_TASK_COLUMNS}"
     " FROM bench_task_stage"
 )
+# A registered task's chain has begun: registration appended its first event, which
+# made the chain's head row (event_append). Without the row every measured transition
+# would pay for starting a chain, which no transition does in use. Made at 0, with no
+# hash: the chain's next event is #1, after GENESIS.
+_START_STAGED_CHAINS = (
+    "INSERT INTO audit_chainhead (tenant_id, task_id, head_seq)"
+    " SELECT tenant_id, id, 0 FROM bench_task_stage"
+)
 # Registration times one microsecond apart, as if registered one by one: claim_next
 # orders by (created_at, id) over an index on created_at, and one shared timestamp
 # would make every claim sort the whole queue.
@@ -197,6 +205,7 @@ def insert_tasks(
                     ]
                 )  # fmt: skip
         cursor.execute(_INSERT_STAGED_TASKS)
+        cursor.execute(_START_STAGED_CHAINS)
     return ids
 
 

@@ -1,7 +1,8 @@
-"""The chain's head row (audit migration 0014) under real parallel appends.
+"""The chain's head row (audit migrations 0014, 0017) under real parallel appends.
 
-``audit_event_chain_head`` locks a chain's ``audit_chainhead`` row (making it on the
-chain's first append) and the insert trigger moves it forward. Several connections
+``event_append``'s statement moves a chain's ``audit_chainhead`` row forward as it
+inserts the event, under the row's lock, and makes the row on the chain's first
+append (a first append that loses that race runs again). Several connections
 appending at once, from the very first event of a chain, must still give one line
 whose head row names its last event; and an append outside its tenant's scope
 (row-level security) must be refused without moving the row.
@@ -11,11 +12,12 @@ from __future__ import annotations
 
 import io
 import threading
+import time
 import uuid
 
 import pytest
 from django.core.management import call_command
-from django.db import ProgrammingError, transaction
+from django.db import ProgrammingError, connection, transaction
 
 from audit import services as audit_services
 from audit.models import ChainHead, Event, EventCode
@@ -96,3 +98,53 @@ def test_an_append_outside_its_tenants_scope_is_refused_and_the_head_stays(
         )  # fmt: skip
     # then nothing was written: the chain and its head are as they were
     _assert_one_line_with_its_head(tenant, task_id, 1)
+
+
+def test_a_first_append_that_loses_the_race_to_make_the_head_runs_again() -> None:
+    """The one path a plain parallel run may not hit: B's statement finds no head
+    row (A made it and has not committed), waits in ``ON CONFLICT`` for A, writes
+    nothing, and ``event_append`` runs it again, now linked after A's event."""
+    tenant = Tenant.objects.create(slug="race", name="Race")
+    task_id = uuid.uuid4()
+    a_written, a_may_commit = threading.Event(), threading.Event()
+    b_pid: list[int] = []
+
+    def first() -> str:
+        with transaction.atomic():
+            audit_services.event_append(
+                tenant_id=tenant.pk, task_id=task_id,
+                code=EventCode.TASK_TRANSITIONED, actor=ACTOR, data={"n": 1},
+            )  # fmt: skip
+            a_written.set()
+            assert a_may_commit.wait(20)
+        return "a"
+
+    def second() -> str:
+        assert a_written.wait(20)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            b_pid.append(cursor.fetchone()[0])
+        append(tenant, task_id, 2)
+        return "b"
+
+    def release_a_once_b_waits() -> str:
+        with connection.cursor() as cursor:
+            for _ in range(400):
+                cursor.execute(
+                    "SELECT wait_event_type, wait_event FROM pg_stat_activity"
+                    " WHERE pid = %s",
+                    [b_pid[0] if b_pid else 0],
+                )
+                row = cursor.fetchone()
+                if row == ("Lock", "transactionid"):
+                    break
+                time.sleep(0.05)
+            else:
+                raise AssertionError("B never waited on A's head row")
+        a_may_commit.set()
+        return "released"
+
+    outcomes = run_in_threads(first, second, release_a_once_b_waits)
+
+    assert outcomes == ["a", "b", "released"]
+    _assert_one_line_with_its_head(tenant, task_id, 2)

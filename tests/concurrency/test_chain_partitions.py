@@ -24,6 +24,7 @@ from audit.models import Event, EventCode
 from portal import ids
 from portal.actors import Actor
 from portal.models import Tenant
+from tests.support.audit_events import chain_head_locked, chain_head_moved
 from tests.support.concurrency import run_in_threads
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -46,6 +47,7 @@ def _future_head(tenant: Tenant, task_id: uuid.UUID) -> str:
     )  # fmt: skip
     digest_hash = chain.event_hash(prev_hash=None, content=content)
     with transaction.atomic(), connection.cursor() as cursor:
+        assert chain_head_locked(cursor, tenant.pk, task_id) == (0, None)
         cursor.execute(
             "INSERT INTO audit_event (id, tenant_id, task_id, code, actor_type,"
             " actor_id, payload, payload_digest, trace_id, span_id, created_at,"
@@ -54,6 +56,7 @@ def _future_head(tenant: Tenant, task_id: uuid.UUID) -> str:
             [event_id, tenant.pk, task_id, EventCode.TASK_TRANSITIONED,
              audit_services.json_text(payload), digest, when, digest_hash],
         )  # fmt: skip
+        chain_head_moved(cursor, tenant.pk, task_id, 1, event_id, digest_hash)
         cursor.execute(
             "SELECT tableoid::regclass::text FROM audit_event WHERE id = %s",
             [event_id],

@@ -2,7 +2,9 @@
 
 ``event_append`` stamps the database's ``now()``; retention works on months gone by,
 so its tests write events with a UUIDv7 id and ``created_at`` of another time (a
-``gen_random_uuid()`` id belongs to no month partition).
+``gen_random_uuid()`` id belongs to no month partition). Like ``event_append``, a
+hand-written event moves its chain's head row (``audit_chainhead``) itself:
+``chain_head_locked`` and ``chain_head_moved``.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import datetime as dt
 import uuid
 
 from django.db import connection, transaction
+from django.db.backends.utils import CursorWrapper
 
 from audit import chain
 from audit import services as audit_services
@@ -34,11 +37,7 @@ def append_at(
     code = EventCode.TASK_TRANSITIONED if task_id else EventCode.TENANT_CHANGED
     digest = None if v1 else chain.payload_digest(payload)
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT head_seq, head_hash FROM audit_event_chain_head(%s, %s)",
-            [tenant.pk, task_id],
-        )
-        seq, prev = cursor.fetchone()
+        seq, prev = chain_head_locked(cursor, tenant.pk, task_id)
         content = chain.event_content(
             event_id=event_id, tenant_id=tenant.pk, task_id=task_id,
             operation_id=None, code=code, actor_type="system",
@@ -46,6 +45,7 @@ def append_at(
             contract_version=None, payload=payload, payload_digest=digest,
             trace_id="", span_id="", created_at=created,
         )  # fmt: skip
+        event_hash = chain.event_hash(prev_hash=prev, content=content)
         cursor.execute(
             "INSERT INTO audit_event (id, tenant_id, task_id, code, actor_type,"
             " actor_id, payload, payload_digest, trace_id, span_id, created_at,"
@@ -54,8 +54,44 @@ def append_at(
             " '', '', %s, %s, %s, %s)",
             [
                 event_id, tenant.pk, task_id, code, audit_services.json_text(payload),
-                digest, when, (seq or 0) + 1, prev,
-                chain.event_hash(prev_hash=prev, content=content),
+                digest, when, seq + 1, prev, event_hash,
             ],
         )  # fmt: skip
+        chain_head_moved(cursor, tenant.pk, task_id, seq + 1, event_id, event_hash)
     return event_id
+
+
+def chain_head_locked(
+    cursor: CursorWrapper, tenant_id: uuid.UUID, task_id: uuid.UUID | None
+) -> tuple[int, str | None]:
+    """The chain's head (``head_seq``, ``head_hash``; 0 and None for a new chain),
+    its row made if missing and locked until commit."""
+    cursor.execute(
+        "INSERT INTO audit_chainhead (tenant_id, task_id, head_seq)"
+        " VALUES (%s, %s, 0) ON CONFLICT (tenant_id, task_id) DO NOTHING",
+        [tenant_id, task_id],
+    )
+    cursor.execute(
+        "SELECT head_seq, head_hash FROM audit_chainhead"
+        " WHERE tenant_id = %s AND task_id IS NOT DISTINCT FROM %s FOR UPDATE",
+        [tenant_id, task_id],
+    )
+    seq, prev = cursor.fetchone()
+    return int(seq), prev
+
+
+def chain_head_moved(
+    cursor: CursorWrapper,
+    tenant_id: uuid.UUID,
+    task_id: uuid.UUID | None,
+    seq: int,
+    event_id: uuid.UUID,
+    event_hash: str,
+) -> None:
+    """Move the chain's head row to the event just written by hand."""
+    cursor.execute(
+        "UPDATE audit_chainhead SET head_seq = %s, head_event_id = %s,"
+        " prev_hash = head_hash, head_hash = %s"
+        " WHERE tenant_id = %s AND task_id IS NOT DISTINCT FROM %s",
+        [seq, event_id, event_hash, tenant_id, task_id],
+    )
