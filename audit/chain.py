@@ -41,7 +41,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any, Final
 
-import rfc8785
+from portal import jcs
 
 FORMAT_VERSION: Final = 2
 FORMAT_V1: Final = 1
@@ -153,8 +153,8 @@ def _content(
 
 
 def canonical(content: Any) -> bytes:
-    """RFC 8785 canonical JSON of ``content``."""
-    return bytes(rfc8785.dumps(content))
+    """RFC 8785 canonical JSON of ``content`` (``portal.jcs``)."""
+    return jcs.dumps(content)
 
 
 def event_hash(*, prev_hash: str | None, content: Mapping[str, Any]) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 
 import rfc8785
 
+from portal import jcs
 from portal.exceptions import ValidationFailed
 
 
@@ -27,7 +28,7 @@ def canonical_json(value: Any) -> bytes:
             safe range (±2^53-1), non-string keys or non-JSON types.
     """
     try:
-        return bytes(rfc8785.dumps(value))
+        return jcs.dumps(value)
     except (rfc8785.CanonicalizationError, TypeError, ValueError) as error:
         raise InputNotCanonicalisable(reason=str(error)) from None
 
