@@ -59,12 +59,13 @@ def test_tricky_text_integers_floats_and_types() -> None:
     for text in TRICKY_TEXT:
         _same(text)
         _same({"t": text, text: [text]})
-    for number in (0, 1, -1, 2**53 - 1, -(2**53 - 1), 2**53, -(2**53), 10**30):
-        _same(number)
-        _same({"n": [number]})
+    for integer in (0, 1, -1, 2**53 - 1, -(2**53 - 1), 2**53, -(2**53), 10**30):
+        _same(integer)
+        _same({"n": [integer]})
     for number in TRICKY_FLOATS:
         _same({"f": number, "l": [number, 1]})
-    for value in (True, False, None, (), [], {}, ("a", 1), [[], {}], {"a": ()}):
+    values: list[Any] = [True, False, None, (), [], {}, ("a", 1), [[], {}], {"a": ()}]
+    for value in values:
         _same(value)
     for refused in (float("nan"), float("inf"), {1: "x"}, {"a": object()}, b"x"):
         _same(refused)
