@@ -253,8 +253,13 @@ class ChainHead(models.Model):
     class Meta:
         constraints = [
             # One row per chain; the tenant chain's NULL task is one chain too.
+            # The task first (audit migration 0017): the append looks a chain up by
+            # (task, tenant), and an index that led with tenant_id, like
+            # (tenant_id, id) below, would tie with it on the price the planner puts
+            # on row-level security's ``tenant_id = ANY(scope)``; without statistics
+            # it then took (tenant_id, id) and filtered the tenant's every head row.
             models.UniqueConstraint(
-                fields=["tenant", "task_id"],
+                fields=["task_id", "tenant"],
                 nulls_distinct=False,
                 name="audit_chainhead_chain_uniq",
             ),
