@@ -3,6 +3,7 @@
     .venv/bin/pip install -e '.[bench]' -c constraints.txt   # once: the peers
     .venv/bin/python bench/peers.py [--duration 3] [--clients 1,4,8] [--rounds 3]
         [--database-url postgres://postgres@127.0.0.1:5432/portal_bench_peers]
+        [--also rest,relay] [--rest-clients 1,4,16] [--relay-rate 1000]
         [--no-docs] [--json reports/bench-peers.json]
 
 In the same interleaved rounds as ``bench/run.py`` (same client processes, barrier,
@@ -14,9 +15,15 @@ slices in rotating order), on one PostgreSQL server:
 - transition and reservation through the services against the lean baseline, one
   data-modifying CTE per state change on tables without triggers (bench/lean.sql).
 
+Then, in the same command, the issue's other rows from their own benchmarks
+(``--also``): the REST reservation under gunicorn against raw SQL (``bench/api.py``
+on ``<name>_rest``) and the outbox relay with publisher confirms, its throughput and
+commit→publish lag at ``--relay-rate`` (``bench/relay.py`` on ``<name>_relay``; needs
+RabbitMQ, ``BENCH_BROKER_URL``).
+
 Drops and creates its databases: the services' (name must contain "bench"), and
-the peers' own, ``<name>_procrastinate`` and ``<name>_dbos``, dropped again at the
-end. REST and relay figures come from ``bench/api.py`` and ``bench/relay.py``.
+the peers' own, ``<name>_procrastinate``, ``<name>_dbos``, ``<name>_rest`` and
+``<name>_relay``, dropped again at the end.
 """
 
 from __future__ import annotations
@@ -28,7 +35,9 @@ import json
 import os
 import platform
 import shlex
+import subprocess
 import sys
+import tempfile
 import time
 import urllib.parse
 import uuid
@@ -76,6 +85,14 @@ ROWS: Final = (
     ("reservation", "service", "lean", 0.5,
      "reservation through the services vs lean raw reservation (one CTE)"),
 )  # fmt: skip
+# Rows of the issue measured by their own benchmarks, run as subprocesses by main():
+# REST reserve under gunicorn against raw SQL (bench/api.py), the relay with publisher
+# confirms and its commit→publish lag (bench/relay.py).
+SIDE_BENCHMARKS: Final = ("rest", "relay")
+REST_AIM: Final = 0.30  # of raw SQL's reservations/s
+REST_P99_AIM_MS: Final = 50.0  # at the most clients
+RELAY_AIM: Final = 5000.0  # events/s
+RELAY_LAG_AIM_MS: Final = 500.0  # p99 at the offered rate
 # Lifecycle last: once launched, DBOS keeps its threads in the client processes.
 FLAVOURS: Final[dict[str, tuple[str, ...]]] = {
     "transition": ("lean", "service"),
@@ -96,6 +113,16 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--database-url",
         default=os.environ.get("BENCH_PEERS_DATABASE_URL", DEFAULT_DATABASE_URL),
         help="an administrator's URL of the database to DROP and create ('bench')",
+    )
+    parser.add_argument(
+        "--also",
+        default=",".join(SIDE_BENCHMARKS),
+        help="the issue's other rows, from their own benchmarks run by this command:"
+        f" a subset of {','.join(SIDE_BENCHMARKS)}, or '' for none",
+    )
+    parser.add_argument("--rest-clients", default="1,4,16")
+    parser.add_argument(
+        "--relay-rate", type=float, default=1000, help="steady events/s for the lag"
     )
     parser.add_argument("--no-docs", action="store_true")
     parser.add_argument("--json", type=Path, default=JSON_REPORT)
@@ -337,6 +364,88 @@ def table(summaries: Sequence[report.RunSummary], client_counts: Sequence[int]) 
     return "\n".join(lines)
 
 
+def run_side_benchmarks(args: argparse.Namespace, name: str) -> dict[str, Any]:
+    """Run bench/api.py and bench/relay.py as this command's part; their figures."""
+    wanted = [w for w in args.also.split(",") if w]
+    unknown = set(wanted) - set(SIDE_BENCHMARKS)
+    if unknown:
+        raise SystemExit(f"--also: unknown {sorted(unknown)}")
+    figures: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as folder:
+        for which in wanted:
+            out = Path(folder) / f"{which}.json"
+            database = f"{name}_{which}"
+            url = urllib.parse.urlsplit(args.database_url)._replace(
+                path=f"/{database}"
+            )
+            if which == "rest":
+                command = [
+                    "bench/api.py", "--workloads", "reservation",
+                    "--clients", args.rest_clients, "--duration", f"{args.duration:g}",
+                    "--rounds", str(args.rounds),
+                ]  # fmt: skip
+            else:
+                command = [
+                    "bench/relay.py", "--relays", "1,4",
+                    "--rate", f"{args.relay_rate:g}", "--duration", "5",
+                ]  # fmt: skip
+            say(f"peers: {which}: {shlex.join(command)}")
+            subprocess.run(
+                [sys.executable, *command, "--no-docs", "--json", str(out),
+                 "--database-url", url.geturl()],
+                cwd=REPO, check=True,
+            )  # fmt: skip
+            figures[which] = json.loads(out.read_text())
+            _recreate(args.database_url, database, drop_only=True)
+    return figures
+
+
+def side_table(figures: dict[str, Any]) -> str:
+    """The REST and relay rows of the issue, with their aims."""
+    lines = [
+        "| work | clients / relays | ours | baseline | **ratio** | aim"
+        " | ours p50 / p99 ms | baseline p50 / p99 ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    rest = figures.get("rest")
+    if rest:
+        runs = {(r["flavour"], r["clients"]): r for r in rest["runs"]}
+        counts = sorted({clients for _, clients in runs})
+        for clients in counts:
+            api, raw = runs.get(("api", clients)), runs.get(("raw", clients))
+            if not api or not raw or not raw["ops_per_s"]:
+                continue
+            aim = f">= {REST_AIM:.0%}"
+            if clients == counts[-1]:
+                aim += f", p99 < {REST_P99_AIM_MS:g} ms"
+            lines.append(
+                f"| REST reserve under gunicorn ({rest['meta']['workers']} sync"
+                f" workers) vs raw SQL reservation | {clients}"
+                f" | {api['ops_per_s']:,.0f}/s | {raw['ops_per_s']:,.0f}/s"
+                f" | **{api['ops_per_s'] / raw['ops_per_s']:.0%} of raw** | {aim}"
+                f" | {api['p50_ms']:.2f} / {api['p99_ms']:.2f}"
+                f" | {raw['p50_ms']:.2f} / {raw['p99_ms']:.2f} |"
+            )
+    relay = figures.get("relay")
+    if relay:
+        for count, got in sorted(relay["relay"].items(), key=lambda kv: int(kv[0])):
+            raw = relay["raw_sql"].get(count, {}).get("rows_per_s", 0.0)
+            lines.append(
+                f"| relay with publisher confirms (events/s; baseline: its raw SQL"
+                f" claim + mark, no broker) | {count} | {got['rows_per_s']:,.0f}/s"
+                f" | {raw:,.0f}/s | **{got['rows_per_s'] / RELAY_AIM:.2f}x the aim**"
+                f" | >= {RELAY_AIM:,.0f}/s | - | - |"
+            )
+        steady = relay["steady"]
+        lines.append(
+            f"| relay: commit → publish lag at {steady['rate']:,.0f} events/s offered"
+            f" ({steady['published']:,} published of {steady['written']:,}) | 1 | - | -"
+            f" | - | p99 < {RELAY_LAG_AIM_MS:g} ms"
+            f" | {steady['lag_p50_ms']:.1f} / {steady['lag_p99_ms']:.1f} | - |"
+        )
+    return "\n".join(lines)
+
+
 def markdown(meta: dict[str, Any], summaries: Sequence[report.RunSummary]) -> str:
     load = meta["load_average_1m"]
     return f"""## Against the peers: DBOS Transact, Procrastinate, a lean baseline
@@ -368,7 +477,34 @@ constraints.txt`):
   (`bench/peer_runners.py`).
 
 {table(summaries, meta["clients"])}
-"""
+{_side_section(meta)}"""
+
+
+def _side_section(meta: dict[str, Any]) -> str:
+    figures = meta.get("side") or {}
+    if not figures:
+        return ""
+    rest = figures.get("rest", {}).get("meta", {})
+    relay = figures.get("relay", {}).get("meta", {})
+    parts = []
+    if rest:
+        parts.append(
+            f"REST: `bench/api.py` run by this command ({rest.get('workers')} gunicorn"
+            f" sync workers, {rest.get('duration_s'):g} s per flavour and client count"
+            f" in {rest.get('rounds')} alternated slices; the baseline is the same"
+            " reservation in raw SQL)"
+        )
+    if relay:
+        parts.append(
+            f"relay: `bench/relay.py` run by this command (a backlog of"
+            f" {relay.get('rows'):,} rows drained with publisher confirms to"
+            f" RabbitMQ, batch {relay.get('batch')}; several relays are threads of"
+            " one process)"
+        )
+    return (
+        "\nThe issue's other rows, in the same run: " + "; ".join(parts) + ".\n\n"
+        + side_table(figures) + "\n"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -423,6 +559,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raw.close()
         for peer in ("procrastinate", "dbos"):
             _recreate(admin_url, f"{name}_{peer}", drop_only=True)
+    side = run_side_benchmarks(args, name)
     load_after = os.getloadavg()
     from importlib.metadata import version
 
@@ -443,9 +580,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "clients": args.client_counts,
         "load_average_1m": [round(load_before[0], 1), round(load_after[0], 1)],
         "wall_s": round(time.monotonic() - started, 1),
+        "side": side,
     }
     say("")
     say(table(summaries, args.client_counts))
+    if side:
+        say(side_table(side))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(
         json.dumps({"meta": meta, "runs": [s.as_json() for s in summaries]}, indent=2)

@@ -72,6 +72,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--no-docs", action="store_true", help="leave docs/performance.md alone"
     )
     parser.add_argument(
+        "--json", type=Path, default=JSON_REPORT, help="where to write the figures"
+    )
+    parser.add_argument(
         "--broker", default=os.environ.get("BENCH_BROKER_URL", DEFAULT_BROKER_URL)
     )
     parser.add_argument(
@@ -360,8 +363,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "rows": args.rows,
         "batch": settings.PORTAL_OUTBOX_BATCH_SIZE,
     }
-    JSON_REPORT.parent.mkdir(exist_ok=True)
-    JSON_REPORT.write_text(json.dumps({"meta": meta, **results}, indent=2))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"meta": meta, **results}, indent=2))
     if not args.no_docs:
         replace_section(DOCS, markdown(meta, results), section=SECTION)
     say(json.dumps(results))
