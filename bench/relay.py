@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import multiprocessing
 import os
 import platform
 import shlex
@@ -67,6 +68,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         type=int,
         default=0,
         help="rows per relay pass (default: the PORTAL_OUTBOX_BATCH_SIZE setting)",
+    )
+    parser.add_argument(
+        "--threads",
+        action="store_true",
+        help="run several relays as threads of this process (before: processes,"
+        " as Celery runs them)",
     )
     parser.add_argument(
         "--no-docs", action="store_true", help="leave docs/performance.md alone"
@@ -123,10 +130,17 @@ def make_backlog(*, tenant_id: uuid.UUID, rows: int) -> None:
                 )
 
 
-def run_parallel(count: int, work: Callable[[], int]) -> tuple[int, float]:
-    """Run ``work`` on ``count`` threads released together; (rows, seconds)."""
+def run_parallel(
+    count: int, work: Callable[[], int], *, processes: bool = False
+) -> tuple[int, float]:
+    """Run ``work`` on ``count`` threads, or forked processes, released together;
+    (rows, seconds). Processes, as relays run in production (each in its Celery
+    worker process): threads of one interpreter share its lock, and a relay is
+    CPU-bound in Python (kombu's framing) once confirms are pipelined."""
     from django.db import connection
 
+    if processes:
+        return _run_in_processes(count, work)
     barrier = threading.Barrier(count + 1)
     results: list[int] = []
     errors: list[BaseException] = []
@@ -151,6 +165,38 @@ def run_parallel(count: int, work: Callable[[], int]) -> tuple[int, float]:
     if errors:
         raise errors[0]
     return sum(results), elapsed
+
+
+def _run_in_processes(count: int, work: Callable[[], int]) -> tuple[int, float]:
+    from django.db import connection
+
+    context = multiprocessing.get_context("fork")
+    barrier = context.Barrier(count + 1)
+    outcomes = context.SimpleQueue()
+
+    def run() -> None:
+        try:
+            barrier.wait()
+            outcomes.put(("ok", work()))
+        except BaseException as error:  # the parent raises it
+            outcomes.put(("error", repr(error)))
+        finally:
+            connection.close()
+
+    connection.close()  # a forked child must open its own
+    children = [context.Process(target=run) for _ in range(count)]
+    for child in children:
+        child.start()
+    barrier.wait()
+    started = time.perf_counter()
+    for child in children:
+        child.join()
+    elapsed = time.perf_counter() - started
+    results = [outcomes.get() for _ in children]
+    failed = [detail for kind, detail in results if kind != "ok"]
+    if failed:
+        raise RuntimeError(f"a relay process failed: {failed[0]}")
+    return sum(int(rows) for _, rows in results), elapsed
 
 
 def pending(raw: psycopg.Connection[Any]) -> int:
@@ -317,7 +363,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raw.execute("VACUUM (ANALYZE) audit_outbox")
                 say(f"raw SQL claim+mark, {count} connection(s), {args.rows} rows")
                 rows, seconds = run_parallel(
-                    count, lambda: raw_claim_and_mark(args.database_url)
+                    count,
+                    lambda: raw_claim_and_mark(args.database_url),
+                    processes=not args.threads,
                 )
                 results["raw_sql"][count] = {"rows": rows, "rows_per_s": rows / seconds}
 
@@ -325,7 +373,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 make_backlog(tenant_id=tenant.pk, rows=args.rows)
                 raw.execute("VACUUM (ANALYZE) audit_outbox")
                 say(f"relay with confirms, {count} relay(s), {args.rows} rows")
-                rows, seconds = run_parallel(count, relay_drain)
+                rows, seconds = run_parallel(
+                    count, relay_drain, processes=not args.threads
+                )
                 results["relay"][count] = {"rows": rows, "rows_per_s": rows / seconds}
 
             tenant = Tenant.objects.create(slug="steady", name="Steady")
@@ -362,6 +412,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "django": django.get_version(),
         "rows": args.rows,
         "batch": settings.PORTAL_OUTBOX_BATCH_SIZE,
+        "relays_as": "threads" if args.threads else "processes",
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"meta": meta, **results}, indent=2))
@@ -372,6 +423,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def markdown(meta: dict[str, Any], results: dict[str, Any]) -> str:
+    relays_as = meta.get("relays_as", "threads")
     rows = []
     for count in sorted(results["relay"]):
         raw = results["raw_sql"][count]["rows_per_s"]
@@ -400,8 +452,9 @@ edit between the markers, run the command again.
   PostgreSQL {meta["postgres"]} and RabbitMQ 3.10 on the same host over TCP; Python
   {meta["python"]}, Django {meta["django"]}.
 - Backlog: {meta["rows"]:,} pending rows over {TASKS} tasks (1 in 4 without a task),
-  drained in batches of {meta["batch"]} by N workers (threads, each with its own
-  database connection and broker connection).
+  drained in batches of {meta["batch"]} by N workers ({relays_as}:
+  forked processes unless `--threads`, as Celery's prefork workers run relays;
+  each with its own database connection and broker connection).
 - *Raw SQL* runs the relay's own claim statement (`SKIP LOCKED`, per-task heads
   and their followers, lease) and one set-based `sent` mark per wave through plain
   psycopg, publishing nothing: the database's ceiling for this claim pattern.
