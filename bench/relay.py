@@ -30,6 +30,7 @@ import json
 import multiprocessing
 import os
 import platform
+import queue
 import shlex
 import sys
 import threading
@@ -140,62 +141,35 @@ def run_parallel(
     from django.db import connection
 
     if processes:
-        return _run_in_processes(count, work)
-    barrier = threading.Barrier(count + 1)
-    results: list[int] = []
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            barrier.wait()
-            results.append(work())
-        except BaseException as error:  # reported below, after the join
-            errors.append(error)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run) for _ in range(count)]
-    for thread in threads:
-        thread.start()
-    barrier.wait()
-    started = time.perf_counter()
-    for thread in threads:
-        thread.join()
-    elapsed = time.perf_counter() - started
-    if errors:
-        raise errors[0]
-    return sum(results), elapsed
-
-
-def _run_in_processes(count: int, work: Callable[[], int]) -> tuple[int, float]:
-    from django.db import connection
-
-    context = multiprocessing.get_context("fork")
+        context: Any = multiprocessing.get_context("fork")
+        connection.close()  # a forked child must open its own
+        start_worker, outcomes = context.Process, context.SimpleQueue()
+    else:
+        context, start_worker = threading, threading.Thread
+        outcomes = queue.SimpleQueue()
     barrier = context.Barrier(count + 1)
-    outcomes = context.SimpleQueue()
 
     def run() -> None:
         try:
             barrier.wait()
             outcomes.put(("ok", work()))
-        except BaseException as error:  # the parent raises it
+        except BaseException as error:  # the caller raises it, after the join
             outcomes.put(("error", repr(error)))
         finally:
             connection.close()
 
-    connection.close()  # a forked child must open its own
-    children = [context.Process(target=run) for _ in range(count)]
-    for child in children:
-        child.start()
+    workers = [start_worker(target=run) for _ in range(count)]
+    for worker in workers:
+        worker.start()
     barrier.wait()
     started = time.perf_counter()
-    for child in children:
-        child.join()
+    for worker in workers:
+        worker.join()
     elapsed = time.perf_counter() - started
-    results = [outcomes.get() for _ in children]
+    results = [outcomes.get() for _ in workers]
     failed = [detail for kind, detail in results if kind != "ok"]
     if failed:
-        raise RuntimeError(f"a relay process failed: {failed[0]}")
+        raise RuntimeError(f"a relay worker failed: {failed[0]}")
     return sum(int(rows) for _, rows in results), elapsed
 
 
