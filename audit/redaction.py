@@ -186,8 +186,12 @@ _EMAIL = re.compile(
     r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)+"
 )
 # 13 to 19 digits, optionally grouped by single spaces or dashes, starting 2 to 6 as
-# the card networks' numbers do (a millisecond timestamp starts with 1).
-_CARD = re.compile(r"(?<![\d-])[2-6](?:[ -]?\d){12,18}(?![\d])")
+# the card networks' numbers do (a millisecond timestamp starts with 1). Not glued to
+# a letter, a digit or a dash-joined group on either side: the digit runs inside a
+# UUID or a hex digest ("01a23612-5113-7067-a5fc-…") pass a Luhn check one time in ten.
+_CARD = re.compile(
+    r"(?<![0-9A-Za-z-])[2-6](?:[ -]?\d){12,18}(?![0-9A-Za-z]|-[0-9A-Za-z])"
+)
 _MARKER = re.compile(r"\[(?:REDACTED(?::[a-z_]+)?|[a-z]+:hm_[0-9a-f]+)\]")
 # What this module writes: a marker, or a bare keyed hash (digests, long strings).
 # Detectors skip it, so a stored value redacted again (for display) stays the same.

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import hashlib
 import json
+import random
 import uuid
 
 import pytest
@@ -113,6 +115,21 @@ def test_public_identifiers_and_digests_stay_readable():
         "lease_token": 7,
     }
     assert redact(data, tenant_id=TENANT) == data
+
+
+def test_digit_runs_inside_uuids_and_digests_are_no_card_numbers():
+    # CI once hashed an agent id in an escalation's evidence: "23612-5113-7067"
+    # inside it passes the Luhn check, as about one UUID in 300 has such a run.
+    rng = random.Random(20261202)
+    uuids = [str(uuid.UUID(int=rng.getrandbits(128))) for _ in range(5000)]
+    digests = [hashlib.sha256(rng.randbytes(8)).hexdigest() for _ in range(5000)]
+    values = [{"agent_id": "01a23612-5113-7067-a5fc-4859706f1e14"}]
+    values += [{"agent_id": value} for value in uuids]
+    values += [{"input_hash": value} for value in digests]
+    assert [v for v in values if redact(v, tenant_id=TENANT) != v] == []
+    # the same numbers standing alone, grouped or embedded in a sentence, are caught
+    for text in ("4111-1111-1111-1111", "paid 4111 1111 1111 1111.", "cc=4111111111111111;"):
+        assert "[card:hm_" in redact({"note": text}, tenant_id=TENANT)["note"], text
 
 
 def test_declared_fields_become_keyed_hashes_that_match_within_a_tenant_only():
