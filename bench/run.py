@@ -2,13 +2,14 @@
 
     .venv/bin/python bench/run.py [--duration 5] [--clients 1,4,8] [--rounds 5]
         [--workloads transition,reservation,claim] [--database-url postgres://...]
-        [--what-if] [--no-docs] [--json reports/bench-service-layer.json]
+        [--what-if] [--no-docs] [--json reports/bench-service-layer.json] [--reuse]
 
 Drops, creates and migrates its own database (default portal_bench on
 127.0.0.1:5432; the name must contain "bench"). ``--what-if`` adds the service on a
 Django connection with server-side binding and prepared statements forced on. Where a
 client's time goes: ``bench/profile_client.py``. Against the peers (DBOS Transact,
-Procrastinate, a lean one-statement baseline): ``bench/peers.py``.
+Procrastinate, a lean one-statement baseline): ``bench/peers.py``. On 1M tasks and
+10M events against empty tables: ``bench/flat.py`` (``--reuse`` keeps its rows).
 """
 
 from __future__ import annotations

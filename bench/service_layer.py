@@ -85,6 +85,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="database to DROP, create and migrate (its name must contain 'bench')",
     )
     parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="keep the database's rows and only migrate it: for a database loaded"
+        " with manage.py load_scale_data (bench/flat.py makes one)",
+    )
+    parser.add_argument(
         "--no-docs", action="store_true", help="do not update docs/performance.md"
     )
     parser.add_argument(
@@ -128,12 +134,13 @@ def say(message: str) -> None:
 # --- Database --------------------------------------------------------------------
 
 
-def recreate_database(database_url: str) -> str:
+def recreate_database(database_url: str, *, keep_rows: bool = False) -> str:
     """DROP and CREATE the benchmark database, then migrate it with manage.py.
 
     With an administrator's URL the database is the owner role's and migrated as it,
     and the URL returned is the app role's, which the services run as (README,
-    "Database roles"); otherwise ``database_url`` itself.
+    "Database roles"); otherwise ``database_url`` itself. ``keep_rows`` skips the
+    DROP and CREATE: the database must exist already.
     """
     params = psycopg.conninfo.conninfo_to_dict(database_url)
     name = str(params.get("dbname", ""))
@@ -141,12 +148,17 @@ def recreate_database(database_url: str) -> str:
         raise SystemExit(f"refusing to drop {name!r}: its name must contain 'bench'")
     admin = psycopg.conninfo.make_conninfo(database_url, dbname="postgres")
     with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                sql.Identifier(name)
+        if not keep_rows:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                    sql.Identifier(name)
+                )
             )
-        )
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        elif not conn.execute(
+            "SELECT 1 FROM pg_database WHERE datname = %s", [name]
+        ).fetchone():
+            raise SystemExit(f"--reuse: there is no database {name!r}")
     if not db_roles.can_create_roles(database_url):
         migrate(database_url)
         return database_url
@@ -403,9 +415,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     started = time.monotonic()
-    say(f"bench: recreating and migrating {args.database_url.rsplit('/', 1)[-1]}")
+    verb = "migrating (rows kept)" if args.reuse else "recreating and migrating"
+    say(f"bench: {verb} {args.database_url.rsplit('/', 1)[-1]}")
     _MAINTENANCE_URL[:] = [args.database_url]
-    args.database_url = recreate_database(args.database_url)
+    args.database_url = recreate_database(args.database_url, keep_rows=args.reuse)
     say(f"bench: the services connect as {args.database_url.split('@')[0]}")
 
     os.environ["DJANGO_SETTINGS_MODULE"] = "portal.settings"
@@ -462,6 +475,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "rounds": args.rounds,
         "what_if": args.what_if,
         "unprepared": args.unprepared,
+        "reuse": args.reuse,
         "warmup": args.warmup,
         "rewarmup": REWARMUP,
         "load_average_1m": [round(load_before[0], 1), round(load_after[0], 1)],
