@@ -10,7 +10,8 @@ runs on tables holding 1M tasks and 10M events, in alternating runs of bench/run
 The scale database is made once: ``manage.py load_scale_data`` fills it (about 12 min
 and 23 GB at the defaults, all through COPY with every constraint and trigger on),
 then one ``VACUUM (ANALYZE)`` sets its statistics and visibility map. Later runs reuse
-it when it holds at least ``--tasks`` tasks and ``--events`` events. Each pair runs
+it when it holds at least ``--tasks`` tasks and ``--events`` events; after an
+interrupted load they top it up. Each pair runs
 ``bench/run.py`` once on a freshly made empty database and once on the scale database
 (``--reuse``: its rows stay, the benchmark adds its own tenants beside them); the order
 alternates from pair to pair, so drift of the machine hits both sides alike.
@@ -102,11 +103,13 @@ def held(admin_url: str) -> tuple[int, int] | None:
     return int(row[0]), int(row[1])
 
 
-def load_scale(args: argparse.Namespace) -> None:
-    """Make the scale database and fill it, then vacuum and analyse it once."""
-    say(f"flat: making {args.scale_url.rsplit('/', 1)[-1]} and loading "
+def load_scale(args: argparse.Namespace, *, resume: bool) -> None:
+    """Make the scale database (or, ``resume``, keep what an interrupted load left:
+    the loader tops it up) and fill it, then vacuum and analyse it once."""
+    verb = "topping up" if resume else "making"
+    say(f"flat: {verb} {args.scale_url.rsplit('/', 1)[-1]} to "
         f"{args.tasks:,} tasks and {args.events:,} events (about 12 min at 1M/10M)")
-    app_url = recreate_database(args.scale_url)
+    app_url = recreate_database(args.scale_url, keep_rows=resume)
     env = {
         **os.environ,
         "DATABASE_URL": app_url,
@@ -232,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     load_before = os.getloadavg()[0]
     have = held(args.scale_url)
     if have is None or have[0] < args.tasks or have[1] < args.events:
-        load_scale(args)
+        load_scale(args, resume=have is not None)
         have = held(args.scale_url)
     assert have is not None
     say(f"flat: the scale database holds {have[0]:,} tasks and {have[1]:,} events")

@@ -16,6 +16,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import ProgrammingError, connection, transaction
 
+from portal import scope
 from portal.management.commands import load_scale_data
 from portal.models import Tenant, TenantPerm
 from tasks.hashing import input_hash
@@ -204,6 +205,25 @@ def test_a_second_load_is_refused_and_append_adds(loaded: object) -> None:
     assert _one("SELECT count(*) FROM tasks_task") == TASKS + 100
     assert _one("SELECT count(*) FROM audit_event") == EVENTS + 1000
     assert _one("SELECT count(DISTINCT tenant_id) FROM portal_membership") == TENANTS
+
+
+def test_an_interrupted_load_is_topped_up_under_a_command_s_empty_scope(
+    loaded: object,
+) -> None:
+    # given the scope a command starts with: no tenant (the test's own scope would
+    # show the loaded rows; a command's shows none until it asks for every tenant)
+    # when the load runs again with larger totals, then it adds only the difference
+    with scope.tenant_scope([]):
+        call_command(
+            "load_scale_data",
+            tasks=TASKS + 100,
+            events=EVENTS + 1000,
+            tenants=TENANTS,
+            stdout=io.StringIO(),
+            stderr=io.StringIO(),
+        )
+    assert _one("SELECT count(*) FROM tasks_task") == TASKS + 100
+    assert _one("SELECT count(*) FROM audit_event") == EVENTS + 1000
 
 
 @pytest.mark.parametrize(

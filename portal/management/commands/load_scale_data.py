@@ -1044,7 +1044,9 @@ def _task_row(
 
 
 def _counts() -> tuple[int, int]:
-    with connection.cursor() as cursor:
+    """Tasks and events in the whole database: every tenant's, whatever the scope
+    (a command starts with none, which would count nothing)."""
+    with scope.every_tenant(), connection.cursor() as cursor:
         cursor.execute(
             "SELECT (SELECT count(*) FROM tasks_task),"
             " (SELECT count(*) FROM audit_event)"
