@@ -1,9 +1,13 @@
 """Django's PostgreSQL backend; each transaction starts with the tenant scope set.
 
 ``portal/scope.py`` holds the scope. Django turns autocommit off when the outermost
-``atomic`` block begins: that is where the transaction-local setting is made, as the
-transaction's first statement. Autocommit statements under a scope are wrapped in a
-transaction of their own (``scope.scoped_statement``).
+``atomic`` block begins: that is where the transaction-local setting is made. Under a
+scope, ``BEGIN`` and the setting go to the server as one simple query, one round trip
+instead of two: psycopg stays in its autocommit mode, so it sends no ``BEGIN`` of its
+own, and its ``commit()``/``rollback()`` follow the server's transaction status, which
+``BEGIN`` set. Without a scope psycopg begins the transaction itself, as Django's
+backend always has. Autocommit statements under a scope are wrapped in a transaction
+of their own (``scope.scoped_statement``).
 """
 
 from __future__ import annotations
@@ -21,6 +25,21 @@ class DatabaseWrapper(base.DatabaseWrapper):
         self.execute_wrappers.append(scope.scoped_statement)
 
     def _set_autocommit(self, autocommit: bool) -> None:
-        super()._set_autocommit(autocommit)  # type: ignore[misc]
-        if not autocommit and scope.current() is not None:
-            scope.apply(self)
+        if autocommit or scope.current() is None:
+            super()._set_autocommit(autocommit)  # type: ignore[misc]
+            return
+        raw = self.connection
+        with self.wrap_database_errors:
+            if not raw.autocommit:  # left so by an unscoped transaction
+                raw.autocommit = True
+            raw.execute(scope.begin_statement(raw), prepare=False)
+
+    def create_cursor(self, name: str | None = None) -> Any:
+        # Django gives a named (server-side) cursor WITH HOLD when psycopg is in
+        # autocommit mode; inside a scoped transaction psycopg is in that mode too,
+        # but the cursor lives in the transaction, as in any other.
+        if name is None or self.get_autocommit():
+            return super().create_cursor(name)
+        cursor = super().create_cursor(name)
+        cursor._withhold = False
+        return cursor
