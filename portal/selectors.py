@@ -10,12 +10,11 @@ from typing import Literal
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import connection
-from django.db.models import BooleanField, ExpressionWrapper, Q
-from django.db.models.expressions import RawSQL
+from django.db.models import Model
 
 from . import scope
 from .exceptions import NotFound
-from .models import AgentGrant, AgentKey, Tenant
+from .models import Agent, AgentGrant, AgentKey, Tenant
 from .roles import tenant_ids_with_perm
 
 
@@ -40,8 +39,6 @@ def agent_key_hash(secret: str) -> str:
 
 
 KeyStatus = Literal["live", "revoked", "expired"]
-# The database clock every expiry is measured on (portal migration 0002).
-_APP_NOW = RawSQL("app_now()", [])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,27 +67,66 @@ def agent_key_authenticate(*, secret: str) -> KeyCheck | None:
     if not tenant_ids:
         return None
     with scope.tenant_scope(tenant_ids):
-        key = (
-            AgentKey.objects.select_related("agent", "agent__tenant")
-            .filter(prefix=prefix)
-            .annotate(
-                expired=ExpressionWrapper(
-                    Q(expires_at__isnull=False)
-                    & Q(expires_at__lte=RawSQL("app_now()", [])),
-                    output_field=BooleanField(),
-                )
-            )
-            .first()
-        )
-    if key is None or not hmac.compare_digest(key.key_hash, key_hash):
+        found = _agent_key_by_prefix(prefix)
+    if found is None:
+        return None
+    key, expired = found
+    if not hmac.compare_digest(key.key_hash, key_hash):
         return None
     if key.revoked_at is not None:
         return KeyCheck(key=key, status="revoked")
     if not key.agent.is_active or key.agent.tenant.deleted_at is not None:
         return None
-    if key.expired:  # the annotation above
+    if expired:
         return KeyCheck(key=key, status="expired")
     return KeyCheck(key=key, status="live")
+
+
+def _fields(model: type[Model]) -> tuple[list[str], list[str]]:
+    """The model's attribute names (for ``from_db``) and its columns, in order."""
+    fields = model._meta.concrete_fields
+    return [f.attname for f in fields], [f.column for f in fields]
+
+
+(
+    (_KEY_FIELDS, _KEY_COLUMNS),
+    (_AGENT_FIELDS, _AGENT_COLUMNS),
+    (_TENANT_FIELDS, _TENANT_COLUMNS),
+) = (
+    _fields(AgentKey),
+    _fields(Agent),
+    _fields(Tenant),
+)
+# The key, its agent and the agent's tenant in one fixed statement: it runs on every
+# API request, and building the equal ORM query (two joins and an annotation) cost
+# about as much client CPU as the rest of the authentication (docs/performance.md).
+_KEY_BY_PREFIX = f"""
+SELECT {", ".join(f"k.{c}" for c in _KEY_COLUMNS)},
+       {", ".join(f"a.{c}" for c in _AGENT_COLUMNS)},
+       {", ".join(f"t.{c}" for c in _TENANT_COLUMNS)},
+       k.expires_at IS NOT NULL AND k.expires_at <= app_now()
+FROM {AgentKey._meta.db_table} k
+JOIN {Agent._meta.db_table} a ON a.id = k.agent_id AND a.tenant_id = k.tenant_id
+JOIN {Tenant._meta.db_table} t ON t.id = a.tenant_id
+WHERE k.prefix = %s
+"""
+
+
+def _agent_key_by_prefix(prefix: str) -> tuple[AgentKey, bool] | None:
+    """The key with this prefix, its ``agent`` and ``agent.tenant`` loaded, and
+    whether it has expired (database clock); None if there is none in scope."""
+    with connection.cursor() as cursor:
+        cursor.execute(_KEY_BY_PREFIX, [prefix])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    first_agent = len(_KEY_FIELDS)
+    first_tenant = first_agent + len(_AGENT_FIELDS)
+    key = AgentKey.from_db("default", _KEY_FIELDS, row[:first_agent])
+    agent = Agent.from_db("default", _AGENT_FIELDS, row[first_agent:first_tenant])
+    agent.tenant = Tenant.from_db("default", _TENANT_FIELDS, row[first_tenant:-1])
+    key.agent = agent
+    return key, bool(row[-1])
 
 
 # One fixed statement rather than an ORM query: it runs on every reservation and

@@ -13,9 +13,11 @@ from collections.abc import Iterator
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import IntegrityError, connection, transaction
+from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
 from audit.models import Event
+from portal import selectors
 from portal import services as portal_services
 from portal.exceptions import ValidationFailed
 from portal.models import AgentKey
@@ -101,6 +103,42 @@ def test_an_unknown_secret_with_a_real_prefix_learns_nothing(api: AgentClient):
     status, code, _ = _get(f"{prefix}.not-the-secret")
 
     assert (status, code) == (401, "UNAUTHENTICATED")
+
+
+def test_an_inactive_agent_or_a_deleted_tenant_authenticates_nothing(api: AgentClient):
+    assert api.get("/api/v1/tasks").status_code == 200
+    # an agent switched off, by raw SQL (the join in the key's lookup must see it)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE portal_agent SET is_active = false WHERE id = %s", [api.agent.pk]
+        )
+    assert _get(api.secret)[:2] == (401, "UNAUTHENTICATED")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE portal_agent SET is_active = true WHERE id = %s", [api.agent.pk]
+        )
+    assert _get(api.secret)[0] == 200
+    # the tenant marked deleted (its events kept)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE portal_tenant SET deleted_at = now() WHERE id = %s", [api.tenant.pk]
+        )
+    assert _get(api.secret)[:2] == (401, "UNAUTHENTICATED")
+
+
+def test_authentication_loads_the_key_agent_and_tenant_it_checked(api: AgentClient):
+    check = selectors.agent_key_authenticate(secret=api.secret)
+    assert check is not None and check.status == "live"
+    with CaptureQueriesContext(connection) as queries:
+        agent, tenant = check.key.agent, check.key.agent.tenant
+    assert (agent.pk, agent.name, tenant.pk, tenant.slug) == (
+        api.agent.pk,
+        api.agent.name,
+        api.tenant.pk,
+        api.tenant.slug,
+    )
+    assert check.key.prefix == api.secret.split(".")[0]
+    assert len(queries) == 0  # all three came with the one statement
 
 
 def test_rotation_keeps_both_keys_until_the_cutoff_then_only_the_new(
