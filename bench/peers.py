@@ -436,6 +436,13 @@ def side_table(figures: dict[str, Any]) -> str:
                 f" | {raw:,.0f}/s | **{got['rows_per_s'] / RELAY_AIM:.2f}x the aim**"
                 f" | >= {RELAY_AIM:,.0f}/s | - | - |"
             )
+        broker = relay.get("broker_only", {})
+        for count, got in sorted(broker.items(), key=lambda kv: int(kv[0])):
+            lines.append(
+                f"| the relay's publisher alone, no database (msgs/s; the broker's"
+                f" ceiling here) | {count} | {got['rows_per_s']:,.0f}/s | -"
+                f" | {got['rows_per_s'] / RELAY_AIM:.2f}x the aim | - | - | - |"
+            )
         steady = relay["steady"]
         lines.append(
             f"| relay: commit → publish lag at {steady['rate']:,.0f} events/s offered"

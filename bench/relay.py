@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import json
 import multiprocessing
 import os
@@ -211,6 +212,38 @@ def raw_claim_and_mark(database_url: str) -> int:
                 time.sleep(0.005)  # another worker holds the rest
 
 
+def broker_only(rows: int) -> int:
+    """The relay's publisher with no database: ``rows`` messages like the backlog's,
+    in waves of the batch size, each wave's confirms awaited: the broker's ceiling."""
+    from django.conf import settings
+
+    from audit import relay
+
+    now = dt.datetime.now(dt.UTC)
+    tenant_id = uuid.uuid4()
+    batch = settings.PORTAL_OUTBOX_BATCH_SIZE
+    with relay.broker_publisher() as publisher:
+        for start in range(0, rows, batch):
+            wave = [
+                relay.ClaimedMessage(
+                    id=uuid.uuid4(),
+                    tenant_id=tenant_id,
+                    topic="task.transitioned",
+                    key=str(uuid.uuid4()),
+                    body=json.dumps({"code": "task.transitioned", "data": {"n": n}}),
+                    task_id=None,
+                    trace_id=uuid.uuid4().hex,
+                    attempts=1,
+                    created_at=now,
+                )
+                for n in range(start, min(rows, start + batch))
+            ]
+            failed = [o for o in publisher.publish_wave(wave) if o is not None]
+            if failed:
+                raise RuntimeError(f"publishing failed: {failed[0]}")
+    return rows
+
+
 def relay_drain() -> int:
     """A relay worker: passes until nothing is pending."""
     from audit import relay
@@ -327,7 +360,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     with Connection(args.broker) as broker:
         queue(broker.default_channel).declare()
-    results: dict[str, Any] = {"raw_sql": {}, "relay": {}}
+    results: dict[str, Any] = {"raw_sql": {}, "relay": {}, "broker_only": {}}
     try:
         with psycopg.connect(args.database_url, autocommit=True) as raw:
             pg_version = str(raw.execute("SHOW server_version").fetchone()[0])  # type: ignore[index]
@@ -351,6 +384,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                     count, relay_drain, processes=not args.threads
                 )
                 results["relay"][count] = {"rows": rows, "rows_per_s": rows / seconds}
+
+                say(f"broker only, no database: {count} publisher(s), {args.rows} msgs")
+                rows, seconds = run_parallel(
+                    count,
+                    functools.partial(broker_only, -(-args.rows // count)),
+                    processes=not args.threads,
+                )
+                results["broker_only"][count] = {
+                    "rows": rows,
+                    "rows_per_s": rows / seconds,
+                }
 
             tenant = Tenant.objects.create(slug="steady", name="Steady")
             say(f"steady load: {args.rate}/s for {args.duration} s, one relay")
@@ -402,8 +446,11 @@ def markdown(meta: dict[str, Any], results: dict[str, Any]) -> str:
     for count in sorted(results["relay"]):
         raw = results["raw_sql"][count]["rows_per_s"]
         published = results["relay"][count]["rows_per_s"]
+        broker = results.get("broker_only", {}).get(count, {}).get("rows_per_s")
+        shown = f"{broker:,.0f}" if broker else "-"
         rows.append(
-            f"| {count} | {raw:,.0f} | {published:,.0f} | {published / raw:.0%} |"
+            f"| {count} | {raw:,.0f} | {shown} | {published:,.0f}"
+            f" | {published / raw:.0%} |"
         )
     steady = results["steady"]
     table = "\n".join(rows)
@@ -432,13 +479,16 @@ edit between the markers, run the command again.
 - *Raw SQL* runs the relay's own claim statement (`SKIP LOCKED`, per-task heads
   and their followers, lease) and one set-based `sent` mark per wave through plain
   psycopg, publishing nothing: the database's ceiling for this claim pattern.
+- *Broker only* publishes as many messages like the backlog's through the relay's
+  own publisher (`BrokerPublisher.publish_wave`, waves of the batch size, every
+  confirm awaited) with no database at all: the broker's ceiling on this machine.
 - *Relay* is `outbox_relay_once` publishing each message as persistent to a
   durable topic exchange with a durable queue bound, **in waves with pipelined
   publisher confirms**: wave k holds each task's k-th claimed row; the whole wave
   is published, all its confirms awaited, then its rows marked `sent` at once.
 
-| workers | raw SQL claim+mark rows/s | relay with confirms rows/s | relay / raw |
-|---:|---:|---:|---:|
+| workers | raw SQL claim+mark rows/s | broker only msgs/s | relay rows/s | relay/raw |
+|---:|---:|---:|---:|---:|
 {table}
 
 Steady load: one writer committed {steady["written"]:,} events at
