@@ -134,6 +134,10 @@ def say(message: str) -> None:
 # --- Database --------------------------------------------------------------------
 
 
+# The URL given on the command line: VACUUM is the tables' owner's (or a superuser's).
+_MAINTENANCE_URL: list[str] = []
+
+
 def recreate_database(database_url: str, *, keep_rows: bool = False) -> str:
     """DROP and CREATE the benchmark database, then migrate it with manage.py.
 
@@ -146,6 +150,9 @@ def recreate_database(database_url: str, *, keep_rows: bool = False) -> str:
     name = str(params.get("dbname", ""))
     if "bench" not in name:
         raise SystemExit(f"refusing to drop {name!r}: its name must contain 'bench'")
+    # tidy() vacuums as this URL's user: the app role owns no table, and PostgreSQL
+    # skips a VACUUM or ANALYZE by a non-owner with a mere warning.
+    _MAINTENANCE_URL[:] = [database_url]
     admin = psycopg.conninfo.make_conninfo(database_url, dbname="postgres")
     with psycopg.connect(admin, autocommit=True) as conn:
         if not keep_rows:
@@ -184,10 +191,6 @@ def migrate(database_url: str, *, owner_url: str = "") -> None:
         },
         check=True,
     )
-
-
-# The URL given on the command line: VACUUM is the tables' owner's (or a superuser's).
-_MAINTENANCE_URL: list[str] = []
 
 
 def tidy(raw: psycopg.Connection[Any]) -> None:
@@ -417,7 +420,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     verb = "migrating (rows kept)" if args.reuse else "recreating and migrating"
     say(f"bench: {verb} {args.database_url.rsplit('/', 1)[-1]}")
-    _MAINTENANCE_URL[:] = [args.database_url]
     args.database_url = recreate_database(args.database_url, keep_rows=args.reuse)
     say(f"bench: the services connect as {args.database_url.split('@')[0]}")
 
