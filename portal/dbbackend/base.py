@@ -8,6 +8,11 @@ own, and its ``commit()``/``rollback()`` follow the server's transaction status,
 ``BEGIN`` set. Without a scope psycopg begins the transaction itself, as Django's
 backend always has. Autocommit statements under a scope are wrapped in a transaction
 of their own (``scope.scoped_statement``).
+
+One thing this does not carry: Django's manual transaction management
+(``transaction.set_autocommit(False)``, then ``commit()`` and more statements). Under
+a scope, psycopg would not begin the next transaction after that ``commit()`` by
+itself. The portal never manages transactions by hand; ``atomic`` is the one way.
 """
 
 from __future__ import annotations
