@@ -10,8 +10,8 @@ from typing import Literal
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import connection
-from django.db.models import Model
 
+from . import db as portal_db
 from . import scope
 from .exceptions import NotFound
 from .models import Agent, AgentGrant, AgentKey, Tenant
@@ -82,28 +82,14 @@ def agent_key_authenticate(*, secret: str) -> KeyCheck | None:
     return KeyCheck(key=key, status="live")
 
 
-def _fields(model: type[Model]) -> tuple[list[str], list[str]]:
-    """The model's attribute names (for ``from_db``) and its columns, in order."""
-    fields = model._meta.concrete_fields
-    return [f.attname for f in fields], [f.column for f in fields]
-
-
-(
-    (_KEY_FIELDS, _KEY_COLUMNS),
-    (_AGENT_FIELDS, _AGENT_COLUMNS),
-    (_TENANT_FIELDS, _TENANT_COLUMNS),
-) = (
-    _fields(AgentKey),
-    _fields(Agent),
-    _fields(Tenant),
-)
+_KEY_FIELDS, _KEY_COLUMNS = portal_db.returning_columns(AgentKey, "k")
+_AGENT_FIELDS, _AGENT_COLUMNS = portal_db.returning_columns(Agent, "a")
+_TENANT_FIELDS, _TENANT_COLUMNS = portal_db.returning_columns(Tenant, "t")
 # The key, its agent and the agent's tenant in one fixed statement: it runs on every
 # API request, and building the equal ORM query (two joins and an annotation) cost
 # about as much client CPU as the rest of the authentication (docs/performance.md).
 _KEY_BY_PREFIX = f"""
-SELECT {", ".join(f"k.{c}" for c in _KEY_COLUMNS)},
-       {", ".join(f"a.{c}" for c in _AGENT_COLUMNS)},
-       {", ".join(f"t.{c}" for c in _TENANT_COLUMNS)},
+SELECT {_KEY_COLUMNS}, {_AGENT_COLUMNS}, {_TENANT_COLUMNS},
        k.expires_at IS NOT NULL AND k.expires_at <= app_now()
 FROM {AgentKey._meta.db_table} k
 JOIN {Agent._meta.db_table} a ON a.id = k.agent_id AND a.tenant_id = k.tenant_id
@@ -120,11 +106,11 @@ def _agent_key_by_prefix(prefix: str) -> tuple[AgentKey, bool] | None:
         row = cursor.fetchone()
     if row is None:
         return None
-    first_agent = len(_KEY_FIELDS)
-    first_tenant = first_agent + len(_AGENT_FIELDS)
-    key = AgentKey.from_db("default", _KEY_FIELDS, row[:first_agent])
-    agent = Agent.from_db("default", _AGENT_FIELDS, row[first_agent:first_tenant])
-    agent.tenant = Tenant.from_db("default", _TENANT_FIELDS, row[first_tenant:-1])
+    agent_at = len(_KEY_FIELDS)
+    tenant_at = agent_at + len(_AGENT_FIELDS)
+    key = portal_db.model_from_row(AgentKey, _KEY_FIELDS, row[:agent_at])
+    agent = portal_db.model_from_row(Agent, _AGENT_FIELDS, row[agent_at:tenant_at])
+    agent.tenant = portal_db.model_from_row(Tenant, _TENANT_FIELDS, row[tenant_at:-1])
     key.agent = agent
     return key, bool(row[-1])
 
