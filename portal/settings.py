@@ -67,6 +67,7 @@ INSTALLED_APPS = [
     "portal",
     "tasks",
     "audit",
+    "mcp_server",  # above the apps: the MCP server's `manage.py mcp` (docs/mcp.md)
 ]
 
 MIDDLEWARE = [
