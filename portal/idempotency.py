@@ -163,12 +163,10 @@ def idempotent_request_finish(
     *, record_id: uuid.UUID, status: int, body: bytes, content_type: str
 ) -> None:
     """Store the answer; a server error frees the key instead, so a retry can run."""
+    if status >= 500:
+        idempotent_request_release(record_id=record_id)
+        return
     with connection.cursor() as cursor:
-        if status >= 500:
-            cursor.execute(
-                "DELETE FROM portal_idempotentrequest WHERE id = %s", [record_id]
-            )
-            return
         cursor.execute(
             """
             UPDATE portal_idempotentrequest
@@ -177,6 +175,18 @@ def idempotent_request_finish(
             WHERE id = %s
             """,
             [status, body.decode(), content_type, record_id],
+        )
+
+
+def idempotent_request_release(*, record_id: uuid.UUID) -> None:
+    """Free the key without storing an answer: a retry of the request runs again.
+
+    For answers that must not be replayed: a server error, or a refusal that says
+    "the same thing is under way, retry" (the retry must get the real answer).
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "DELETE FROM portal_idempotentrequest WHERE id = %s", [record_id]
         )
 
 

@@ -42,6 +42,7 @@ api_v1 = [
         "operations/<uuid:operation_id>/execute",
         agent_api.OperationExecuteApi.as_view(),
     ),
+    path("actions", agent_api.ActionTakeApi.as_view()),
     path("contracts", agent_api.ContractCollectionApi.as_view()),
     path(
         "contracts/<slug:key>/versions/<int:version>",

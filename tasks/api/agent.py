@@ -23,7 +23,8 @@ from rest_framework.response import Response
 
 from audit import selectors as audit_selectors
 from audit.models import Event
-from portal.api import LEASE_TOKEN_HEADER, AgentApi, problem_responses
+from portal import idempotency
+from portal.api import LEASE_TOKEN_HEADER, AgentApi, problem, problem_responses
 from portal.api_input import (
     CanonicalJsonValueField,
     JsonObjectField,
@@ -32,13 +33,15 @@ from portal.api_input import (
 )
 from portal.codes import ReasonCode
 
-from .. import dispatch, gateway, selectors, services
+from .. import actions, dispatch, gateway, selectors, services
 from ..exceptions import gateway_refusal
 from ..models import ObjectVersion, OperationState, TaskState
 from .serializers import (
+    ActionOutputSerializer,
     ContractOutputSerializer,
     EventOutputSerializer,
     ExecutionOutputSerializer,
+    FieldReadSerializer,
     FieldValueSerializer,
     LeaseInputSerializer,
     ObjectVersionOutputSerializer,
@@ -634,6 +637,148 @@ class OperationExecuteApi(AgentApi):
                 }
             ).data,
         )
+
+
+# --- One governed action in one call -------------------------------------------------
+
+
+class ActionTakeApi(AgentApi):
+    @extend_schema_serializer(component_name="ActionInput")
+    class InputSerializer(StrictInput):
+        action = serializers.CharField(max_length=100)
+        target = serializers.CharField(max_length=200)
+        object_type = serializers.CharField(max_length=100)
+        object_id = serializers.CharField(max_length=200)
+        object_version = serializers.CharField(
+            max_length=100, help_text="The version of the object you read."
+        )
+        fields = serializers.DictField(
+            child=FieldReadSerializer(),
+            help_text="The fields you read, by name: each value with its source and "
+            "when you read it.",
+        )
+        arguments = CanonicalJsonValueField(
+            allow_null=True,
+            help_text="The action's input (hashed with RFC 8785 + SHA-256).",
+        )
+        idempotency_key = serializers.CharField(
+            max_length=200,
+            help_text="The business identity of the side effect (the operation key).",
+        )
+        contract_key = serializers.CharField(
+            max_length=100,
+            required=False,
+            help_text="Omit to pin the one published contract for the object type "
+            "that lists the target.",
+        )
+        contract_version = serializers.IntegerField(
+            min_value=1, max_value=2**31 - 1, required=False
+        )
+        workflow_key = serializers.CharField(
+            max_length=100, required=False, help_text="Default: the action."
+        )
+        workflow_version = serializers.CharField(max_length=50, required=False)
+
+    @extend_schema(
+        operation_id="actions_take",
+        request=InputSerializer,
+        responses={
+            200: ActionOutputSerializer,
+            202: ActionOutputSerializer,
+            **problem_responses(403, 404, 409, 422, post=True),
+        },
+        parameters=[PREFER_HEADER, *POST_HEADERS],
+        examples=[
+            OpenApiExample(
+                "Create a ticket",
+                request_only=True,
+                value={
+                    "action": "create_ticket",
+                    "target": "ticket-desk",
+                    "object_type": "customer_issue",
+                    "object_id": "1042",
+                    "object_version": "7",
+                    "fields": {
+                        "email": {
+                            "value": "ana@example.com",
+                            "source": "crm",
+                            "read_at": "2026-05-04T09:30:00Z",
+                        },
+                        "plan": {
+                            "value": "pro",
+                            "source": "billing",
+                            "read_at": "2026-05-04T09:30:00Z",
+                        },
+                    },
+                    "arguments": {"queue": "support", "summary": "Login fails"},
+                    "idempotency_key": "ticket-for-issue-1042",
+                },
+            )
+        ],
+        description="One governed action in one call: register (or find) the task, "
+        "lease it, reserve the operation under idempotency_key, and let the gateway "
+        "check, call and verify; then settle the task. 200 with status verified, "
+        "refused (reason_code, failed_check, failed_fields, desk_item_id), "
+        "human_required (desk_item_id) or failed; 202 with status unknown (in doubt) "
+        "or accepted (Prefer: respond-async) and Location: the operation to poll. "
+        "The same idempotency_key with the same action, target, object and "
+        "arguments answers the same operation and never calls twice; another "
+        "action under the key answers 422 IDEMPOTENCY_KEY_REUSED, nothing run; a "
+        "call with the same key still under way answers 409 REQUEST_IN_FLIGHT "
+        "with Retry-After. 403 ACTION_NOT_GRANTED without a grant, nothing written.",
+    )
+    def post(self, request: Request) -> Response:
+        data = self.validated(self.InputSerializer, request.data)
+        take = actions.ActionRequest(
+            action=data["action"],
+            target=data["target"],
+            object_type=data["object_type"],
+            object_id=data["object_id"],
+            object_version=data["object_version"],
+            fields={
+                name: actions.FieldRead(**read) for name, read in data["fields"].items()
+            },
+            arguments=data["arguments"],
+            idempotency_key=data["idempotency_key"],
+            contract_key=data.get("contract_key"),
+            contract_version=data.get("contract_version"),
+            workflow_key=data.get("workflow_key"),
+            workflow_version=data.get("workflow_version", "1"),
+        )
+        try:
+            outcome = actions.action_take(
+                agent=self.agent,
+                request=take,
+                respond_async=dispatch.prefers_respond_async(
+                    request.headers.get("Prefer")
+                ),
+                trace=self.trace,
+            )
+        except actions.ActionInFlight as busy:
+            return self._in_flight(request, busy)
+        settled = outcome.status not in ("unknown", "accepted")
+        response = Response(
+            ActionOutputSerializer(outcome).data, status=200 if settled else 202
+        )
+        if not settled:
+            response["Location"] = outcome.status_url
+        return response
+
+    def _in_flight(self, request: Request, busy: actions.ActionInFlight) -> Any:
+        """409 with Retry-After; not stored under the Idempotency-Key header, so the
+        same request retried later runs (the IETF draft's concurrent-request rule)."""
+        record, self._idempotency_record = self._idempotency_record, None
+        if record is not None:
+            idempotency.idempotent_request_release(record_id=record)
+        response = problem(
+            status=busy.status,
+            code=str(busy.code),
+            detail=busy.detail,
+            request=request,
+            **busy.context,
+        )
+        response["Retry-After"] = str(busy.context.get("retry_after_s", 1))
+        return response
 
 
 # --- Contracts (read) -----------------------------------------------------------------

@@ -196,3 +196,52 @@ class TakeoverEditOutputSerializer(serializers.Serializer):
     escalation_id = serializers.UUIDField(allow_null=True)
     operation = OperationOutputSerializer()
     task = TaskOutputSerializer()
+
+
+# --- One governed action in one call (POST /api/v1/actions) ---------------------------
+
+
+class FieldReadSerializer(StrictInput):
+    value = JsonValueField(allow_null=True)
+    # A declared field named like Field.source: the metaclass moves it, so it works.
+    source = serializers.CharField(max_length=100)  # type: ignore[assignment]
+    read_at = serializers.DateTimeField(help_text="When you read the value.")
+
+
+class ActionOutputSerializer(serializers.Serializer):
+    status = serializers.ChoiceField(
+        choices=[
+            "verified",
+            "refused",
+            "human_required",
+            "unknown",
+            "accepted",
+            "failed",
+        ],
+        help_text="What the action came to; next_step says what to do.",
+    )
+    next_step = serializers.CharField()
+    status_url = serializers.CharField(help_text="GET it to follow the operation.")
+    operation_id = serializers.UUIDField()
+    task_id = serializers.UUIDField()
+    operation_state = serializers.ChoiceField(choices=OperationState.choices)
+    task_state = serializers.ChoiceField(choices=TaskState.choices)
+    created = serializers.BooleanField(
+        help_text="True when this request reserved the operation."
+    )
+    reason_code = serializers.CharField(allow_null=True)
+    failed_check = serializers.CharField(
+        allow_null=True, help_text="The gateway check that refused (e.g. fields)."
+    )
+    failed_fields = serializers.ListField(child=serializers.CharField())
+    provider_reference = serializers.CharField(
+        allow_null=True, help_text="The receipt id (verified)."
+    )
+    result = serializers.JSONField(allow_null=True, help_text="Redacted.")
+    desk_item_id = serializers.UUIDField(
+        allow_null=True, help_text="The takeover desk's item (escalation) id."
+    )
+    attempts = serializers.IntegerField()
+    details = serializers.JSONField(
+        help_text="For a refusal: the facts on each failed field (no values)."
+    )
