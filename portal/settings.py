@@ -3,7 +3,8 @@
 Fail closed: without ``DJANGO_SECRET_KEY`` the portal refuses to start unless
 development mode is explicit (``PORTAL_DEV_MODE=1``, which ``manage.py up``,
 ``manage.py test``, pytest and ``.ci/run`` set). Production also needs
-``DJANGO_ALLOWED_HOSTS``.
+``DJANGO_ALLOWED_HOSTS``, and refuses placeholder, short or missing secrets
+(``portal/production_secrets.py``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Any
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+
+from portal import process, production_secrets
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 # Project-local, git-ignored state: embedded PostgreSQL data, broker folders, logs.
@@ -43,6 +46,10 @@ if "DJANGO_SECRET_KEY" not in os.environ and not DEV_MODE:
         "key (manage.py up and manage.py test set it for you)."
     )
 PRODUCTION = not DEBUG and "DJANGO_SECRET_KEY" in os.environ
+if PRODUCTION:
+    # No placeholder, short or missing secret, no signing key in the web server
+    # (portal/production_secrets.py; portal/wsgi.py marks the web's process).
+    production_secrets.secrets_refuse_weak(os.environ, web=process.is_web())
 
 # Development runs get a fixed, clearly insecure key; production must bring its own.
 SECRET_KEY = os.environ.get(
@@ -317,14 +324,25 @@ PORTAL_OUTBOX_CONFIRM_TIMEOUT_S = 10.0
 PORTAL_OUTBOX_RELAY_BUDGET_S = 20.0
 
 # The audit checkpoints' Ed25519 signing key (docs/audit-integrity.md): PEM text in
-# the environment, or a PEM file. Production refuses to sign without one; development
-# and tests generate PORTAL_AUDIT_DEV_SIGNING_KEY_FILE on first use.
+# the environment, or a PEM file, given to the Celery workers only: the web server
+# never loads it (portal/process.py) and production refuses a web that is given one.
+# Production refuses to sign without one; development and tests generate
+# PORTAL_AUDIT_DEV_SIGNING_KEY_FILE on first use, and its public half beside it.
 PORTAL_AUDIT_SIGNING_KEY = os.environ.get("PORTAL_AUDIT_SIGNING_KEY", "")
 PORTAL_AUDIT_SIGNING_KEY_FILE = os.environ.get("PORTAL_AUDIT_SIGNING_KEY_FILE", "")
 PORTAL_AUDIT_DEV_SIGNING_KEY_FILE = VAR_DIR / "audit-signing-key.pem"
+# The public half, which the web publishes (GET /api/v1/audit/public-key); required
+# by a production web, and checked against the private key by the signer. Empty:
+# PORTAL_AUDIT_DEV_PUBLIC_KEY_FILE, which the development signer writes.
+PORTAL_AUDIT_PUBLIC_KEY_FILE = os.environ.get("PORTAL_AUDIT_PUBLIC_KEY_FILE", "")
+PORTAL_AUDIT_DEV_PUBLIC_KEY_FILE = VAR_DIR / "audit-public-key.pem"
+# How long an evidence export in the web waits for the worker to sign the task's
+# new events (audit/evidence.py) before it answers with the chain not yet covered.
+PORTAL_EVIDENCE_SIGN_WAIT_S = 10.0
 
 # Redaction (docs/redaction.md): the server secret the per-tenant keys of the keyed
-# hashes and of the sealed operation values are derived from; empty: SECRET_KEY.
+# hashes and of the sealed operation values are derived from; required in production
+# (32+ characters), in development empty means SECRET_KEY.
 # Outside the database; changing it makes old hashes unsearchable and sealed values
 # of unfinished operations unreadable.
 PORTAL_REDACTION_SECRET = os.environ.get("PORTAL_REDACTION_SECRET", "")

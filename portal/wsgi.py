@@ -4,9 +4,13 @@ import os
 
 from django.core.wsgi import get_wsgi_application
 
-from portal import telemetry
+from portal import process, telemetry
 from portal.middleware import ProblemGuard
 
+# Before the settings are read: this process is the web server, which never holds
+# the audit signing key (portal/process.py); production settings refuse a web whose
+# environment names one.
+process.mark_web()
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 # Before the handler is built: the Django instrumentation adds its middleware.
 telemetry.setup("portal-web")
