@@ -43,9 +43,9 @@ from portal.models import Tenant, TenantPerm
 from portal.roles import Person, require_tenant_perm
 from portal.tracing import NO_TRACE, Trace
 
-from . import selectors
+from . import sealed, selectors
 from .contracts import contract_sensitive_fields, contract_spec_validate
-from .credentials import MIN_KEY_BYTES
+from .credentials import key_id, key_pair_new
 from .exceptions import (
     ActionNotGranted,
     ContractNotFound,
@@ -1185,7 +1185,7 @@ def contract_retire(
     return contract
 
 
-# What a person may set on a connector besides its signing key.
+# What a person may set on a connector (its signing key is the portal's to make).
 CONNECTOR_SETTINGS: Final = (
     "base_url",
     "execute_path",
@@ -1206,18 +1206,20 @@ def connector_save(
     tenant: Tenant,
     target: str,
     values: Mapping[str, Any],
-    signing_key: str | None = None,
+    rotate_key: bool = False,
     by: Person | None = None,
 ) -> Connector:
     """Create the tenant's connector for ``target``, or change it.
 
-    ``values`` are ``CONNECTOR_SETTINGS``; ``signing_key`` None keeps the stored
-    key (required when creating). The event names the settings that changed with
-    their old and new values and says whether the key was replaced; the key itself
-    never goes into the trail.
+    ``values`` are ``CONNECTOR_SETTINGS``. A new connector gets a fresh Ed25519
+    signing key pair, and ``rotate_key`` replaces an existing connector's pair; the
+    private key is sealed at once (``connector_key_seal``) and never returned, the
+    public key and its ``key_id`` are for the target. The event names the settings
+    that changed with their old and new values, says whether the key was replaced
+    and names the key ids (public); no key material goes into the trail.
 
     Raises:
-        ValidationFailed: unknown setting, or no key for a new connector.
+        ValidationFailed: unknown setting.
         PermissionDenied, TenantNotVisible: ``by`` may not manage the tenant.
     """
     _require_manager(tenant=tenant, by=by)
@@ -1231,17 +1233,7 @@ def connector_save(
     )
     created = connector is None
     if connector is None:
-        if not signing_key:
-            raise ValidationFailed(
-                "A new connector needs a signing key.", field="signing_key"
-            )
         connector = Connector(tenant=tenant, target=target)
-    if signing_key and len(signing_key.encode("utf-8")) < MIN_KEY_BYTES:
-        # RFC 7518 section 3.2: an HS256 key is at least as long as the hash.
-        raise ValidationFailed(
-            f"The signing key needs {MIN_KEY_BYTES} bytes or more.",
-            field="signing_key",
-        )
     changed = {
         name: [None if created else getattr(connector, name), value]
         for name, value in values.items()
@@ -1249,9 +1241,15 @@ def connector_save(
     }
     for name, value in values.items():
         setattr(connector, name, value)
-    key_replaced = bool(signing_key) and signing_key != connector.signing_key
-    if signing_key:
-        connector.signing_key = signing_key
+    old_key_id = None if created else connector.key_id
+    key_replaced = rotate_key and not created
+    if created or rotate_key:
+        private_key, connector.public_key = key_pair_new()
+        connector.key_id = key_id(connector.public_key)
+        connector.sealed_private_key = sealed.connector_key_seal(
+            tenant_id=tenant.pk, connector_id=connector.pk, private_key=private_key
+        )
+        del private_key
     connector.save()
     audit_services.event_append(
         tenant_id=tenant.pk,
@@ -1261,6 +1259,8 @@ def connector_save(
             "target": target,
             "changed": changed,
             "signing_key_replaced": key_replaced,
+            "key_id": connector.key_id,
+            **({"previous_key_id": old_key_id} if key_replaced else {}),
         },
     )
     return connector

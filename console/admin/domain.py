@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
@@ -18,6 +19,7 @@ from portal import roles
 from portal.actors import Actor
 from portal.exceptions import PortalError
 from portal.models import TenantPerm
+from tasks import credentials as task_credentials
 from tasks import evidence as task_evidence
 from tasks import services as task_services
 from tasks.contracts import contract_spec_validate
@@ -437,16 +439,15 @@ class ObjectVersionAdmin(TenantScopedAdmin):
 
 
 class ConnectorForm(forms.ModelForm):
-    """The key is write-only: blank keeps the stored one."""
+    """The signing key is the portal's to make: nobody types one in or reads the
+    private half back."""
 
-    signing_key = forms.CharField(
+    rotate_key = forms.BooleanField(
         required=False,
-        # HS256 wants a key as long as the hash (RFC 7518 section 3.2).
-        min_length=32,
-        widget=forms.PasswordInput(render_value=False),
-        help_text="Signs the gateway's short-lived credentials (HS256 JWTs): 32 "
-        "characters or more. Leave blank to keep the current key; it is never "
-        "shown again.",
+        label="Rotate signing key",
+        help_text="Make a new Ed25519 key pair. The target refuses the gateway's "
+        "credentials until it is given the new public key, shown here after "
+        "saving.",
     )
 
     # A base URL typed without a scheme means https (Django 6's default).
@@ -459,7 +460,10 @@ class ConnectorForm(forms.ModelForm):
 
 @admin.register(Connector)
 class ConnectorAdmin(TenantScopedAdmin):
-    """Targets the gateway may call. The signing key can be set, never read back."""
+    """Targets the gateway may call. The portal makes each connector's Ed25519 key
+    pair: the public key is shown, to install on the target; the private key is
+    sealed and never shown (docs/gateway.md, "What a governed target must
+    verify")."""
 
     view_perm = TenantPerm.MANAGE_TENANT
     manage_perm = TenantPerm.MANAGE_TENANT
@@ -476,8 +480,24 @@ class ConnectorAdmin(TenantScopedAdmin):
     list_filter = ["tenant"]
     list_select_related = ["tenant"]
 
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = ["tenant", "target", *task_services.CONNECTOR_SETTINGS]
+        if obj is None:
+            return fields
+        return [*fields, "rotate_key", "key_id", "public_key_pem", "public_jwk"]
+
+    @admin.display(description="Public key (PEM)")
+    def public_key_pem(self, obj: Connector) -> str:
+        return task_credentials.public_pem(obj.public_key)
+
+    @admin.display(description="Public key (JWK, for the target's JWKS)")
+    def public_jwk(self, obj: Connector) -> str:
+        return json.dumps(task_credentials.public_jwk(obj.public_key))
+
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
-        return [] if obj is None else ["tenant", "target"]
+        if obj is None:
+            return []
+        return ["tenant", "target", "key_id", "public_key_pem", "public_jwk"]
 
     def save_model(
         self, request: HttpRequest, obj: Connector, form: Any, change: bool
@@ -489,7 +509,7 @@ class ConnectorAdmin(TenantScopedAdmin):
                 name: form.cleaned_data[name]
                 for name in task_services.CONNECTOR_SETTINGS
             },
-            signing_key=form.cleaned_data.get("signing_key") or None,
+            rotate_key=change and bool(form.cleaned_data.get("rotate_key")),
             by=request.user,
         )
         self.adopt(obj, saved)

@@ -121,7 +121,7 @@ def issue_credential(
     if use == USE_EXECUTE:
         assert body is not None, "an execute credential binds the body it carries"
         claims["body_sha256"] = body_digest(body)
-    token = credential_mint(claims=claims, key=connector.signing_key)
+    token = credential_mint(claims=claims, connector=connector)
     credential.secret_hash = credential_fingerprint(token)
     credential.save(force_insert=True)
     audit_services.event_append(

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+    Ed25519PrivateKey,
+    Ed25519PublicKey,
+)
 from django.db import transaction
 from rest_framework.test import APIClient
 
 from audit import checkpoints
 from audit import services as audit_services
 from audit.models import Checkpoint, EventCode
+from portal import process
 from portal.actors import Actor
 from portal.models import Tenant
 
@@ -47,12 +52,60 @@ def test_anyone_gets_the_public_key_and_it_verifies_checkpoints(
     assert "PRIVATE" not in response.content.decode()
 
 
-def test_production_without_a_key_answers_503(settings: pytest.FixtureRequest) -> None:
+def test_production_without_a_public_key_file_answers_503(
+    settings: pytest.FixtureRequest,
+) -> None:
     settings.PRODUCTION = True  # type: ignore[attr-defined]
-    settings.PORTAL_AUDIT_SIGNING_KEY = ""  # type: ignore[attr-defined]
-    settings.PORTAL_AUDIT_SIGNING_KEY_FILE = ""  # type: ignore[attr-defined]
+    settings.PORTAL_AUDIT_PUBLIC_KEY_FILE = ""  # type: ignore[attr-defined]
 
     response = APIClient().get("/api/v1/audit/public-key")
 
     assert response.status_code == 503
-    assert response.json()["code"] == "AUDIT_SIGNING_KEY_MISSING"
+    assert response.json()["code"] == "AUDIT_PUBLIC_KEY_MISSING"
+
+
+def test_the_web_process_serves_the_public_key_from_its_file_alone(
+    settings: pytest.FixtureRequest,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # given a key pair whose private half this process is not given, and the
+    # process marked as the web server (portal/wsgi.py does so)
+    private = Ed25519PrivateKey.generate()
+    public_file = tmp_path / "audit-public-key.pem"
+    public_file.write_text(checkpoints.public_key_pem(private.public_key()))
+    settings.PRODUCTION = True  # type: ignore[attr-defined]
+    settings.PORTAL_AUDIT_PUBLIC_KEY_FILE = str(public_file)  # type: ignore[attr-defined]
+    monkeypatch.setattr(process, "_web", True)
+
+    # when someone asks for the public key
+    response = APIClient().get("/api/v1/audit/public-key")
+
+    # then it is the file's, and the web could not have loaded a signing key
+    assert response.status_code == 200, response.content
+    assert response.json()["key_id"] == checkpoints.key_id_of(private.public_key())
+    with pytest.raises(checkpoints.SigningKeyInWeb):
+        checkpoints.signing_key()
+
+
+def test_the_signer_refuses_a_public_key_file_of_another_pair(
+    settings: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    # given a signing key and a published public key of another pair
+    signing_file = tmp_path / "audit-signing-key.pem"
+    signing_file.write_bytes(
+        Ed25519PrivateKey.generate().private_bytes(
+            encoding=serialization.Encoding.PEM,
+            format=serialization.PrivateFormat.PKCS8,
+            encryption_algorithm=serialization.NoEncryption(),
+        )
+    )
+    public_file = tmp_path / "audit-public-key.pem"
+    other = Ed25519PrivateKey.generate().public_key()
+    public_file.write_text(checkpoints.public_key_pem(other))
+    settings.PORTAL_AUDIT_SIGNING_KEY_FILE = str(signing_file)  # type: ignore[attr-defined]
+    settings.PORTAL_AUDIT_PUBLIC_KEY_FILE = str(public_file)  # type: ignore[attr-defined]
+
+    # when the signer loads its key, then it refuses to sign with it
+    with pytest.raises(checkpoints.PublicKeyMismatch):
+        checkpoints.signing_key()

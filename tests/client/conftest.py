@@ -153,8 +153,8 @@ def demo(live_server: LiveServer, desk: TicketDesk) -> Demo:
         "seed_demo",
         "--ticketdesk-url",
         desk.url,
-        "--ticketdesk-key",
-        desk.signing_key,
+        "--ticketdesk-keys",
+        str(desk.keys_path),
         stdout=out,
     )
     match = re.search(

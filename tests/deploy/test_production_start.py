@@ -247,8 +247,8 @@ def test_the_production_layout_starts_and_serves_the_demo_agent(
             "seed_demo",
             "--ticketdesk-url",
             desk.url,
-            "--ticketdesk-key",
-            desk.signing_key,
+            "--ticketdesk-keys",
+            str(desk.keys_path),
         )
         assert seeded.returncode == 0, seeded.stdout + seeded.stderr
         match = AGENT_KEY.search(seeded.stdout + seeded.stderr)

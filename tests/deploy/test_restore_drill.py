@@ -176,8 +176,12 @@ def test_a_dump_restores_and_the_restored_portal_resumes_in_flight_work(
         _ok(support.manage({**env, **owner}, "migrate", "--noinput"))
         seeded = _ok(
             support.manage(
-                env, "seed_demo", "--ticketdesk-url", desk.url,
-                "--ticketdesk-key", desk.signing_key,
+                env,
+                "seed_demo",
+                "--ticketdesk-url",
+                desk.url,
+                "--ticketdesk-keys",
+                str(desk.keys_path),
             )
         )
         match = AGENT_KEY.search(seeded)

@@ -46,6 +46,23 @@ def command(name: str, *, state_dir: Path) -> list[str]:
     return shlex.split(localise(line, state_dir=state_dir).replace("%%", "%"))
 
 
+def credentials(name: str) -> dict[str, str]:
+    """The unit's ``LoadCredential=ID:PATH`` lines: credential id to source path."""
+    lines = unit(name)["Service"].get("LoadCredential", "").splitlines()
+    return dict(line.split(":", 1) for line in lines if line.strip())
+
+
+def environment(name: str, *, credentials_dir: Path) -> dict[str, str]:
+    """The unit's own ``Environment=`` assignments, ``%d`` (its credentials
+    directory) as ``credentials_dir``: what systemd adds to the EnvironmentFile."""
+    assigned: dict[str, str] = {}
+    for line in unit(name)["Service"].get("Environment", "").splitlines():
+        for item in shlex.split(line):
+            key, _, value = item.partition("=")
+            assigned[key] = value.replace("%d", str(credentials_dir))
+    return assigned
+
+
 def environment_template() -> tuple[dict[str, str], dict[str, str]]:
     """deploy/portal.env.example: (active variables, commented-out defaults)."""
     active: dict[str, str] = {}

@@ -27,6 +27,7 @@ from tasks.gateway import execute as gateway_execute
 from tasks.models import Connector
 from tests.conftest import db_now
 from tests.support import broker
+from tests.support.connectors import desk_connector
 from ticketdesk.harness import TicketDesk, start_ticketdesk
 
 from .harness import (
@@ -219,11 +220,10 @@ def world(
     task_services.contract_create(
         tenant=tenant, key="customer-issue", spec=SPEC, publish=True
     )
-    connector = Connector.objects.create(
+    connector = desk_connector(
         tenant=tenant,
+        desk=desk,
         target=TARGET,
-        base_url=desk.url,
-        signing_key=desk.signing_key,
         read_timeout_s=5.0,
         connect_timeout_s=2.0,
     )

@@ -18,6 +18,7 @@ from tasks import services as task_services
 from tasks.models import Connector, Contract
 from tests.conftest import db_now
 from tests.support import broker
+from tests.support.connectors import desk_connector
 from ticketdesk.harness import TicketDesk, start_ticketdesk
 
 # The shared broker fixtures (tests/support/broker.py): the canary test taps them.
@@ -176,11 +177,10 @@ def make_world(
     contract = task_services.contract_create(
         tenant=tenant, key="customer-issue", spec=SPEC, publish=True
     )
-    connector = Connector.objects.create(
+    connector = desk_connector(
         tenant=tenant,
+        desk=desk,
         target=TARGET,
-        base_url=desk.url,
-        signing_key=desk.signing_key,
         read_timeout_s=2.0,
         connect_timeout_s=1.0,
     )
