@@ -5,6 +5,12 @@ C chained events" and carries an Ed25519 signature over exactly that. The privat
 lives outside the database (``PORTAL_AUDIT_SIGNING_KEY_FILE`` or
 ``PORTAL_AUDIT_SIGNING_KEY``), so someone who can write the database can cut or
 rewrite events but cannot make a matching checkpoint.
+
+This module is the one signer: only ``signing_key`` loads the private key, and it
+refuses to in the web server's process (``portal.process``), so the key lives where
+the Celery workers (the checkpoint jobs) and management commands run. The web
+publishes the public half from ``PORTAL_AUDIT_PUBLIC_KEY_FILE`` (``public_key``)
+and asks a worker for a checkpoint (``audit.evidence``).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 from django.conf import settings
 from django.db import connection, transaction
 
-from portal import scope
+from portal import process, scope
 from portal.exceptions import PortalError
 from portal.models import Tenant
 
@@ -48,6 +54,46 @@ class SigningKeyMissing(PortalError):
 
     code = "AUDIT_SIGNING_KEY_MISSING"
     status = 503
+
+
+class SigningKeyInWeb(PortalError):
+    """The web server's process asked for the audit signing key.
+
+    If you're hitting this: a code path in the web (a view, a middleware) tried to
+    sign. The web never holds the private key (docs/audit-integrity.md, "The
+    signing key"); send the work to a Celery worker instead, as the evidence export
+    does (``audit.evidence``, ``audit.jobs.checkpoint_tenant_job``), and read the
+    public half with ``public_key()``.
+    """
+
+    code = "AUDIT_SIGNING_KEY_NOT_HERE"
+    status = 500
+
+
+class PublicKeyMissing(PortalError):
+    """The audit public key is not available yet.
+
+    In production set ``PORTAL_AUDIT_PUBLIC_KEY_FILE`` (``openssl pkey -in
+    audit-signing-key.pem -pubout``). In development the signer writes it under var/
+    when it first loads its key: start the Celery worker or run ``manage.py
+    checkpoint_audit``.
+    """
+
+    code = "AUDIT_PUBLIC_KEY_MISSING"
+    status = 503
+
+
+class PublicKeyMismatch(PortalError):
+    """The configured public key is not the signing key's public half.
+
+    If you're hitting this: ``PORTAL_AUDIT_PUBLIC_KEY_FILE`` (what the web
+    publishes) and the signing key (the worker's) are from different pairs; make
+    the public file again from the signing key with ``openssl pkey -in
+    audit-signing-key.pem -pubout``. Nothing is signed until they agree.
+    """
+
+    code = "AUDIT_PUBLIC_KEY_MISMATCH"
+    status = 500
 
 
 @dataclass(frozen=True)
@@ -82,32 +128,102 @@ def _load_private(pem: bytes) -> Ed25519PrivateKey:
     return key
 
 
+def _write_new(path: Path, data: bytes, mode: int) -> None:
+    """Write a file that must not exist yet; when another process made it first,
+    theirs stays."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    except FileExistsError:
+        return
+    with os.fdopen(fd, "wb") as file:
+        file.write(data)
+
+
 def _development_key(path: Path) -> bytes:
     """The development key file, made on first use (0600, never overwritten)."""
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
         pem = Ed25519PrivateKey.generate().private_bytes(
             encoding=serialization.Encoding.PEM,
             format=serialization.PrivateFormat.PKCS8,
             encryption_algorithm=serialization.NoEncryption(),
         )
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:  # another process made it first: use theirs
-            pass
-        else:
-            with os.fdopen(fd, "wb") as file:
-                file.write(pem)
+        _write_new(path, pem, 0o600)
     return path.read_bytes()
+
+
+def _load_public(pem: bytes) -> Ed25519PublicKey:
+    try:
+        key = serialization.load_pem_public_key(pem)
+    except ValueError:
+        key = None
+    if not isinstance(key, Ed25519PublicKey):
+        raise PublicKeyMissing("The audit public key is not an Ed25519 public key.")
+    return key
+
+
+def _public_key_file() -> Path | None:
+    """The published key's file; None: production without one configured."""
+    if settings.PORTAL_AUDIT_PUBLIC_KEY_FILE:
+        return Path(settings.PORTAL_AUDIT_PUBLIC_KEY_FILE)
+    if settings.PRODUCTION:
+        return None
+    return Path(settings.PORTAL_AUDIT_DEV_PUBLIC_KEY_FILE)
+
+
+def _same_key(pem: bytes, public: Ed25519PublicKey) -> bool:
+    try:
+        return key_id_of(_load_public(pem)) == key_id_of(public)
+    except PublicKeyMissing:
+        return False
+
+
+def _public_key_check(private: Ed25519PrivateKey, *, development: bool) -> None:
+    """Check the published public key against the signing key. The development
+    key's half is written beside it when missing or stale (atomically: every
+    process writes the same bytes).
+
+    Raises:
+        PublicKeyMismatch: ``PORTAL_AUDIT_PUBLIC_KEY_FILE`` is another pair's, or
+            unreadable.
+    """
+    public = private.public_key()
+    if settings.PORTAL_AUDIT_PUBLIC_KEY_FILE:
+        path = Path(settings.PORTAL_AUDIT_PUBLIC_KEY_FILE)
+        try:
+            published = path.read_bytes()
+        except OSError:
+            raise PublicKeyMismatch(path=str(path)) from None
+        if not _same_key(published, public):
+            raise PublicKeyMismatch(path=str(path))
+        return
+    if not development:
+        return  # nothing published to compare with (a production web refuses this)
+    path = Path(settings.PORTAL_AUDIT_DEV_PUBLIC_KEY_FILE)
+    if path.exists() and _same_key(path.read_bytes(), public):
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    scratch = path.with_name(f".{path.name}.{os.getpid()}")
+    scratch.write_bytes(public_key_pem(public).encode("ascii"))
+    os.replace(scratch, path)
 
 
 def signing_key() -> SigningKey:
     """The configured signing key: the environment's PEM, its file, or (development
-    and tests only) var/audit-signing-key.pem, generated on first use.
+    and tests only) var/audit-signing-key.pem, generated on first use. Never in
+    the web server's process.
+
+    Guarantee: the key returned is the one ``public_key()`` publishes when
+    ``PORTAL_AUDIT_PUBLIC_KEY_FILE`` is set; the development key writes its public
+    half to ``PORTAL_AUDIT_DEV_PUBLIC_KEY_FILE``.
 
     Raises:
+        SigningKeyInWeb: called in the web server's process (``portal.process``).
         SigningKeyMissing: production without a configured key, or not Ed25519.
+        PublicKeyMismatch: ``PORTAL_AUDIT_PUBLIC_KEY_FILE`` is another pair's.
     """
+    if process.is_web():
+        raise SigningKeyInWeb()
     if settings.PORTAL_AUDIT_SIGNING_KEY:
         pem = settings.PORTAL_AUDIT_SIGNING_KEY.encode("ascii")
     elif settings.PORTAL_AUDIT_SIGNING_KEY_FILE:
@@ -117,7 +233,30 @@ def signing_key() -> SigningKey:
     else:
         pem = _development_key(Path(settings.PORTAL_AUDIT_DEV_SIGNING_KEY_FILE))
     private = _load_private(pem)
+    development = not (
+        settings.PORTAL_AUDIT_SIGNING_KEY or settings.PORTAL_AUDIT_SIGNING_KEY_FILE
+    )
+    _public_key_check(private, development=development)
     return SigningKey(private=private, key_id=key_id_of(private.public_key()))
+
+
+def public_key() -> tuple[str, Ed25519PublicKey]:
+    """The published public key and its key id: ``PORTAL_AUDIT_PUBLIC_KEY_FILE``,
+    or outside production the file the development signer writes beside its key.
+    Reads no private key, so the web serves it.
+
+    Raises:
+        PublicKeyMissing: no such file (yet), or it holds no Ed25519 public key.
+    """
+    path = _public_key_file()
+    try:
+        pem = path.read_bytes() if path is not None else None
+    except FileNotFoundError:
+        pem = None
+    if pem is None:
+        raise PublicKeyMissing()
+    public = _load_public(pem)
+    return key_id_of(public), public
 
 
 def signed_at_text(value: dt.datetime) -> str:
@@ -259,6 +398,20 @@ def tenant_checkpoint(*, tenant_id: uuid.UUID, key: SigningKey) -> int:
     return len(checkpoints)
 
 
+def tenant_checkpoint_scoped(
+    *, tenant_id: uuid.UUID, key: SigningKey | None = None
+) -> int:
+    """``tenant_checkpoint`` in the tenant's own scope (row-level security), with
+    the configured key unless one is given: what a worker runs for one tenant.
+
+    Raises:
+        SigningKeyInWeb, SigningKeyMissing, PublicKeyMismatch: see ``signing_key``.
+    """
+    key = key or signing_key()
+    with scope.tenant_scope([tenant_id]):
+        return tenant_checkpoint(tenant_id=tenant_id, key=key)
+
+
 def unscoped_checkpoint_all(*, key: SigningKey | None = None) -> dict[str, int]:
     """Checkpoint every tenant that has events, one transaction per tenant, each in
     its own tenant scope (row-level security).
@@ -269,8 +422,7 @@ def unscoped_checkpoint_all(*, key: SigningKey | None = None) -> dict[str, int]:
     tenant_ids = list(Tenant.objects.order_by("pk").values_list("pk", flat=True))
     written: dict[str, int] = {}
     for tenant_id in tenant_ids:
-        with scope.tenant_scope([tenant_id]):  # row-level security: this tenant
-            rows = tenant_checkpoint(tenant_id=tenant_id, key=key)
+        rows = tenant_checkpoint_scoped(tenant_id=tenant_id, key=key)
         if rows:
             written[str(tenant_id)] = rows
     return written

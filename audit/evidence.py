@@ -12,10 +12,16 @@ moved still verifies. Only a chain that grew past its checkpoint is signed: one 
 is shorter than its checkpoint or differs at the signed head is exported as it is,
 for the verifier to report. The signing is the job's own run for the tenant
 (``tenant_checkpoint``): a checkpoint row for one chain alone would carry a tenant
-event count that the other chains' checkpoints do not add up to. When the head still
-is not covered after ``SIGN_ATTEMPTS`` runs (appends keep coming, or another run holds
-the tenant's checkpoint lock each time), the chain says so (``complete`` false) and
-the verifier refuses it as not covered.
+event count that the other chains' checkpoints do not add up to.
+
+Who signs: the web server holds no signing key (``portal.process``), so an export
+there sends ``audit.jobs.checkpoint_tenant_job`` to the Celery workers and reads the
+chain again until a checkpoint covers it or ``PORTAL_EVIDENCE_SIGN_WAIT_S`` has
+passed. Any other process (a management command, a test) holds the key and signs
+itself, up to ``SIGN_ATTEMPTS`` runs. When the head still is not covered (no worker
+answered in time, appends keep coming, or another run holds the tenant's checkpoint
+lock each time), the chain says so (``complete`` false) and the verifier refuses it
+as not covered.
 
 Chain format v2 events (audit/chain.py) carry their ``payload_digest`` in the hashed
 content and the stored payload beside it (``payload``, None once retention dropped
@@ -28,17 +34,25 @@ everything after it and then says it cannot vouch for the anchor.
 
 from __future__ import annotations
 
+import logging
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Final
 
+from django.conf import settings
 from django.db import connection, transaction
 
-from . import chain, checkpoints
+from portal import process
+
+from . import chain, checkpoints, jobs
 from .models import Checkpoint, RetentionAnchor
 from .verify import EVENT_COLUMNS, row_content
 
+logger = logging.getLogger(__name__)
 SIGN_ATTEMPTS: Final = 3
+# How often the web reads the chain again while a worker signs.
+SIGN_POLL_S: Final = 0.1
 
 # Every event with this task id, in chain order; rows with no chain link (not written
 # by event_append) last, so the verifier sees and reports them.
@@ -187,15 +201,21 @@ def task_chain_evidence(
     task_id: uuid.UUID,
     key: checkpoints.SigningKey | None = None,
 ) -> ChainEvidence:
-    """The task's chain and a checkpoint covering its head, signed now if needed.
+    """The task's chain and a checkpoint covering its head, signed now if needed:
+    by a Celery worker when this is the web server, else here.
 
     Must run outside a transaction: signing is the checkpoint job's own durable run
-    for the tenant (every moved head of the tenant is signed with it). Read-only when
-    the latest checkpoint already covers the head.
+    for the tenant (every moved head of the tenant is signed with it), and the web
+    waits for a worker's commit. Read-only when the latest checkpoint already
+    covers the head. In the web, waits at most ``PORTAL_EVIDENCE_SIGN_WAIT_S`` (a
+    broker that refuses the job: not at all), then returns the chain as it is.
 
     Raises:
-        SigningKeyMissing: a checkpoint is needed and no signing key is configured.
+        SigningKeyMissing: outside the web, a checkpoint is needed and no signing
+            key is configured.
     """
+    if process.is_web():
+        return _signed_by_worker(tenant_id=tenant_id, task_id=task_id)
     for _ in range(SIGN_ATTEMPTS):
         with transaction.atomic():
             evidence = _read(tenant_id=tenant_id, task_id=task_id)
@@ -205,3 +225,45 @@ def task_chain_evidence(
         checkpoints.tenant_checkpoint(tenant_id=tenant_id, key=key)
     with transaction.atomic():
         return _read(tenant_id=tenant_id, task_id=task_id)
+
+
+def _signed_by_worker(*, tenant_id: uuid.UUID, task_id: uuid.UUID) -> ChainEvidence:
+    deadline = time.monotonic() + settings.PORTAL_EVIDENCE_SIGN_WAIT_S
+    asked = False
+    while True:
+        with transaction.atomic():
+            evidence = _read(tenant_id=tenant_id, task_id=task_id)
+        if evidence.complete or not evidence.grew_since_signed:
+            return evidence
+        if not asked:
+            if not _ask_worker(tenant_id=tenant_id):
+                return evidence
+            asked = True
+        if time.monotonic() >= deadline:
+            return evidence
+        time.sleep(SIGN_POLL_S)
+
+
+def _ask_worker(*, tenant_id: uuid.UUID) -> bool:
+    """Send the tenant's checkpoint job; False when the broker refused it."""
+    from portal.celery import app  # the configured app, not celery's default one
+
+    try:
+        with app.producer_or_acquire() as producer:
+            # One connection attempt, not kombu's default retry loop.
+            producer.connection.ensure_connection(max_retries=0)
+            app.send_task(
+                jobs.CHECKPOINT_TENANT_JOB_NAME,
+                kwargs={"tenant_id": str(tenant_id)},
+                expires=settings.PORTAL_EVIDENCE_SIGN_WAIT_S,
+                retry=False,
+                producer=producer,
+            )
+    except Exception:
+        logger.warning(
+            "could not ask a worker for a checkpoint; the export goes out with the "
+            "chain as signed so far",
+            exc_info=True,
+        )
+        return False
+    return True

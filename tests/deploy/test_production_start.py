@@ -4,7 +4,8 @@ A fresh database owned by ``portal_owner`` (as README "Database roles" makes it)
 migrated by the owner with production settings; then gunicorn, one Celery worker and
 the one beat as separate processes, each started with its unit's ``ExecStart``
 (deploy/*.service, paths localised by tests/deploy/units.py) and the environment file
-deploy/portal.env.example with its ``change-me`` values filled in. RabbitMQ is the
+deploy/portal.env.example with its ``change-me`` values filled in (the audit
+signing key only in the worker's environment, as its unit's credential). RabbitMQ is the
 machine's (127.0.0.1:5672); a queue name and events exchange of this test keep it
 apart from anything else there. In front of gunicorn sits what production puts
 there: a proxy that says the request came over HTTPS (``X-Forwarded-Proto``).
@@ -30,10 +31,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from audit import checkpoints
 from portal import db_roles
 from tests.deploy import support, units
 from tests.support.broker import (
@@ -43,6 +46,7 @@ from tests.support.broker import (
     delete_queue,
     ensure_shared_broker,
 )
+from tests.support.evidence import run_verifier
 from tests.support.net import free_port
 from ticketdesk.harness import TicketDesk, start_ticketdesk
 
@@ -101,16 +105,22 @@ def tls_proxy() -> Iterator[tuple[ThreadingHTTPServer, type[_Proxy]]]:
 
 
 def _environment(*, database: str, tmp: Path, web_port: int) -> dict[str, str]:
-    """deploy/portal.env.example with its placeholders filled for this machine."""
+    """deploy/portal.env.example with its placeholders filled for this machine.
+
+    The audit key pair goes where deploy/README.md puts it (here in ``tmp``): the
+    public half named by the environment file, the private key only as the worker
+    unit's credential (``_start``)."""
     active, _ = units.environment_template()
-    key_file = tmp / "audit-signing-key.pem"
-    key_file.write_bytes(
-        Ed25519PrivateKey.generate().private_bytes(
+    private = Ed25519PrivateKey.generate()
+    (tmp / "audit-signing-key.pem").write_bytes(
+        private.private_bytes(
             encoding=serialization.Encoding.PEM,
             format=serialization.PrivateFormat.PKCS8,
             encryption_algorithm=serialization.NoEncryption(),
         )
     )
+    public_file = tmp / "audit-public-key.pem"
+    public_file.write_text(checkpoints.public_key_pem(private.public_key()))
     filled = {
         "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
         "DJANGO_ALLOWED_HOSTS": "127.0.0.1",
@@ -123,7 +133,7 @@ def _environment(*, database: str, tmp: Path, web_port: int) -> dict[str, str]:
         "CELERY_BROKER_URL": SHARED_URL,
         "PORTAL_CELERY_QUEUE": f"deploy-test-{uuid.uuid4().hex[:10]}",
         "PORTAL_EVENTS_EXCHANGE": f"portal.events.deploy-{uuid.uuid4().hex[:10]}",
-        "PORTAL_AUDIT_SIGNING_KEY_FILE": str(key_file),
+        "PORTAL_AUDIT_PUBLIC_KEY_FILE": str(public_file),
         "PORTAL_REDACTION_SECRET": secrets.token_urlsafe(32),
     }
     # The test fills in only what the template names.
@@ -136,13 +146,20 @@ def _environment(*, database: str, tmp: Path, web_port: int) -> dict[str, str]:
 
 
 def _start(name: str, env: dict[str, str], tmp: Path) -> subprocess.Popen[bytes]:
+    """The unit's ``ExecStart`` with the environment file, its own ``Environment=``
+    and its ``LoadCredential=`` files (from ``tmp``, by name) as systemd gives them."""
     service = units.unit(name)["Service"]
     workdir = units.localise(service["WorkingDirectory"], state_dir=tmp / "state")
+    credentials_dir = tmp / "credentials" / name
+    credentials_dir.mkdir(parents=True)
+    for credential, source in units.credentials(name).items():
+        shutil.copyfile(tmp / Path(source).name, credentials_dir / credential)
+    unit_env = units.environment(name, credentials_dir=credentials_dir)
     with (tmp / f"{name}.log").open("wb") as log:
         return subprocess.Popen(
             units.command(name, state_dir=tmp / "state"),
             cwd=workdir,
-            env=env,
+            env={**env, **unit_env},
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -173,6 +190,16 @@ def _wait_for(
             logs = {n: (tmp / f"{n}.log").read_text()[-3000:] for n in processes}
             pytest.fail(f"no {what} in {START_TIMEOUT_S:.0f} s: {logs}")
         time.sleep(0.5)
+
+
+def _a_task_of(database: str) -> str:
+    """A task the demo agent made (as the administrator, past row-level security)."""
+    with psycopg.connect(
+        dbname=database, autocommit=True, **support.admin_params()
+    ) as conn:
+        row = conn.execute("SELECT id FROM tasks_task ORDER BY id LIMIT 1").fetchone()
+    assert row is not None
+    return str(row[0])
 
 
 def test_the_environment_template_names_every_setting() -> None:
@@ -309,6 +336,30 @@ def test_the_production_layout_starts_and_serves_the_demo_agent(
             processes,
             tmp_path,
         )
+        # And: the web publishes the worker's public key from its file, and an
+        # evidence bundle exported through it verifies offline, though the web's
+        # environment holds no private key (the worker signed).
+        assert not [k for k in env if k.startswith("PORTAL_AUDIT_SIGNING_KEY")]
+        assert units.credentials("portal-web") == {}
+        assert units.environment("portal-web", credentials_dir=tmp_path) == {}
+        published = httpx.get(f"{base_url}/api/v1/audit/public-key", timeout=10)
+        assert published.status_code == 200, published.text
+        public_pem = (tmp_path / "audit-public-key.pem").read_text()
+        assert published.json()["public_key_pem"] == public_pem
+        task_id = _a_task_of(database)
+        exported = httpx.get(
+            f"{base_url}/api/v1/tasks/{task_id}/evidence",
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=60,
+        )
+        assert exported.status_code == 200, exported.text
+        assert exported.json()["coverage"]["complete"], exported.json()["coverage"]
+        (tmp_path / "bundle.json").write_bytes(exported.content)
+        verified = run_verifier(
+            tmp_path / "bundle.json", tmp_path / "audit-public-key.pem"
+        )
+        assert verified.returncode == 0, verified.stdout + verified.stderr
+        assert verified.stdout.startswith("intact"), verified.stdout
         for name in units.UNITS:
             assert "Traceback" not in log(name), log(name)[-5000:]
     finally:

@@ -31,14 +31,14 @@ class Command(BaseCommand):
             action="append",
             default=[],
             metavar="PEM",
-            help="trust this public key file (repeatable); default: the public half "
-            "of the configured signing key",
+            help="trust this public key file (repeatable); default: the published "
+            "one (PORTAL_AUDIT_PUBLIC_KEY_FILE, or the development key's)",
         )
 
     def _public_keys(self, files: list[str]) -> dict[str, Ed25519PublicKey]:
         if not files:
-            key = checkpoints.signing_key()
-            return {key.key_id: key.public}
+            key_id, published = checkpoints.public_key()
+            return {key_id: published}
         keys: dict[str, Ed25519PublicKey] = {}
         for name in files:
             public = serialization.load_pem_public_key(Path(name).read_bytes())
