@@ -34,7 +34,7 @@ from django.core.management.base import OutputWrapper
 from django.db import connections
 
 from portal import db_roles
-from portal.management.commands.seed_demo import TICKETDESK_DEMO_KEY, USERS, seed
+from portal.management.commands.seed_demo import USERS, seed, ticketdesk_keys_path
 
 from . import embedded_db
 
@@ -210,7 +210,7 @@ class Up:
             secret = seed(
                 report=lambda line: self._say(f"seed_demo: {line}"),
                 ticketdesk_url=desk_url,
-                ticketdesk_key=TICKETDESK_DEMO_KEY,
+                ticketdesk_keys=ticketdesk_keys_path(),
             )
         # Idle connections would hold the embedded server open at shutdown.
         connections.close_all()
@@ -228,8 +228,9 @@ class Up:
         ]  # fmt: skip
         self._say(f"starting ticket desk: {' '.join(command[1:])}")
         env = dict(os.environ)
-        # Through the environment, so the key stays off the process list.
-        env["TICKETDESK_SIGNING_KEY"] = TICKETDESK_DEMO_KEY
+        # Public keys only: the seed writes the demo connector's into this JWKS
+        # file after the desk starts, and the desk reads it again on change.
+        env["TICKETDESK_KEYS"] = str(ticketdesk_keys_path())
         env["PYTHONUNBUFFERED"] = "1"
         process = subprocess.Popen(  # noqa: S603 (this interpreter, fixed arguments)
             command,

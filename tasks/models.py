@@ -429,9 +429,14 @@ class Connector(models.Model):
     connect_timeout_s = models.FloatField(default=2.0)
     read_timeout_s = models.FloatField(default=5.0)
     max_attempts = models.PositiveSmallIntegerField(default=3)
-    # Signs the short-lived credentials sent to this target (HS256 JWT). Never
-    # shown in events or admin lists.
-    signing_key = models.CharField(max_length=200)
+    # Signs the short-lived credentials sent to this target (EdDSA JWTs,
+    # tasks/credentials.py). The portal makes the Ed25519 pair; the target holds the
+    # public key (base64url, 32 bytes) and finds it by ``key_id``, its RFC 7638
+    # thumbprint. The private key is kept only sealed under a key derived from the
+    # server secret, outside the database (tasks/sealed.py): no SELECT reads it.
+    key_id = models.CharField(max_length=43, editable=False)
+    public_key = models.CharField(max_length=43, editable=False)
+    sealed_private_key = models.TextField(editable=False)
     created_at = models.DateTimeField(db_default=Now(), editable=False)
 
     class Meta:
@@ -445,6 +450,18 @@ class Connector(models.Model):
             models.CheckConstraint(
                 condition=Q(kind__in=ConnectorKind.values),
                 name="tasks_connector_kind_check",
+            ),
+            # Key material has one shape each: a 32-byte public key and its
+            # thumbprint in base64url, and the private key only as a sealed
+            # envelope (v1, nonce + 32 encrypted bytes + tag), never a clear key.
+            models.CheckConstraint(
+                condition=Q(public_key__regex=r"^[A-Za-z0-9_-]{43}$")
+                & Q(key_id__regex=r"^[A-Za-z0-9_-]{43}$"),
+                name="tasks_connector_public_key_check",
+            ),
+            models.CheckConstraint(
+                condition=Q(sealed_private_key__regex=r"^v1:[A-Za-z0-9+/]{80}$"),
+                name="tasks_connector_sealed_private_key_check",
             ),
         ]
 

@@ -13,6 +13,10 @@ The column is emptied when the operation is settled (``verified``, ``failed``,
 CHECK constraint (``tasks_operation_sealed_open_only_check``) refuses a settled
 operation that still holds one. Whoever reads the database without the server
 secret sees ciphertext; nobody sees the values after the operation is settled.
+
+A connector's private signing key is sealed the same way (``connector_key_seal``),
+bound to the tenant and the connector; its associated data names another kind of
+value, so neither kind opens as the other.
 """
 
 from __future__ import annotations
@@ -32,19 +36,41 @@ _NONCE_BYTES: Final = 12
 SETTLED_STATES: Final = ("verified", "failed", "conflict")
 
 
-def _aad(tenant_id: uuid.UUID | str, operation_id: uuid.UUID | str) -> bytes:
+def _seal_bytes(*, tenant_id: uuid.UUID | str, aad: bytes, plaintext: bytes) -> str:
+    nonce = os.urandom(_NONCE_BYTES)
+    box = AESGCM(tenant_key(tenant_id, purpose="seal"))
+    return (
+        f"{_VERSION}:"
+        + base64.b64encode(nonce + box.encrypt(nonce, plaintext, aad)).decode()
+    )
+
+
+def _unseal_bytes(*, tenant_id: uuid.UUID | str, aad: bytes, sealed: str) -> bytes:
+    version, _, encoded = sealed.partition(":")
+    if version != _VERSION:
+        raise ValueError(f"unknown sealed format {version!r}")
+    raw = base64.b64decode(encoded)
+    box = AESGCM(tenant_key(tenant_id, purpose="seal"))
+    return box.decrypt(raw[:_NONCE_BYTES], raw[_NONCE_BYTES:], aad)
+
+
+def _operation_aad(tenant_id: uuid.UUID | str, operation_id: uuid.UUID | str) -> bytes:
     return f"tasks.operation:{tenant_id}:{operation_id}".encode()
+
+
+def _connector_aad(tenant_id: uuid.UUID | str, connector_id: uuid.UUID | str) -> bytes:
+    return f"tasks.connector.signing_key:{tenant_id}:{connector_id}".encode()
 
 
 def seal(
     *, tenant_id: uuid.UUID | str, operation_id: uuid.UUID | str, values: Any
 ) -> str:
     """``values`` (JSON) encrypted for this tenant and operation, as text."""
-    nonce = os.urandom(_NONCE_BYTES)
-    box = AESGCM(tenant_key(tenant_id, purpose="seal"))
-    plaintext = json.dumps(values, separators=(",", ":")).encode()
-    ciphertext = box.encrypt(nonce, plaintext, _aad(tenant_id, operation_id))
-    return f"{_VERSION}:" + base64.b64encode(nonce + ciphertext).decode()
+    return _seal_bytes(
+        tenant_id=tenant_id,
+        aad=_operation_aad(tenant_id, operation_id),
+        plaintext=json.dumps(values, separators=(",", ":")).encode(),
+    )
 
 
 def unseal(
@@ -56,15 +82,43 @@ def unseal(
         cryptography.exceptions.InvalidTag: another tenant's or operation's value,
             a changed one, or another server secret.
     """
-    version, _, encoded = sealed.partition(":")
-    if version != _VERSION:
-        raise ValueError(f"unknown sealed format {version!r}")
-    raw = base64.b64decode(encoded)
-    box = AESGCM(tenant_key(tenant_id, purpose="seal"))
-    plaintext = box.decrypt(
-        raw[:_NONCE_BYTES], raw[_NONCE_BYTES:], _aad(tenant_id, operation_id)
+    return json.loads(
+        _unseal_bytes(
+            tenant_id=tenant_id,
+            aad=_operation_aad(tenant_id, operation_id),
+            sealed=sealed,
+        )
     )
-    return json.loads(plaintext)
+
+
+def connector_key_seal(
+    *, tenant_id: uuid.UUID | str, connector_id: uuid.UUID | str, private_key: bytes
+) -> str:
+    """A connector's raw private signing key, sealed for this tenant and connector.
+
+    The result is ``v1:`` and 80 base64 characters (nonce, 32 encrypted bytes, tag):
+    the shape ``tasks_connector_sealed_private_key_check`` demands.
+    """
+    return _seal_bytes(
+        tenant_id=tenant_id,
+        aad=_connector_aad(tenant_id, connector_id),
+        plaintext=private_key,
+    )
+
+
+def connector_key_unseal(
+    *, tenant_id: uuid.UUID | str, connector_id: uuid.UUID | str, sealed: str
+) -> bytes:
+    """The raw private key ``connector_key_seal`` sealed for this connector.
+
+    Raises:
+        cryptography.exceptions.InvalidTag: another connector's or tenant's value
+            (a sealed key copied onto another row), a changed one, or another
+            server secret.
+    """
+    return _unseal_bytes(
+        tenant_id=tenant_id, aad=_connector_aad(tenant_id, connector_id), sealed=sealed
+    )
 
 
 def operation_values(operation: Any) -> tuple[Any, dict[str, Any] | None]:

@@ -1,4 +1,4 @@
-"""``python -m ticketdesk --port PORT [--host 127.0.0.1] --signing-key KEY``.
+"""``python -m ticketdesk --port PORT [--host 127.0.0.1] --keys JWKS_FILE``.
 
 Prints ``ticketdesk listening on http://HOST:PORT`` once it accepts connections, then
 serves until SIGTERM or SIGINT (or, with ``--exit-on-stdin-eof``, until its standard
@@ -13,11 +13,12 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Final
 
 from .server import DEFAULT_AUDIENCE, TicketDeskServer, is_loopback
 
-SIGNING_KEY_ENV: Final = "TICKETDESK_SIGNING_KEY"
+KEYS_ENV: Final = "TICKETDESK_KEYS"
 _STOP_SIGNALS: Final = {signal.SIGTERM, signal.SIGINT}
 
 
@@ -39,9 +40,10 @@ def _parser() -> argparse.ArgumentParser:
         "--port", type=int, required=True, help="the port; 0 picks a free one"
     )
     parser.add_argument(
-        "--signing-key",
-        default=os.environ.get(SIGNING_KEY_ENV),
-        help=f"the credential signing key (default: ${SIGNING_KEY_ENV})",
+        "--keys",
+        default=os.environ.get(KEYS_ENV),
+        help="a JWKS file of the Ed25519 public keys credentials are verified with, "
+        f"read again when it changes (default: ${KEYS_ENV})",
     )
     parser.add_argument(
         "--audience",
@@ -91,8 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Serve until told to stop; return the exit status."""
     args = _parser().parse_args(argv)
     _export_spans()
-    if not args.signing_key:
-        _parser().error(f"give --signing-key or set ${SIGNING_KEY_ENV}")
+    if not args.keys:
+        _parser().error(f"give --keys or set ${KEYS_ENV}")
     if not is_loopback(args.host):
         _parser().error(f"--host must be a loopback address, not {args.host!r}")
     # Blocked before any thread starts, so every thread inherits the mask and the
@@ -100,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     try:
         server = TicketDeskServer(
-            args.host, args.port, signing_key=args.signing_key, audience=args.audience
+            args.host, args.port, keys_path=Path(args.keys), audience=args.audience
         )
     except ValueError as error:
         print(f"ticketdesk: {error}", file=sys.stderr)

@@ -1,7 +1,10 @@
-"""The gateway's short-lived, single-use credential: an HS256 JSON Web Token.
+"""The gateway's short-lived, single-use credential: an EdDSA JSON Web Token.
 
-A stock JWT library verifies it: signature (HMAC-SHA256 with the shared key), ``exp``
-and ``aud`` (this desk's target name); ``check_call`` then checks what binds the
+The desk holds public keys only, in a JWKS file it is given (``KeyRing``): the
+token's ``kid`` picks the key, and a key installed for a tenant verifies that
+tenant's tokens only. A stock JWT library verifies the signature (Ed25519, and
+only EdDSA whatever the token's header says), ``exp`` and ``aud`` (this desk's
+target name); ``check_call`` then checks what binds the
 token to one request: use, action, idempotency key, object, field names and the
 SHA-256 of the exact body bytes. The desk's replay cache (``store.Desk``) refuses a
 ``jti`` seen before or revoked. README.md, "The credential", states every claim and
@@ -12,14 +15,22 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
+import os
+import threading
 from collections.abc import Collection, Mapping
+from pathlib import Path
 from typing import Any, ClassVar, Final
 
 import jwt
+from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+    Ed25519PrivateKey,
+    Ed25519PublicKey,
+)
+from jwt.algorithms import OKPAlgorithm
 
-ALGORITHM: Final = "HS256"
-# RFC 7518 section 3.2: an HS256 key is at least as long as the hash (32 bytes).
-MIN_KEY_BYTES: Final = 32
+# The one algorithm the desk accepts; never taken from the token.
+ALGORITHM: Final = "EdDSA"
 ACTION_CREATE: Final = "create_ticket"
 ACTION_LOOKUP: Final = "lookup_tickets"
 # What a token may be used for: one create (with its body digest), one lookup, or one
@@ -35,8 +46,6 @@ _STRING_CLAIMS: Final = ("jti", "use", "aud")
 _CALL_STRING_CLAIMS: Final = ("object_type", "object_id", "action", "idempotency_key")
 # A header holds a few hundred claims at most; larger input is not a credential.
 _MAX_TOKEN_LENGTH: Final = 16_384
-# Raises on a short key instead of warning, on minting and on verifying.
-_JWT: Final = jwt.PyJWT(options={"enforce_minimum_key_length": True})
 
 
 class CredentialError(Exception):
@@ -127,38 +136,95 @@ def claims_problems(claims: Mapping[str, Any]) -> list[str]:
     return problems
 
 
-def mint(claims: Mapping[str, Any], key: str | bytes) -> str:
-    """Sign ``claims`` into an HS256 JWT the ticket desk accepts until ``exp``.
+class KeyRing:
+    """The public keys the desk trusts: a JWKS file (RFC 7517), read again whenever
+    it changes, so keys installed while the desk runs count from the next request.
+
+    Each key is an Ed25519 ``OKP`` JWK with a ``kid``; a ``tenant`` member, when
+    present, binds the key to that tenant's tokens. A missing file is an empty
+    ring (every credential refused). Replace the file atomically (write, rename).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._stamp: tuple[int, int, int] | None = None
+        self._keys: dict[str, tuple[Ed25519PublicKey, str | None]] = {}
+
+    def get(self, kid: str) -> tuple[Ed25519PublicKey, str | None] | None:
+        """The public key named ``kid`` and the tenant it is bound to, if any."""
+        with self._lock:
+            self._reload()
+            return self._keys.get(kid)
+
+    def _reload(self) -> None:
+        try:
+            stat = os.stat(self.path)
+        except FileNotFoundError:
+            self._stamp, self._keys = None, {}
+            return
+        stamp = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+        if stamp == self._stamp:
+            return
+        keys: dict[str, tuple[Ed25519PublicKey, str | None]] = {}
+        for jwk in json.loads(self.path.read_text(encoding="utf-8"))["keys"]:
+            if jwk.get("kty") != "OKP" or jwk.get("crv") != "Ed25519":
+                continue  # only Ed25519 public keys: never a shared secret
+            if "d" in jwk:
+                raise ValueError(f"{self.path}: key {jwk.get('kid')!r} is private")
+            key = OKPAlgorithm.from_jwk(jwk)
+            assert isinstance(key, Ed25519PublicKey)
+            tenant = jwk.get("tenant")
+            keys[str(jwk["kid"])] = (key, None if tenant is None else str(tenant))
+        self._stamp, self._keys = stamp, keys
+
+
+def mint(claims: Mapping[str, Any], private_key: Ed25519PrivateKey, *, kid: str) -> str:
+    """Sign ``claims`` into an EdDSA JWT (for tests and clients; the desk itself
+    holds no private key).
 
     Raises:
-        ValueError: a claim is missing or has the wrong type, or the key is shorter
-            than 32 bytes.
+        ValueError: a claim is missing or has the wrong type.
     """
     problems = claims_problems(claims)
     if problems:
         raise ValueError("; ".join(problems))
-    try:
-        return _JWT.encode(dict(claims), key, algorithm=ALGORITHM)
-    except jwt.InvalidKeyError as error:
-        raise ValueError(str(error)) from None
+    return jwt.encode(
+        dict(claims), private_key, algorithm=ALGORITHM, headers={"kid": kid}
+    )
 
 
-def verify(token: str, key: str | bytes, *, audience: str) -> dict[str, Any]:
+def verify(token: str, keys: KeyRing, *, audience: str) -> dict[str, Any]:
     """Return the claims of a genuine, unexpired token addressed to ``audience``.
 
-    PyJWT checks the signature (HS256 only: ``alg`` is never taken from the token),
-    ``exp`` and ``iat`` against the current time with no leeway, and that ``aud``
-    names this target. A token is expired once ``exp <= now``.
+    The header's ``kid`` picks a public key from ``keys``; PyJWT checks the
+    signature (EdDSA only: ``alg`` is never taken from the token, so neither
+    ``none`` nor an HMAC keyed with the public key passes), ``exp`` and ``iat``
+    against the current time with no leeway, and that ``aud`` names this target.
+    A key bound to a tenant verifies that tenant's tokens only. A token is expired
+    once ``exp <= now``.
 
     Raises:
-        CredentialInvalid: malformed, signed with another key, or claims missing.
+        CredentialInvalid: malformed, unknown ``kid``, signed with another key,
+            another tenant's key, or claims missing.
         CredentialExpired: genuine but past its ``exp``.
         CredentialScope: genuine but addressed to another target.
     """
     if not token or len(token) > _MAX_TOKEN_LENGTH:
         raise CredentialInvalid("not a JSON Web Token")
     try:
-        claims = _JWT.decode(
+        kid = jwt.get_unverified_header(token).get("kid")
+    except jwt.InvalidTokenError as error:
+        raise CredentialInvalid(f"{type(error).__name__}: {error}") from None
+    try:
+        found = keys.get(kid) if isinstance(kid, str) else None
+    except (OSError, ValueError, KeyError, TypeError, jwt.PyJWTError) as error:
+        raise CredentialInvalid(f"the desk's key file is unusable: {error}") from None
+    if found is None:
+        raise CredentialInvalid("no trusted key has this kid")
+    key, bound_tenant = found
+    try:
+        claims = jwt.decode(
             token,
             key,
             algorithms=[ALGORITHM],
@@ -169,13 +235,13 @@ def verify(token: str, key: str | bytes, *, audience: str) -> dict[str, Any]:
         raise CredentialExpired() from None
     except jwt.InvalidAudienceError:
         raise CredentialScope("the credential is for another target") from None
-    except jwt.InvalidKeyError:
-        raise CredentialInvalid("the desk's signing key is too short") from None
     except jwt.InvalidTokenError as error:
         raise CredentialInvalid(f"{type(error).__name__}: {error}") from None
     problems = claims_problems(claims)
     if problems:
         raise CredentialInvalid("; ".join(problems))
+    if bound_tenant is not None and str(claims["tenant"]) != bound_tenant:
+        raise CredentialInvalid("the key is another tenant's")
     return claims
 
 

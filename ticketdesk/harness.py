@@ -3,6 +3,7 @@
 For tests and launchers::
 
     with start_ticketdesk() as desk:
+        desk.trust(public_jwk, tenant=tenant_id)  # the connector's public key
         desk.set_fault("execute_then_drop")
         ...  # call desk.url as the gateway would
         assert desk.effects()["tickets_created"] == 1
@@ -29,7 +30,6 @@ from types import TracebackType
 from typing import IO, Any, Final
 from urllib.request import Request, urlopen
 
-DEFAULT_SIGNING_KEY: Final = "ticketdesk-development-signing-key"
 START_TIMEOUT: Final = 15.0
 STOP_TIMEOUT: Final = 5.0
 CONTROL_TIMEOUT: Final = 10.0
@@ -51,14 +51,17 @@ class TicketDesk:
         *,
         process: subprocess.Popen[bytes],
         url: str,
-        signing_key: str,
+        keys_path: Path,
+        owns_keys: bool,
         log_path: Path,
         owns_log: bool,
         stdout_pump: threading.Thread,
     ) -> None:
         self.process = process
         self.url = url
-        self.signing_key = signing_key
+        self.keys_path = keys_path
+        self._owns_keys = owns_keys
+        self._keys_lock = threading.Lock()
         self.log_path = log_path
         self._owns_log = owns_log
         self._stdout_pump = stdout_pump
@@ -89,6 +92,16 @@ class TicketDesk:
         except urllib.error.HTTPError as error:
             detail = error.read().decode("utf-8", "replace")
             raise TicketDeskError(f"{method} {path}: {error.code} {detail}") from None
+
+    def trust(self, jwk: dict[str, Any], *, tenant: str | None = None) -> None:
+        """Install a public key (a JWK with a ``kid``) in the desk's JWKS file,
+        bound to ``tenant``'s tokens when given; the desk reads it on its next
+        request. A key of the same ``kid`` is replaced.
+
+        Raises:
+            ValueError: the JWK holds a private part (``d``).
+        """
+        write_jwks(self.keys_path, jwk, tenant=tenant, lock=self._keys_lock)
 
     def effects(self) -> dict[str, Any]:
         """The desk's own ledger: ``tickets_created``, ``by_idempotency_key``, ..."""
@@ -147,7 +160,41 @@ class TicketDesk:
         self._stdout_pump.join(STOP_TIMEOUT)
         if self._owns_log:
             self.log_path.unlink(missing_ok=True)
+        if self._owns_keys:
+            self.keys_path.unlink(missing_ok=True)
         return self.process.returncode
+
+
+def write_jwks(
+    path: Path,
+    jwk: dict[str, Any],
+    *,
+    tenant: str | None = None,
+    lock: threading.Lock | None = None,
+) -> None:
+    """Add ``jwk`` (public, with a ``kid``) to the JWKS file at ``path``, replacing
+    a key of the same ``kid``; written to a temporary file and renamed over, so the
+    desk never reads half a file.
+
+    Raises:
+        ValueError: the JWK holds a private part (``d``) or has no ``kid``.
+    """
+    if "d" in jwk:
+        raise ValueError("the desk takes public keys only")
+    if not jwk.get("kid"):
+        raise ValueError("the key needs a kid")
+    entry = {**jwk, **({"tenant": str(tenant)} if tenant is not None else {})}
+    with lock or threading.Lock():
+        try:
+            keys = json.loads(path.read_text(encoding="utf-8"))["keys"]
+        except FileNotFoundError:
+            keys = []
+        keys = [key for key in keys if key.get("kid") != jwk["kid"]] + [entry]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, name = tempfile.mkstemp(prefix=".jwks-", dir=path.parent)
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            json.dump({"keys": keys}, out, indent=1)
+        os.replace(name, path)
 
 
 def _pump_lines(stream: IO[bytes], lines: queue.Queue[str | None]) -> None:
@@ -182,8 +229,8 @@ def _log_tail(path: Path, lines: int = 20) -> str:
 
 def start_ticketdesk(
     port: int | None = None,
-    signing_key: str = DEFAULT_SIGNING_KEY,
     *,
+    keys_path: Path | None = None,
     host: str = "127.0.0.1",
     timeout: float = START_TIMEOUT,
     log_path: Path | None = None,
@@ -193,8 +240,8 @@ def start_ticketdesk(
 
     Args:
         port: the port to listen on; None picks a free one.
-        signing_key: the key credentials are signed with; passed through the
-            environment, so it is not on the child's command line.
+        keys_path: the JWKS file of trusted public keys (``trust`` adds to it);
+            by default an empty temporary file, removed by ``stop()``.
         host: a loopback address.
         timeout: seconds to wait for the "listening" line.
         log_path: where the child's stderr (request log) goes; by default a
@@ -211,7 +258,13 @@ def start_ticketdesk(
         handle, name = tempfile.mkstemp(prefix="ticketdesk-", suffix=".log")
         os.close(handle)
         log_path = Path(name)
-    env = dict(os.environ, TICKETDESK_SIGNING_KEY=signing_key)
+    owns_keys = keys_path is None
+    if keys_path is None:
+        handle, name = tempfile.mkstemp(prefix="ticketdesk-keys-", suffix=".json")
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            json.dump({"keys": []}, out)
+        keys_path = Path(name)
+    env = dict(os.environ, TICKETDESK_KEYS=str(keys_path))
     env["PYTHONPATH"] = os.pathsep.join(
         part for part in (str(_IMPORT_ROOT), env.get("PYTHONPATH")) if part
     )
@@ -239,7 +292,8 @@ def start_ticketdesk(
     desk = TicketDesk(
         process=process,
         url=url or "",
-        signing_key=signing_key,
+        keys_path=keys_path,
+        owns_keys=owns_keys,
         log_path=log_path,
         owns_log=owns_log,
         stdout_pump=pump,

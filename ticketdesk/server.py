@@ -12,6 +12,7 @@ import re
 import socket
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, Final
 from urllib.parse import parse_qs, urlsplit
 
@@ -71,7 +72,7 @@ def is_loopback(host: str) -> bool:
 
 
 class TicketDeskServer(ThreadingHTTPServer):
-    """A threaded HTTP server holding the desk's state and signing key."""
+    """A threaded HTTP server holding the desk's state and trusted public keys."""
 
     daemon_threads = True  # a slow fault's sleeping thread must not delay exit
     # The default backlog of 5 drops a burst of concurrent connects, and each
@@ -83,20 +84,16 @@ class TicketDeskServer(ThreadingHTTPServer):
         host: str,
         port: int,
         *,
-        signing_key: str,
+        keys_path: Path,
         audience: str = DEFAULT_AUDIENCE,
     ) -> None:
         if not is_loopback(host):
             raise ValueError(f"the ticket desk binds loopback only, not {host!r}")
-        if len(signing_key.encode("utf-8")) < credentials.MIN_KEY_BYTES:
-            raise ValueError(
-                f"the signing key needs {credentials.MIN_KEY_BYTES} bytes or more"
-            )
         if host == "localhost":
             host = "127.0.0.1"
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.desk = Desk()
-        self.signing_key = signing_key
+        self.keys = credentials.KeyRing(keys_path)
         self.audience = audience
         super().__init__((host, port), Handler)
 
@@ -224,7 +221,7 @@ class Handler(BaseHTTPRequestHandler):
         if scheme.lower() != "bearer" or not token.strip():
             raise credentials.CredentialInvalid("no Bearer credential")
         return credentials.verify(
-            token.strip(), self.server.signing_key, audience=self.server.audience
+            token.strip(), self.server.keys, audience=self.server.audience
         )
 
     def _spend(self, claims: dict[str, Any]) -> None:

@@ -73,7 +73,7 @@ def credentials_notify(
                 for pk, expires_at in revoked
             ],
         },
-        key=connector.signing_key,
+        connector=connector,
     )
     return (remote or connector_for(connector)).revoke(credential=notice)
 

@@ -426,13 +426,12 @@ def test_a_self_reported_outcome_on_a_governed_target_is_a_typed_refusal(
     """On a target with a connector only the gateway records outcomes: the client
     raises GatewayGoverned (409) and the operation stays reserved."""
     from portal_client import GatewayGoverned
-    from tasks.models import Connector
+    from tasks import services as task_services
 
-    Connector.objects.create(
+    task_services.connector_save(
         tenant=identity.tenant,
         target="ticket-desk",
-        base_url="http://127.0.0.1:9/",
-        signing_key="k-client-tests-signing-key-32-bytes",
+        values={"base_url": "http://127.0.0.1:9/"},
     )
     task = register(api, 7)
     claimed = api.claim_next(owner="worker-1", ttl_s=60)

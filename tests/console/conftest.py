@@ -142,7 +142,6 @@ def fill(make_task: Callable[..., Task]) -> Callable[[Tenant], dict[type[Model],
             tenant=tenant,
             target=f"desk-{n}",
             values={"base_url": "http://127.0.0.1:9/"},
-            signing_key=f"signing-key-{n}-for-the-console-tests",
         )
         escalation = Escalation.objects.create(
             tenant=tenant, task=task, operation=operation, reason_code="FIELD_STALE"

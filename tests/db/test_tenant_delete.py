@@ -49,7 +49,6 @@ from portal.selectors import TenantNotFound
 from tasks import services as tasks_services
 from tasks.models import (
     Approval,
-    Connector,
     Credential,
     Escalation,
     ObjectVersion,
@@ -199,11 +198,8 @@ def populate(
             locked_until=expires_at,
             expires_at=expires_at,
         )
-        Connector.objects.create(
-            tenant=tenant,
-            target="desk",
-            base_url="http://127.0.0.1:9/",
-            signing_key="k" * 32,
+        tasks_services.connector_save(
+            tenant=tenant, target="desk", values={"base_url": "http://127.0.0.1:9/"}
         )
         Escalation.objects.create(
             tenant=tenant,

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import io
+import json
+from pathlib import Path
+from typing import Any
 
 import pytest
 from django.core.management import call_command
@@ -12,12 +15,22 @@ from portal.management.commands.seed_demo import seed as seed_function
 from portal.models import AgentGrant, AgentKey, Tenant
 from portal.selectors import agent_key_authenticate
 from tasks import services as task_services
+from tasks.credentials import public_jwk
 from tasks.models import Connector, Contract
 
 pytestmark = pytest.mark.django_db
 
-K1 = "first-desk-signing-key-of-32-bytes-or-more"
-K2 = "second-desk-signing-key-of-32-bytes-or-more"
+
+@pytest.fixture(autouse=True)
+def var_dir(settings: Any, tmp_path: Path) -> Path:
+    """The desk's default JWKS file lands in the test's own folder."""
+    settings.VAR_DIR = tmp_path
+    return tmp_path
+
+
+def trusted(path: Path) -> list[dict[str, Any]]:
+    keys: list[dict[str, Any]] = json.loads(path.read_text())["keys"]
+    return keys
 
 
 def seed(*args: str) -> str:
@@ -26,10 +39,17 @@ def seed(*args: str) -> str:
     return out.getvalue()
 
 
-def test_seed_demo_makes_the_customer_issue_world_once_and_repoints_the_desk() -> None:
+def test_seed_demo_makes_the_customer_issue_world_once_and_repoints_the_desk(
+    tmp_path: Path,
+) -> None:
     # When: it runs twice, the desk having moved in between.
-    first = seed("--ticketdesk-url", "http://127.0.0.1:8101", "--ticketdesk-key", K1)
-    second = seed("--ticketdesk-url", "http://127.0.0.1:8102", "--ticketdesk-key", K2)
+    keys = tmp_path / "desk" / "keys.json"
+    first = seed(
+        "--ticketdesk-url", "http://127.0.0.1:8101", "--ticketdesk-keys", str(keys)
+    )
+    second = seed(
+        "--ticketdesk-url", "http://127.0.0.1:8102", "--ticketdesk-keys", str(keys)
+    )
 
     # Then: one published contract v1, as the example agent and gateway expect ...
     tenant = Tenant.objects.get(slug="demo")
@@ -48,13 +68,14 @@ def test_seed_demo_makes_the_customer_issue_world_once_and_repoints_the_desk() -
     assert spec["receipt"] == {"required": True, "type": "ticket_id"}
     assert "published contract 'customer-issue' v1" in first
     assert "contract 'customer-issue' exists (v1, published)" in second
-    # ... one connector, pointing at the latest desk ...
+    # ... one connector, pointing at the latest desk, its one key pair kept and
+    # its public key (only) in the desk's JWKS file, bound to the demo tenant ...
     [connector] = Connector.objects.filter(tenant=tenant, target="ticket-desk")
-    assert (connector.base_url, connector.signing_key) == (
-        "http://127.0.0.1:8102",
-        K2,
-    )
+    assert connector.base_url == "http://127.0.0.1:8102"
     assert "updated connector 'ticket-desk' -> http://127.0.0.1:8102" in second
+    assert trusted(keys) == [
+        {**public_jwk(connector.public_key), "tenant": str(tenant.pk)}
+    ]
     # ... one grant for the demo agent, and a new key per run, the old one revoked.
     grants = AgentGrant.objects.filter(tenant=tenant, agent__name="demo-agent")
     assert list(grants.values_list("action", "target")) == [
@@ -101,7 +122,7 @@ def test_seed_demo_leaves_an_existing_contract_version_alone() -> None:
 
 
 def test_seed_demo_defaults_to_the_desk_up_runs(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, var_dir: Path
 ) -> None:
     monkeypatch.setenv("PORTAL_TICKETDESK_PORT", "8123")
 
@@ -109,4 +130,6 @@ def test_seed_demo_defaults_to_the_desk_up_runs(
 
     connector = Connector.objects.get(tenant__slug="demo", target="ticket-desk")
     assert connector.base_url == "http://127.0.0.1:8123"
-    assert connector.signing_key == "ticketdesk-demo-signing-key-development-only"
+    # The public key goes where `up` points the desk: $PORTAL_VAR_DIR.
+    [key] = trusted(var_dir / "ticketdesk-keys.json")
+    assert key["kid"] == connector.key_id and "d" not in key

@@ -79,9 +79,8 @@ def test_a_taken_over_task_exports_a_bundle_that_verifies_and_tampering_fails(
     assert ("operation.fields_edited", str(sam.pk)) in decisions
     (exported_operation,) = bundle["operations"]
     assert exported_operation["credentials"], "the gateway's credential is listed"
-    assert "signing_key" not in response.text and world.desk.signing_key not in (
-        response.text
-    )
+    sealed = world.connector.sealed_private_key
+    assert "sealed_private_key" not in response.text and sealed not in response.text
 
     # and every kind of tampering with this real bundle is caught with its kind
     seen = {name: verdict(tampered(bundle, name), public_pem) for name in TAMPERS}

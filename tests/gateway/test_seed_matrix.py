@@ -445,7 +445,7 @@ def test_6_several_receipts_found_in_recovery_are_a_conflict(world: World):
             "fields": [],
             "body_sha256": body_digest(body),
         },
-        key=world.desk.signing_key,
+        connector=world.connector,
     )
     world.desk.set_fault("duplicate")
     stray = httpx.post(

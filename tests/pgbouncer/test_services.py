@@ -17,11 +17,12 @@ from portal import db_roles
 from portal import services as portal_services
 from portal.models import Tenant
 from tasks import services as task_services
-from tasks.models import Connector, Operation
+from tasks.models import Operation
 from tests.fault.harness import WorkerPool
 from tests.gateway.conftest import SPEC, TARGET, World
 from tests.http.conftest import start, stop
 from tests.support.broker import EventQueue, delete_exchange, delete_queue
+from tests.support.connectors import desk_connector
 from tests.support.pgbouncer import PgBouncer
 from ticketdesk.harness import TicketDesk, start_ticketdesk
 
@@ -93,11 +94,10 @@ def test_the_api_worker_and_relay_work_through_pgbouncer(
     contract = task_services.contract_create(
         tenant=tenant, key="customer-issue", spec=SPEC, publish=True
     )
-    connector = Connector.objects.create(
+    connector = desk_connector(
         tenant=tenant,
+        desk=desk,
         target=TARGET,
-        base_url=desk.url,
-        signing_key=desk.signing_key,
         read_timeout_s=5.0,
         connect_timeout_s=2.0,
     )

@@ -16,10 +16,15 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from jwt.algorithms import OKPAlgorithm
 
 from ticketdesk.credentials import body_digest, mint
 from ticketdesk.harness import TicketDesk, start_ticketdesk
 
+# The key pair of the "portal" these tests play: the desk is given the public half.
+KEY = Ed25519PrivateKey.generate()
+KID = "tests-ticketdesk-key"
 TENANT = "acme"
 ORDER = {"type": "order", "id": "ORD-1"}
 BODY: dict[str, Any] = {
@@ -67,8 +72,17 @@ def claims(
     return granted | overrides
 
 
+def public_jwk(key: Ed25519PrivateKey = KEY, kid: str = KID) -> dict[str, Any]:
+    return {**OKPAlgorithm.to_jwk(key.public_key(), as_dict=True), "kid": kid}
+
+
+def sign(granted: dict[str, Any]) -> str:
+    """``granted`` signed with the key the desk trusts."""
+    return mint(granted, KEY, kid=KID)
+
+
 def token(desk: TicketDesk, **overrides: Any) -> str:
-    return mint(claims(**overrides), desk.signing_key)
+    return sign(claims(**overrides))
 
 
 def call(
@@ -134,6 +148,7 @@ def lookup(desk: TicketDesk, query: str, **claim_overrides: Any) -> Reply:
 @pytest.fixture(scope="module")
 def running_desk() -> Iterator[TicketDesk]:
     with start_ticketdesk() as desk:
+        desk.trust(public_jwk())  # bound to no tenant: these tests play several
         yield desk
 
 

@@ -11,13 +11,15 @@ from typing import Any
 
 import jwt
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ticketdesk.credentials import mint
 from ticketdesk.harness import TicketDesk
 
-from .conftest import BODY, call, claims, create, encoded, lookup, token
+from .conftest import BODY, KEY, KID, call, claims, create, encoded, lookup, sign, token
 
-OTHER_KEY = "a-key-the-desk-does-not-know-at-all"
+# A key the desk does not trust, presented under the kid of one it does.
+OTHER_KEY = Ed25519PrivateKey.generate()
 NO_OBJECT = {name: value for name, value in BODY.items() if name != "object"}
 
 
@@ -26,20 +28,26 @@ def _request(desk: TicketDesk, case: str) -> tuple[str | None, dict[str, Any], s
     if case == "missing":
         return None, BODY, "op-1"
     if case == "forged":
-        return mint(claims(), OTHER_KEY), BODY, "op-1"
+        return mint(claims(), OTHER_KEY, kid=KID), BODY, "op-1"
     if case == "tampered":
         # Another tenant's claims under a genuine signature of the desk's key.
         header, _, signature = token(desk).split(".")
-        other_claims = mint(claims(tenant="globex"), OTHER_KEY).split(".")[1]
+        other_claims = mint(claims(tenant="globex"), OTHER_KEY, kid=KID).split(".")[1]
         return f"{header}.{other_claims}.{signature}", BODY, "op-1"
     if case == "garbage":
         return "not-a-token", BODY, "op-1"
     if case == "alg-none":
-        return jwt.encode(claims(), "", algorithm="none"), BODY, "op-1"
+        return (
+            jwt.encode(claims(), "", algorithm="none", headers={"kid": KID}),
+            BODY,
+            "op-1",
+        )
     if case == "no-iat":
         granted = claims()
         del granted["iat"]
-        return jwt.encode(granted, desk.signing_key, algorithm="HS256"), BODY, "op-1"
+        # mint refuses such claims; PyJWT signs them with the trusted key.
+        signed = jwt.encode(granted, KEY, algorithm="EdDSA", headers={"kid": KID})
+        return signed, BODY, "op-1"
     if case == "new-key-no-object":
         # The attack of issue 10 §2: a captured credential, a new Idempotency-Key,
         # a body without ``object``.
@@ -191,12 +199,12 @@ def test_an_execute_credential_cannot_look_up(desk: TicketDesk) -> None:
 
 def _notice(desk: TicketDesk, revokes: list[dict[str, Any]], **overrides: Any) -> str:
     granted = claims(use="revoke", revokes=revokes) | overrides
-    return mint(granted, desk.signing_key)
+    return sign(granted)
 
 
 def test_a_revoked_credential_is_refused(desk: TicketDesk) -> None:
     granted = claims()
-    bearer = mint(granted, desk.signing_key)
+    bearer = sign(granted)
     notice = _notice(desk, [{"jti": granted["jti"], "exp": granted["exp"]}])
 
     taken = call(desk, "POST", "/credentials/revocations", bearer=notice)
@@ -222,7 +230,7 @@ def test_a_bad_revocation_notice_revokes_nothing(
     granted = claims()
     revokes = [{"jti": granted["jti"], "exp": granted["exp"]}]
     if case == "forged":
-        notice = mint(claims(use="revoke", revokes=revokes), OTHER_KEY)
+        notice = mint(claims(use="revoke", revokes=revokes), OTHER_KEY, kid=KID)
     elif case == "not-a-notice":
         notice = token(desk)  # an execute credential cannot revoke
     elif case == "other-target":
@@ -242,7 +250,7 @@ def test_a_bad_revocation_notice_revokes_nothing(
         "POST",
         "/tickets",
         body=BODY,
-        bearer=mint(granted, desk.signing_key),
+        bearer=sign(granted),
         key="op-1",
     )
     assert created.status == 201

@@ -1,75 +1,139 @@
-"""The credential format: an HS256 JWT that a stock library verifies; mint and
-verify agree, and anything else is refused."""
+"""The credential format: an EdDSA (Ed25519) JWT that a stock library verifies with
+the public key alone; mint and verify agree, and anything else is refused, the
+classic algorithm confusions included."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
+import json
 import time
+from pathlib import Path
 from typing import Any
 
 import jwt
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from tasks.credentials import credential_mint, request_body
+from tasks.credentials import key_id, key_pair_new, public_jwk, public_pem
 from ticketdesk import credentials
 from ticketdesk.credentials import (
     CredentialExpired,
     CredentialInvalid,
     CredentialScope,
-    body_digest,
+    KeyRing,
     check_call,
     mint,
     verify,
 )
+from ticketdesk.harness import write_jwks
 
-from .conftest import BODY, claims, encoded
+from .conftest import BODY, KEY, KID, claims, encoded
+from .conftest import public_jwk as desk_jwk
 
-KEY = "test-signing-key-of-thirty-two-bytes"
+
+@pytest.fixture
+def ring(tmp_path: Path) -> KeyRing:
+    path = tmp_path / "keys.json"
+    write_jwks(path, desk_jwk())
+    return KeyRing(path)
 
 
-def test_a_minted_token_is_a_standard_hs256_jwt() -> None:
+def _b64(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def _hs256(granted: dict[str, Any], secret: bytes, kid: str = KID) -> str:
+    """An HS256 token made by hand: PyJWT refuses to use a public key as an HMAC
+    secret, an attacker's code need not."""
+    header = _b64(json.dumps({"alg": "HS256", "typ": "JWT", "kid": kid}).encode())
+    payload = _b64(json.dumps(granted).encode())
+    signature = hmac.new(secret, f"{header}.{payload}".encode(), hashlib.sha256)
+    return f"{header}.{payload}.{_b64(signature.digest())}"
+
+
+def test_a_minted_token_is_a_standard_eddsa_jwt_verified_with_the_public_key() -> None:
     granted = claims()
 
-    token = mint(granted, KEY)
+    token = mint(granted, KEY, kid=KID)
 
-    assert jwt.get_unverified_header(token) == {"alg": "HS256", "typ": "JWT"}
-    decoded = jwt.decode(token, KEY, algorithms=["HS256"], audience="ticket-desk")
+    assert jwt.get_unverified_header(token) == {
+        "alg": "EdDSA",
+        "typ": "JWT",
+        "kid": KID,
+    }
+    decoded = jwt.decode(
+        token, KEY.public_key(), algorithms=["EdDSA"], audience="ticket-desk"
+    )
     assert decoded == granted
 
 
-def test_the_portal_mints_what_the_desk_verifies() -> None:
-    """tasks.credentials (the portal) and ticketdesk.credentials (the target) agree."""
-    body = request_body(BODY)
-    granted = claims(body=BODY) | {"body_sha256": body_digest(body)}
-
-    token = credential_mint(claims=granted, key=KEY)
-
-    check_call(
-        verify(token, KEY, audience="ticket-desk"),
-        use="execute",
-        actions=["create_ticket"],
-        idempotency_key="op-1",
-        object_ref=BODY["object"],
-        fields=["priority"],
-        body=body,
-    )
+def test_the_portals_key_helpers_describe_one_key() -> None:
+    """tasks.credentials: the JWK, the PEM and the kid (RFC 7638) of one key."""
+    raw_private, public = key_pair_new()
+    private = Ed25519PrivateKey.from_private_bytes(raw_private)
+    jwk = public_jwk(public)
+    assert jwk["kid"] == key_id(public)
+    pem_key = serialization.load_pem_public_key(public_pem(public).encode())
+    token = jwt.encode(claims(), private, algorithm="EdDSA")
+    for key in (pem_key, jwt.PyJWK(jwk).key):
+        jwt.decode(token, key, algorithms=["EdDSA"], audience="ticket-desk")
+    # RFC 7638 section 3.1's construction, by hand.
+    members = f'{{"crv":"Ed25519","kty":"OKP","x":"{public}"}}'.encode()
+    assert key_id(public) == _b64(hashlib.sha256(members).digest())
 
 
-def test_an_expired_token_is_refused() -> None:
+def test_an_expired_token_is_refused(ring: KeyRing) -> None:
     with pytest.raises(CredentialExpired):
-        verify(mint(claims(exp=int(time.time()) - 1), KEY), KEY, audience="ticket-desk")
+        verify(
+            mint(claims(exp=int(time.time()) - 1), KEY, kid=KID),
+            ring,
+            audience="ticket-desk",
+        )
+
+
+def _public_key_spellings() -> list[bytes]:
+    public = KEY.public_key()
+    raw = public.public_bytes(
+        serialization.Encoding.Raw, serialization.PublicFormat.Raw
+    )
+    pem = public.public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return [raw, pem, _b64(raw).encode(), json.dumps(desk_jwk()).encode()]
 
 
 @pytest.mark.parametrize(
     "token",
     [
-        pytest.param(lambda: mint(claims(), KEY + "-other"), id="other-key"),
-        pytest.param(lambda: mint(claims(), KEY) + "x", id="signature-changed"),
         pytest.param(
-            lambda: jwt.encode(claims(), KEY * 2, algorithm="HS512"), id="other-alg"
+            lambda: mint(claims(), Ed25519PrivateKey.generate(), kid=KID),
+            id="other-key-same-kid",
         ),
-        pytest.param(lambda: jwt.encode(claims(), "", algorithm="none"), id="none"),
         pytest.param(
-            lambda: jwt.encode(claims() | {"fields": "a"}, KEY, algorithm="HS256"),
+            lambda: mint(claims(), Ed25519PrivateKey.generate(), kid="unknown"),
+            id="unknown-kid",
+        ),
+        pytest.param(lambda: mint(claims(), KEY, kid=KID) + "x", id="sig-changed"),
+        pytest.param(lambda: mint(claims(), KEY, kid="unknown"), id="kid-changed"),
+        pytest.param(lambda: jwt.encode(claims(), KEY, algorithm="EdDSA"), id="no-kid"),
+        pytest.param(
+            lambda: jwt.encode(claims(), "", algorithm="none", headers={"kid": KID}),
+            id="alg-none",
+        ),
+        *[
+            pytest.param(
+                lambda spelling=spelling: _hs256(claims(), spelling),
+                id=f"hs256-keyed-with-the-public-key-{n}",
+            )
+            for n, spelling in enumerate(_public_key_spellings())
+        ],
+        pytest.param(
+            lambda: jwt.encode(
+                claims() | {"fields": "a"}, KEY, algorithm="EdDSA", headers={"kid": KID}
+            ),
             id="fields-not-a-list",
         ),
         pytest.param(lambda: "", id="empty"),
@@ -77,14 +141,42 @@ def test_an_expired_token_is_refused() -> None:
         pytest.param(lambda: "x" * 20_000, id="too-long"),
     ],
 )
-def test_a_bad_token_is_invalid(token: Any) -> None:
+def test_a_bad_token_is_invalid(token: Any, ring: KeyRing) -> None:
     with pytest.raises(CredentialInvalid):
-        verify(token(), KEY, audience="ticket-desk")
+        verify(token(), ring, audience="ticket-desk")
 
 
-def test_a_token_for_another_target_is_out_of_scope() -> None:
+def test_a_key_bound_to_a_tenant_verifies_that_tenants_tokens_only(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "keys.json"
+    write_jwks(path, desk_jwk(), tenant="acme")
+    ring = KeyRing(path)
+    assert verify(mint(claims(), KEY, kid=KID), ring, audience="ticket-desk")
+    with pytest.raises(CredentialInvalid, match="another tenant"):
+        verify(
+            mint(claims(tenant="globex"), KEY, kid=KID), ring, audience="ticket-desk"
+        )
+
+
+def test_a_key_installed_while_running_counts_and_a_private_one_is_refused(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "keys.json"
+    ring = KeyRing(path)
+    token = mint(claims(), KEY, kid=KID)
+    with pytest.raises(CredentialInvalid):
+        verify(token, ring, audience="ticket-desk")  # no file yet: trusts nothing
+    write_jwks(path, desk_jwk())
+    assert verify(token, ring, audience="ticket-desk")["jti"]
+    private = jwt.algorithms.OKPAlgorithm.to_jwk(KEY, as_dict=True)
+    with pytest.raises(ValueError, match="public keys only"):
+        write_jwks(path, {**private, "kid": "p"})
+
+
+def test_a_token_for_another_target_is_out_of_scope(ring: KeyRing) -> None:
     with pytest.raises(CredentialScope):
-        verify(mint(claims(aud="crm"), KEY), KEY, audience="ticket-desk")
+        verify(mint(claims(aud="crm"), KEY, kid=KID), ring, audience="ticket-desk")
 
 
 @pytest.mark.parametrize(
@@ -94,13 +186,7 @@ def test_mint_refuses_incomplete_claims(missing: str) -> None:
     incomplete = claims()
     del incomplete[missing]
     with pytest.raises(ValueError, match=missing):
-        mint(incomplete, KEY)
-
-
-def test_mint_refuses_a_short_key() -> None:
-    """RFC 7518 section 3.2: an HS256 key has at least 32 bytes."""
-    with pytest.raises(ValueError):
-        mint(claims(), "short")
+        mint(incomplete, KEY, kid=KID)
 
 
 @pytest.mark.parametrize(

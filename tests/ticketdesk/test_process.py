@@ -12,13 +12,14 @@ import pytest
 
 from ticketdesk.harness import TicketDeskError, start_ticketdesk
 
-from .conftest import create
+from .conftest import create, public_jwk
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_sigterm_stops_the_desk_with_status_0() -> None:
     desk = start_ticketdesk()
+    desk.trust(public_jwk())
     assert create(desk, "op-1").status == 201
 
     status = desk.stop()
@@ -48,7 +49,9 @@ def test_given_port_is_used(tmp_path: Path) -> None:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
 
-    with start_ticketdesk(port=port, signing_key="k2-" + "x" * 32) as desk:
+    keys = tmp_path / "keys.json"
+    with start_ticketdesk(port=port, keys_path=keys) as desk:
+        assert desk.keys_path == keys
         assert desk.url == f"http://127.0.0.1:{port}"
         assert desk.effects()["tickets_created"] == 0
 
@@ -67,7 +70,7 @@ def test_a_taken_port_is_reported_with_the_log() -> None:
 def test_non_loopback_host_is_refused(host: str) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "ticketdesk", "--host", host, "--port", "0",
-         "--signing-key", "k"],
+         "--keys", "keys.json"],
         cwd=REPO, capture_output=True, text=True, timeout=10, check=False,
     )  # fmt: skip
 
@@ -76,7 +79,7 @@ def test_non_loopback_host_is_refused(host: str) -> None:
     assert result.stdout == ""
 
 
-def test_missing_signing_key_is_refused() -> None:
+def test_missing_key_file_is_refused() -> None:
     env = {"PATH": "/usr/bin:/bin"}
     result = subprocess.run(
         [sys.executable, "-m", "ticketdesk", "--port", "0"],
@@ -84,7 +87,7 @@ def test_missing_signing_key_is_refused() -> None:
     )  # fmt: skip
 
     assert result.returncode == 2
-    assert "--signing-key" in result.stderr
+    assert "--keys" in result.stderr
 
 
 def test_ipv6_loopback_is_served() -> None:
@@ -95,5 +98,6 @@ def test_ipv6_loopback_is_served() -> None:
     except TicketDeskError as error:
         pytest.skip(f"::1 is not usable here: {error}")
     with desk:
+        desk.trust(public_jwk())
         assert desk.url.startswith("http://[::1]:")
         assert create(desk, "op-1").status == 201

@@ -390,7 +390,6 @@ def _tenant_set_up(*, tenant: Tenant, n: int, password_hash: str) -> TenantSetUp
             tenant=tenant,
             target=TARGET,
             values={"base_url": "http://127.0.0.1:8100"},
-            signing_key=f"scale-signing-key-{n:02d}-of-32-bytes-or-more",
         )
     return TenantSetUp(
         id=str(tenant.pk),

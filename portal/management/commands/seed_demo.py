@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, Final
 
 from django.conf import settings
@@ -26,7 +27,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from portal import scope, services
 from portal.models import Agent, Role, Tenant
 from tasks import services as task_services
+from tasks.credentials import public_jwk
 from tasks.models import Connector, Contract
+from ticketdesk.harness import write_jwks
 
 TENANT_SLUG: Final = "demo"
 TENANT_NAME: Final = "Demo Co"
@@ -40,13 +43,12 @@ USERS: Final = (
     ("support", "support-demo-password", Role.SUPPORT),
 )
 
-# The ticket desk `up` runs beside the portal; the signing key is development-only
-# (the desk verifies the gateway's short-lived credentials with it).
+# The ticket desk `up` runs beside the portal. The connector's key pair is the
+# portal's; the desk verifies the gateway's credentials with the public key, which
+# the seed writes into the desk's JWKS file (the desk reads it again on change).
 TICKETDESK_TARGET: Final = "ticket-desk"
 TICKETDESK_ACTION: Final = "create_ticket"
 TICKETDESK_DEFAULT_PORT: Final = 8100
-# 32 bytes or more: an HS256 key as long as the hash (RFC 7518 section 3.2).
-TICKETDESK_DEMO_KEY: Final = "ticketdesk-demo-signing-key-development-only"
 CONTRACT_KEY: Final = "customer-issue"
 # The seed's worked example: an issue may become a ticket only with a fresh e-mail
 # address from the CRM and a plan from billing; the desk sees the e-mail only.
@@ -74,11 +76,17 @@ def ticketdesk_default_url() -> str:
     return f"http://127.0.0.1:{ticketdesk_port()}"
 
 
+def ticketdesk_keys_path() -> Path:
+    """The desk's JWKS file, ``$PORTAL_VAR_DIR/ticketdesk-keys.json`` (``up`` gives
+    the desk the same path)."""
+    return Path(settings.VAR_DIR) / "ticketdesk-keys.json"
+
+
 def seed(
     *,
     report: Callable[[str], None],
     ticketdesk_url: str | None = None,
-    ticketdesk_key: str = TICKETDESK_DEMO_KEY,
+    ticketdesk_keys: Path | None = None,
 ) -> str:
     """Create or refresh the demo data; return the new agent key's secret.
 
@@ -86,8 +94,9 @@ def seed(
     one demo key is valid after it.
 
     ``ticketdesk_url`` (default: ``http://127.0.0.1:$PORTAL_TICKETDESK_PORT``, port
-    8100) and ``ticketdesk_key`` say where the ``ticket-desk`` connector calls and
-    how it signs credentials.
+    8100) says where the ``ticket-desk`` connector calls; its public key goes into
+    the desk's JWKS file ``ticketdesk_keys`` (default ``ticketdesk_keys_path()``),
+    bound to the demo tenant.
 
     Raises:
         CommandError: production settings, or the demo tenant was deleted.
@@ -116,7 +125,7 @@ def seed(
             tenant=tenant,
             report=report,
             ticketdesk_url=ticketdesk_url,
-            ticketdesk_key=ticketdesk_key,
+            ticketdesk_keys=ticketdesk_keys or ticketdesk_keys_path(),
         )
 
 
@@ -125,7 +134,7 @@ def _seed_tenant(
     tenant: Tenant,
     report: Callable[[str], None],
     ticketdesk_url: str | None,
-    ticketdesk_key: str,
+    ticketdesk_keys: Path,
 ) -> str:
     for username, password, role in USERS:
         user, created = _user_set(username, password)
@@ -147,7 +156,7 @@ def _seed_tenant(
     _connector_set(
         tenant,
         url=ticketdesk_url or ticketdesk_default_url(),
-        key=ticketdesk_key,
+        keys=ticketdesk_keys,
         report=report,
     )
     # Only the hash of a key is stored, so the last one cannot be shown again: each
@@ -181,31 +190,29 @@ def _contract_seed(tenant: Tenant, *, report: Callable[[str], None]) -> None:
 
 
 def _connector_set(
-    tenant: Tenant, *, url: str, key: str, report: Callable[[str], None]
+    tenant: Tenant, *, url: str, keys: Path, report: Callable[[str], None]
 ) -> None:
-    """Point the ``ticket-desk`` connector at the desk ``up`` started.
+    """Point the ``ticket-desk`` connector at the desk ``up`` started, and install
+    its public key in the desk's JWKS file ``keys``.
 
     The desk's port may differ from run to run; an unchanged connector is left as
-    it is (the service writes an event only for a change).
+    it is (the service writes an event only for a change). A new connector gets its
+    key pair from the service; the private key never leaves the portal.
     """
     existing = Connector.objects.filter(tenant=tenant, target=TICKETDESK_TARGET).first()
-    if (
-        existing is not None
-        and existing.base_url == url
-        and existing.signing_key == key
-    ):
+    if existing is not None and existing.base_url == url:
         report(f"connector {TICKETDESK_TARGET!r} -> {url} unchanged")
-        return
-    task_services.connector_save(
-        tenant=tenant,
-        target=TICKETDESK_TARGET,
-        values={"base_url": url},
-        signing_key=key,
-    )
-    report(
-        f"{'updated' if existing else 'created'} connector {TICKETDESK_TARGET!r} "
-        f"-> {url}"
-    )
+        connector = existing
+    else:
+        connector = task_services.connector_save(
+            tenant=tenant, target=TICKETDESK_TARGET, values={"base_url": url}
+        )
+        report(
+            f"{'updated' if existing else 'created'} connector {TICKETDESK_TARGET!r} "
+            f"-> {url}"
+        )
+    write_jwks(keys, public_jwk(connector.public_key), tenant=str(tenant.pk))
+    report(f"the desk trusts key {connector.key_id} ({keys})")
 
 
 def _user_set(username: str, password: str) -> tuple[AbstractBaseUser, bool]:
@@ -233,17 +240,22 @@ class Command(BaseCommand):
             "http://127.0.0.1:$PORTAL_TICKETDESK_PORT, port 8100, as `up` runs it)",
         )
         parser.add_argument(
-            "--ticketdesk-key",
-            default=TICKETDESK_DEMO_KEY,
-            help="the desk's credential signing key (default: the demo key `up` "
-            "gives the desk)",
+            "--ticketdesk-keys",
+            type=Path,
+            default=None,
+            help="the desk's JWKS file, where the connector's public key goes "
+            "(default: $PORTAL_VAR_DIR/ticketdesk-keys.json, as `up` runs the desk)",
         )
 
     def handle(
-        self, *args: Any, ticketdesk_url: str, ticketdesk_key: str, **options: Any
+        self,
+        *args: Any,
+        ticketdesk_url: str,
+        ticketdesk_keys: Path | None,
+        **options: Any,
     ) -> None:
         seed(
             report=lambda line: self.stdout.write(f"seed_demo: {line}"),
             ticketdesk_url=ticketdesk_url,
-            ticketdesk_key=ticketdesk_key,
+            ticketdesk_keys=ticketdesk_keys,
         )

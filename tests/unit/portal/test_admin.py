@@ -3,6 +3,8 @@ unchangeable even for them. Tenant members are tried in tests/console/."""
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 from django.contrib.auth.models import User
 from django.db import transaction
@@ -71,18 +73,32 @@ def test_issuing_a_key_from_the_admin_shows_the_secret_once(staff_client, agent)
     assert key.key_hash not in text
 
 
-def test_a_connector_signing_key_is_never_shown(staff_client, tenant):
-    from tasks.models import Connector
+def test_a_connector_private_key_is_never_shown_its_public_key_is(staff_client, tenant):
+    from tasks import services as task_services
+    from tasks.credentials import public_pem
+    from tasks.sealed import connector_key_unseal
 
-    connector = Connector.objects.create(
-        tenant=tenant,
-        target="desk",
-        base_url="http://127.0.0.1:9/",
-        signing_key="a-very-secret-signing-key",
+    connector = task_services.connector_save(
+        tenant=tenant, target="desk", values={"base_url": "http://127.0.0.1:9/"}
+    )
+    private_key = connector_key_unseal(
+        tenant_id=tenant.pk,
+        connector_id=connector.pk,
+        sealed=connector.sealed_private_key,
     )
     page = staff_client.get(f"/admin/tasks/connector/{connector.pk}/change/")
     assert page.status_code == 200
-    assert b"a-very-secret-signing-key" not in page.content
+    text = page.content.decode()
+    for spelling in (
+        private_key.hex(),
+        base64.b64encode(private_key).decode(),
+        base64.urlsafe_b64encode(private_key).decode().rstrip("="),
+        connector.sealed_private_key,
+    ):
+        assert spelling not in text
+    # The public key is there, to install on the target.
+    assert connector.key_id in text
+    assert public_pem(connector.public_key).splitlines()[1] in text
 
 
 def test_a_contract_version_is_added_validated_and_published_from_the_admin(
