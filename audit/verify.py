@@ -8,17 +8,21 @@ The checks, per tenant, stop at the first break and name its kind:
   predecessor's hash, or a chain whose event at a checkpoint's position is not the
   signed one (the chain was rewritten consistently after it was signed);
 - ``deleted``: an event whose predecessor is missing, a chain that ends before its
-  checkpoint (tail cut), a checkpointed chain that is gone, or fewer checkpointed
-  events than the tenant's signed count (a chain and its checkpoints removed);
+  checkpoint (tail cut), a checkpointed chain that is gone, fewer checkpointed
+  events than the tenant's signed count (a chain and its checkpoints removed), or a
+  chain that ends before the event its head row names (``audit_chainhead``, which
+  the app role may move forward but not delete), a chain gone whose head row stays;
 - ``inserted``: a row not written by ``event_append`` (no chain link), two events in
   one place of a chain, an event whose predecessor is further back than the event
   before it, or an event older than the last checkpoint that no checkpoint covers;
 - ``reordered``: an event that links to an event after it, or chain numbers that
   disagree with the links.
 
-Events after a chain's last checkpoint are checked for their links and content too,
-but a cut of that tail cannot be seen until the next checkpoint signs it: the window
-(docs/audit-integrity.md).
+Events after a chain's last checkpoint are checked for their links and content too;
+a cut of that tail is seen by the chain's head row, unless whoever cut it also moved
+the head row back, which then only the next checkpoint shows: the window
+(docs/audit-integrity.md). The head rows are read before the events, so an append
+committed in between leaves the events ahead of their head, never behind.
 
 Retention (docs/retention.md) removes whole ranges; its purges are accepted, not
 reported, when their record holds: each purge's tombstone event (code
@@ -46,7 +50,7 @@ from portal import ids
 
 from . import chain
 from .checkpoints import signature_valid
-from .models import Checkpoint, EventCode, RetentionAnchor, RetentionPurge
+from .models import ChainHead, Checkpoint, EventCode, RetentionAnchor, RetentionPurge
 
 # An event that a checkpoint run could not see yet: its transaction began (its
 # created_at) before the run but committed after it. Older uncovered events are
@@ -253,6 +257,30 @@ def _against_checkpoint(
     return None, len(tail)
 
 
+def _against_head(
+    events: Sequence[_Row], head: ChainHead | None, name: str, anchor: _Anchor | None
+) -> Break | None:
+    """The chain must reach the event its head row names (read before the events).
+
+    A head at or below the chain's anchor was purged by retention: the anchor and
+    the checkpoints vouch for that part.
+    """
+    if head is None or head.head_event_id is None:
+        return None
+    base = anchor.seq if anchor else 0
+    if head.head_seq <= base:
+        return None
+    if base + len(events) < head.head_seq:
+        end = f"ends at #{base + len(events)}" if events else "no events left"
+        detail = f"{end}, its head row says #{head.head_seq}"
+        return Break(DELETED, name, detail, head.head_event_id)
+    row = events[head.head_seq - base - 1]
+    if row.id != head.head_event_id or row.hash != head.head_hash:
+        detail = "not the event and hash its head row names"
+        return Break(ALTERED, name, detail, row.id, row.seq)
+    return None
+
+
 def _against_anchor(checkpoint: Checkpoint, anchor: _Anchor, name: str) -> Break | None:
     """A checkpoint whose head a purge removed must agree with the purge's anchor."""
     if checkpoint.head_seq == anchor.seq and (
@@ -396,6 +424,11 @@ def verify_tenant(
             report.broken = Break(kind, "tenant (all chains)", detail)
             return report
     seen: set[uuid.UUID | None] = set()
+    # Before the events: a head row read first names an event already committed.
+    heads = {
+        head.task_id: head
+        for head in ChainHead.objects.filter(tenant_id=tenant_id, head_seq__gt=0)
+    }
     with transaction.atomic():
         with connection.cursor() as cursor:
             purges = _purges(tenant_id, _tombstones(cursor, tenant_id))
@@ -403,7 +436,7 @@ def verify_tenant(
             report.broken = purges.broken
             return report
         broken = _verify_chains(
-            tenant_id, report, last, newest_run, purges, seen, progress
+            tenant_id, report, last, newest_run, purges, seen, progress, heads
         )
     if broken is not None:
         report.broken = broken
@@ -420,6 +453,12 @@ def verify_tenant(
             detail = f"signed up to #{checkpoint.head_seq}, no events left"
             report.broken = Break(DELETED, name, detail, checkpoint.head_event_id)
             return report
+    for task_id, head in heads.items():
+        if task_id not in seen:
+            anchor = purges.anchors.get(task_id)
+            report.broken = _against_head([], head, _chain_name(task_id), anchor)
+            if report.broken is not None:
+                return report
     report.last_signed_at = newest_run
     return report
 
@@ -432,6 +471,7 @@ def _verify_chains(
     purges: _Purges,
     seen: set[uuid.UUID | None],
     progress: Callable[[int], None] | None,
+    heads: Mapping[uuid.UUID | None, ChainHead],
 ) -> Break | None:
     """Walk every chain of the tenant; the first break, if any."""
     with connection.chunked_cursor() as cursor:
@@ -458,6 +498,8 @@ def _verify_chains(
                     events, last.get(task_id), name, newest_run, anchor
                 )
                 report.unsigned_tail += unsigned
+            if broken is None:
+                broken = _against_head(events, heads.get(task_id), name, anchor)
             if broken is not None:
                 return broken
             if progress is not None:

@@ -7,9 +7,14 @@ nothing, is not superuser, has no ``BYPASSRLS`` and holds only the rights listed
 ``APP_GRANTS``, which every migrate re-applies, so a new table is covered without a
 migration having to remember it.
 
+The **operator** (``DATABASE_OPERATOR_URL``'s user, ``portal_operator``) is the one
+role that may run the tenant purge (``tenant_deletion_purge``); only ``manage.py
+delete_tenant`` connects as it. The app role cannot purge a trail nor write what the
+purge decides by (a tenant's ``events_on_delete`` and ``deleted_at``).
+
 ``manage.py up``, ``manage.py test`` and ``.ci/run`` start from an administrator's URL
 (the embedded server's ``postgres``, or DATABASE_URL when it names a role that may
-create roles) and make both roles themselves with ``ensure_roles``.
+create roles) and make the roles themselves with ``ensure_roles``.
 """
 
 from __future__ import annotations
@@ -29,6 +34,9 @@ from psycopg import sql
 
 OWNER_ROLE: Final = "portal_owner"
 APP_ROLE: Final = "portal_app"
+# Runs ``manage.py delete_tenant`` and nothing else: the app's rights, the purge
+# function and the tenant's ``events_on_delete`` (tenant_deletion migration 0001).
+OPERATOR_ROLE: Final = "portal_operator"
 # Owns the discovery functions (tasks/migrations/0015): NOLOGIN, BYPASSRLS, column
 # SELECTs only; they return which tenants have work of one kind, nothing else.
 DISCOVERY_ROLE: Final = "portal_discovery"
@@ -46,8 +54,12 @@ DISCOVERY_FUNCTIONS: Final = (
 
 # What the app role may do, applied after every migrate. Everything else is the
 # owner's: no TRUNCATE, no DDL, no trigger switches, no UPDATE or DELETE on events
-# and checkpoints (append-only; only the owner's purge function deletes them), and
-# the migration history and the test clock are read-only. Retention's purge records
+# and checkpoints (append-only; only the owner's purge function deletes them, run by
+# the operator), and the migration history and the test clock are read-only. Of a
+# tenant row the app role updates the slug and name only: ``events_on_delete`` and
+# ``deleted_at`` are what the purge decides by (chosen at creation, an INSERT; changed
+# by the operator). Chain head rows it moves forward but never deletes (verify_audit
+# compares them with the events). Retention's purge records
 # and anchors are written by the owner's ``audit_retention_purge`` alone (the app role
 # reads them); a tenant's retention policy the app role keeps (DELETE too: a tenant
 # deletion removes it, and a missing policy means the defaults, which an UPDATE could
@@ -60,7 +72,9 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {app};
 GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO {app};
 REVOKE UPDATE, DELETE ON audit_event, audit_checkpoint FROM {app};
 REVOKE INSERT, UPDATE, DELETE ON django_migrations, portal_test_clock FROM {app};
-GRANT EXECUTE ON FUNCTION tasks_purge_tenant_rows(regclass, uuid) TO {app};
+REVOKE UPDATE ON portal_tenant FROM {app};
+GRANT UPDATE (slug, name) ON portal_tenant TO {app};
+REVOKE DELETE ON audit_chainhead FROM {app};
 REVOKE INSERT, UPDATE, DELETE ON audit_retentionpurge, audit_retentionanchor FROM {app};
 GRANT EXECUTE ON FUNCTION audit_event_partitions_ensure(integer) TO {app};
 GRANT EXECUTE ON FUNCTION audit_retention_purge(uuid, uuid, integer) TO {app};
@@ -80,6 +94,16 @@ END $grants$;
 """ + "".join(  # the discovery functions: the app role runs them, nobody else
     f"GRANT EXECUTE ON FUNCTION {function} TO {{app}};\n"
     for function in DISCOVERY_FUNCTIONS
+)
+
+# The operator deletes tenants (tenant_delete runs on its connection): the app's
+# rights, the purge function, and the one column it may change on a live tenant.
+OPERATOR_GRANTS: Final = (
+    APP_GRANTS
+    + """
+GRANT UPDATE (events_on_delete) ON portal_tenant TO {app};
+GRANT EXECUTE ON FUNCTION tenant_deletion_purge(uuid) TO {app};
+"""
 )
 
 # Only the test suite moves the database clock (RELIABILITY.md D.2).
@@ -102,6 +126,14 @@ def app_role() -> str:
 def owner_url() -> str:
     """The owner's URL; DATABASE_URL itself when no owner URL is configured."""
     return str(getattr(settings, "DATABASE_OWNER_URL", "") or settings.DATABASE_URL)
+
+
+def operator_url() -> str:
+    """The operator's URL: ``DATABASE_OPERATOR_URL``, else DATABASE_URL's server as
+    the operator role (development and tests, where local connections are trusted).
+    """
+    configured = str(getattr(settings, "DATABASE_OPERATOR_URL", "") or "")
+    return configured or url_as(settings.DATABASE_URL, user=OPERATOR_ROLE)
 
 
 def url_as(url: str, *, user: str) -> str:
@@ -134,13 +166,14 @@ def can_create_roles(url: str) -> bool:
 
 
 def ensure_roles(admin_url: str) -> None:
-    """Create (or correct) the owner and the app role; idempotent.
+    """Create (or correct) the owner, the app role and the operator; idempotent.
 
     The owner may log in (migrations connect as it) and create databases (the test
-    suite's); the app role may log in and nothing else. The discovery role cannot
-    log in; it bypasses row-level security for the discovery functions it owns, and
-    the owner is its member only so that a migration can hand them over
-    (``ALTER FUNCTION … OWNER TO`` needs it). The app role is never its member.
+    suite's); the app role and the operator may log in and nothing else. The
+    discovery role cannot log in; it bypasses row-level security for the discovery
+    functions it owns, and the owner is its member only so that a migration can hand
+    them over (``ALTER FUNCTION … OWNER TO`` needs it). The app role is never its
+    member.
     """
     with psycopg.connect(
         **_conninfo(admin_url, dbname="postgres"), autocommit=True
@@ -148,6 +181,7 @@ def ensure_roles(admin_url: str) -> None:
         for role, attributes in (
             (OWNER_ROLE, "LOGIN CREATEDB NOSUPERUSER NOCREATEROLE NOBYPASSRLS"),
             (APP_ROLE, "LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOBYPASSRLS"),
+            (OPERATOR_ROLE, "LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOBYPASSRLS"),
             (
                 DISCOVERY_ROLE,
                 "NOLOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE BYPASSRLS",
@@ -218,16 +252,24 @@ def adopt_database(admin_url: str) -> None:
             )
 
 
+def _quoted(role: str) -> str:
+    return '"' + role.replace('"', '""') + '"'
+
+
 def grant_app_role(cursor: Any, *, test_clock: bool) -> None:
-    """Apply ``APP_GRANTS`` (and the test clock, for the test suite) on the owner's
-    ``cursor`` (Django's or psycopg's)."""
+    """Apply ``APP_GRANTS`` (and the test clock, for the test suite) and
+    ``OPERATOR_GRANTS`` on the owner's ``cursor`` (Django's or psycopg's)."""
     app = app_role()
     cursor.execute("SELECT current_user")
     (current,) = cursor.fetchone()
     if not app or app == current:
         return  # one role for everything: nothing to grant (not for production)
     statements = APP_GRANTS + (TEST_CLOCK_GRANT if test_clock else "")
-    cursor.execute(statements.format(app='"' + app.replace('"', '""') + '"'))
+    cursor.execute(statements.format(app=_quoted(app)))
+    # The tenant_deletion migration needs the role, so after a migrate it exists.
+    cursor.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [OPERATOR_ROLE])
+    if cursor.fetchone() is not None:
+        cursor.execute(OPERATOR_GRANTS.format(app=_quoted(OPERATOR_ROLE)))
 
 
 @contextmanager

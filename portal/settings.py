@@ -74,6 +74,7 @@ INSTALLED_APPS = [
     "portal",
     "tasks",
     "audit",
+    "tenant_deletion",  # above the apps: its migration holds the operator's purge
     "mcp_server",  # above the apps: the MCP server's `manage.py mcp` (docs/mcp.md)
 ]
 
@@ -123,6 +124,8 @@ DATABASE_URL = os.environ.get("DATABASE_URL") or EMBEDDED_DATABASE_URL
 # DATABASE_OWNER_URL. ``up`` and the test suite set both from an administrator's URL.
 DATABASE_OWNER_URL = os.environ.get("DATABASE_OWNER_URL", "")
 DATABASE_APP_ROLE = ""  # DATABASE_URL's user unless ``up`` or the tests say otherwise
+# The operator role's, for ``manage.py delete_tenant`` only (docs/tenant-deletion.md).
+DATABASE_OPERATOR_URL = os.environ.get("DATABASE_OPERATOR_URL", "")
 _database: dict[str, Any] = dict(
     dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)
 )

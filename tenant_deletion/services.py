@@ -2,10 +2,14 @@
 
 The audit trail is append-only and published contract versions are immutable
 (DESIGN.md invariants 5 and 8); their triggers let a row go only when the current
-user owns the table. The app role owns nothing: it deletes those rows through the
-owner's ``SECURITY DEFINER`` function ``tasks_purge_tenant_rows`` (tasks migration
-0011), which it alone may execute and which purges one tenant's rows of one guarded
-table once the tenant's tasks are gone. This module is its only caller.
+user owns the table. Nobody who runs the portal owns anything: a deletion removes
+those rows through the owner's ``SECURITY DEFINER`` function
+``tenant_deletion_purge`` (this package's migration 0001), which only the operator
+role may execute. ``tenant_delete`` therefore runs on a connection as the operator
+(``manage.py delete_tenant`` opens it); on the app role's it is refused. The
+function deletes the tenant's published contracts once its tasks are gone and then,
+by the tenant's ``events_on_delete`` (which the app role cannot change), either
+purges the trail together with the tenant row or marks the row deleted.
 
 The policy is declared once, here, as data: what is revoked, in which order tables are
 emptied, and what happens to events. ``tenant_delete`` refuses to run when the model
@@ -86,15 +90,16 @@ DELETION_ORDER: Final[tuple[type[Model], ...]] = (
     Task,  # -> contract (key, version)
     ObjectVersion,
     Connector,  # holds the tenant's signing keys: gone with the tenant
-    Contract,  # published and retired versions need the purge privilege
+    Contract,  # published and retired versions: the purge function deletes them
     Membership,
     AgentGrant,  # -> agent
     IdempotentRequest,  # -> agent; stored API answers of the tenant's agents
     AgentKey,  # -> agent
     Agent,
 )
+# What only the owner's ``tenant_deletion_purge`` deletes (the operator runs it).
 _PRIVILEGED: Final[frozenset[type[Model]]] = frozenset(
-    {Contract, Event, Checkpoint, RetentionPurge, RetentionAnchor}
+    {Contract, Event, Checkpoint, RetentionPurge, RetentionAnchor, ChainHead, Tenant}
 )
 # What vouches for the events (checkpoints, retention's purge records and anchors)
 # goes or stays with them, and so do the chains' head rows (a kept tenant's chain
@@ -217,19 +222,29 @@ class _Purge:
         )
 
     def delete(self, model: type[Model]) -> int:
-        if self.dry_run:
+        """Delete the tenant's rows of ``model``; a privileged table is only
+        counted here (``privileged`` deletes it, at the end)."""
+        if self.dry_run or model in _PRIVILEGED:
             return self.count(model)
         table, where = self._rows_where(model)
-        sql = f"DELETE FROM {table} WHERE {where}"
-        params = {"tenant": self.tenant_id}
-        if model not in _PRIVILEGED:
-            self.cursor.execute(sql, params)
-            return self.cursor.rowcount
-        # The owner's function: the app role may not delete these rows itself.
-        return self._count(
-            "SELECT tasks_purge_tenant_rows(%(table)s::regclass, %(tenant)s)",
-            {"table": table, "tenant": self.tenant_id},
+        self.cursor.execute(
+            f"DELETE FROM {table} WHERE {where}", {"tenant": self.tenant_id}
         )
+        return self.cursor.rowcount
+
+    def privileged(self) -> dict[str, int]:
+        """The owner's function, run by the operator: published contracts, then
+        the trail with the tenant row (``purge``) or the tombstone (``keep``).
+
+        Rows deleted per table, as the function reports them; nothing on a dry run.
+        """
+        if self.dry_run:
+            return {}
+        self.cursor.execute(
+            "SELECT relation, deleted FROM tenant_deletion_purge(%(tenant)s)",
+            {"tenant": self.tenant_id},
+        )
+        return {str(table): int(rows) for table, rows in self.cursor.fetchall()}
 
     def delete_object_permissions(self, permission_model: type[Model]) -> int:
         """Guardian grants on the tenant and on every object it owns.
@@ -308,8 +323,11 @@ def tenant_delete(
     deleted; ``purge`` deletes them and then the tenant row.
 
     Guarantee: with ``dry_run`` only counts are read (the tenant row is still locked
-    for a consistent answer) and nothing changes. Published contracts, events and
-    checkpoints go through the owner's purge function, nothing else does.
+    for a consistent answer) and nothing changes. Published contracts, the trail and
+    the tenant row go, or the row is marked deleted, through the owner's purge
+    function alone, which only the operator role may execute: call this on a
+    connection as the operator (``db_roles.connected_as("default",
+    db_roles.operator_url())``, as ``manage.py delete_tenant`` does).
 
     Raises:
         TenantAlreadyDeleted: the tenant row is a tombstone already.
@@ -340,16 +358,14 @@ def tenant_delete(
             # The checkpoints and purge records vouch for the events: they go too.
             for model in _WITH_EVENTS:
                 deleted[model._meta.db_table] = purge.delete(model)
-            tenant_rows = 1
-            if not dry_run:
-                cursor.execute("DELETE FROM portal_tenant WHERE id = %s", [tenant.pk])
-                tenant_rows = cursor.rowcount
-            deleted[Tenant._meta.db_table] = tenant_rows
+            deleted[Tenant._meta.db_table] = 1
         else:
             kept[Event._meta.db_table] = purge.count(Event)
             for model in _WITH_EVENTS:
                 kept[model._meta.db_table] = purge.count(model)
             kept[Tenant._meta.db_table] = 1
+        # Counted above in the report's order; the function's own counts win.
+        deleted.update(purge.privileged())
 
         report = TenantDeletionReport(
             tenant_id=tenant.pk,
@@ -364,15 +380,12 @@ def tenant_delete(
             return report
         # The tenant's outbox has just been emptied and nobody downstream acts for
         # a deleted tenant: the fact goes into the trail only.
+        # The function has marked the tenant row deleted already.
         event_id = audit_services.event_append(
             tenant_id=tenant.pk,
             code=EventCode.TENANT_DELETED,
             actor=actor,
             data=report.event_data(),
             publish=False,
-        )
-        cursor.execute(
-            "UPDATE portal_tenant SET deleted_at = app_now() WHERE id = %s",
-            [tenant.pk],
         )
     return dataclasses.replace(report, event_id=event_id)

@@ -112,11 +112,50 @@ def test_the_app_role_holds_only_the_rights_it_uses(db):
         CROSS JOIN unnest(ARRAY['INSERT', 'UPDATE', 'DELETE']) AS p(privilege)
         WHERE has_table_privilege(current_user, t.name, p.privilege)
         UNION ALL
+        SELECT 'portal_tenant.' || c.name, 'UPDATE'
+        FROM unnest(ARRAY['events_on_delete', 'deleted_at']) AS c(name)
+        WHERE has_column_privilege(current_user, 'portal_tenant', c.name, 'UPDATE')
+        UNION ALL
+        SELECT 'audit_chainhead', 'DELETE'
+        WHERE has_table_privilege(current_user, 'audit_chainhead', 'DELETE')
+        UNION ALL
+        SELECT 'tenant_deletion_purge', 'EXECUTE'
+        WHERE has_function_privilege(
+            current_user, 'tenant_deletion_purge(uuid)', 'EXECUTE')
+        UNION ALL
         SELECT 'schema public', 'CREATE'
         WHERE has_schema_privilege(current_user, 'public', 'CREATE')
         """
     )
     assert excess == []
+
+
+def test_only_the_operator_executes_the_purge_and_changes_the_policy(db):
+    """docs/tenant-deletion.md: the operator role, and no other login role but
+    the owner, may run the purge or change what it decides by."""
+    rows = _rows(
+        """
+        SELECT r.rolname,
+               has_function_privilege(r.oid, 'tenant_deletion_purge(uuid)',
+                                      'EXECUTE'),
+               has_column_privilege(r.oid, 'portal_tenant', 'events_on_delete',
+                                    'UPDATE'),
+               has_column_privilege(r.oid, 'portal_tenant', 'deleted_at', 'UPDATE')
+        FROM pg_roles r WHERE r.rolname IN (%s, %s, %s) ORDER BY 1
+        """,
+        [APP, db_roles.OPERATOR_ROLE, db_roles.DISCOVERY_ROLE],
+    )
+    assert rows == [
+        (APP, False, False, False),
+        (db_roles.DISCOVERY_ROLE, False, False, False),
+        (db_roles.OPERATOR_ROLE, True, True, False),
+    ]
+    ((superuser, bypass, createrole, createdb, member),) = _rows(
+        "SELECT rolsuper, rolbypassrls, rolcreaterole, rolcreatedb,"
+        " pg_has_role(rolname, %s, 'MEMBER') FROM pg_roles WHERE rolname = %s",
+        [OWNER, db_roles.OPERATOR_ROLE],
+    )
+    assert not (superuser or bypass or createrole or createdb or member)
 
 
 def test_every_table_is_usable_by_the_app_role(db):
@@ -180,10 +219,10 @@ def test_the_privileged_functions_are_not_executable_by_public(db):
         ("portal_reset_clock_offset", OWNER, False),
         ("portal_set_clock_offset", OWNER, False),
         ("portal_tenants_with_expired_idempotency", discovery, False),
-        ("tasks_purge_tenant_rows", OWNER, False),
         ("tasks_tenants_with_due_operations", discovery, False),
         ("tasks_tenants_with_lapsed_leases", discovery, False),
         ("tasks_tenants_with_waking_tasks", discovery, False),
+        ("tenant_deletion_purge", OWNER, False),
     ]
 
 
@@ -259,18 +298,13 @@ def test_truncate_is_refused(db, table):
         execute(f"TRUNCATE {table} CASCADE")
 
 
-def test_the_definer_functions_refuse_what_a_deletion_would_not_do(tenant, make_task):
-    make_task(tenant=tenant)
-    for table in ("portal_tenant", "tasks_task", "audit_outbox"):  # not purged so
-        with refused_for_privilege():
-            execute(
-                "SELECT tasks_purge_tenant_rows(%s::regclass, %s)", [table, tenant.pk]
-            )
-    with refused_for_privilege():  # the tenant still has tasks
-        execute(
-            "SELECT tasks_purge_tenant_rows('tasks_contract'::regclass, %s)",
-            [tenant.pk],
-        )
+def test_the_app_role_cannot_run_the_purge(tenant):
+    """Not even for a tenant it may see; the old function is gone."""
+    with refused_for_privilege():
+        execute("SELECT * FROM tenant_deletion_purge(%s)", [tenant.pk])
+    assert _rows(
+        "SELECT count(*) FROM pg_proc WHERE proname = 'tasks_purge_tenant_rows'"
+    ) == [(0,)]
 
 
 # --- The triggers, the second wall ----------------------------------------------------

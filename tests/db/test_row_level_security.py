@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import psycopg
 import pytest
 from django.db import IntegrityError, ProgrammingError, connection, transaction
 from django.http import HttpRequest, HttpResponse
@@ -473,7 +474,7 @@ def test_the_discovery_functions_are_pinned(db):
             "s",  # STABLE: reads, never writes
             True,  # the app role executes it
             False,  # PUBLIC does not
-            "search_path=pg_catalog, public",
+            "search_path=pg_catalog, public, pg_temp",
         ), row[0]
 
 
@@ -561,7 +562,7 @@ def test_discovery_reveals_tenant_ids_only_and_refuses_misuse(
         assert scope.discover("portal_person_tenants", 0) == []
         # Only the listed functions are called, by name.
         with pytest.raises(ValueError):
-            scope.discover("tasks_purge_tenant_rows")
+            scope.discover("tenant_deletion_purge")
     # The app role cannot reach round them: not a member of the role, no SET ROLE.
     with (
         pytest.raises(ProgrammingError),
@@ -592,13 +593,13 @@ def test_retention_refuses_a_scope_without_every_tenant(tenant, other_tenant):
 
 
 def test_the_tenant_purge_refuses_a_tenant_outside_the_scope(tenant, other_tenant):
-    with (
-        scope.tenant_scope([tenant.pk]),
-        connection.cursor() as cursor,
-        pytest.raises(ProgrammingError) as caught,
-        transaction.atomic(),
-    ):
-        cursor.execute(
-            "SELECT tasks_purge_tenant_rows('tasks_contract', %s)", [other_tenant.pk]
+    """As the operator, the one role that may run it (docs/tenant-deletion.md)."""
+    with connect_as("operator") as operator:
+        operator.execute(
+            "SELECT set_config('portal.tenant_ids', %s, true)", [str(tenant.pk)]
         )
+        with pytest.raises(psycopg.errors.InsufficientPrivilege) as caught:
+            operator.execute(
+                "SELECT * FROM tenant_deletion_purge(%s)", [other_tenant.pk]
+            )
     assert "not in scope" in str(caught.value)

@@ -14,12 +14,13 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import psycopg
 import pytest
 from django.apps import apps
 from django.contrib.auth.models import Group, User
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import ProgrammingError, connection, transaction
+from django.db import ProgrammingError, connection
 from django.db.models import Model
 from guardian.shortcuts import assign_perm
 
@@ -33,6 +34,7 @@ from audit.models import (
     RetentionAnchor,
     RetentionPolicy,
 )
+from portal import db_roles
 from portal import selectors as portal_selectors
 from portal import services as portal_services
 from portal.actors import Actor, ActorType
@@ -64,7 +66,12 @@ from tenant_deletion.exceptions import (
 )
 from tests.conftest import db_now
 from tests.support.audit_events import append_at
+from tests.support.db import connect_as
 from tests.support.tenancy import tenant_fingerprint, tenant_owned_models
+
+# The deletion runs on a connection as the operator, as ``manage.py delete_tenant``
+# runs it; the data is committed for it to see.
+pytestmark = pytest.mark.django_db(transaction=True)
 
 SYSTEM = Actor.system("delete_tenant")
 SPEC: dict[str, Any] = {
@@ -109,6 +116,12 @@ def object_permission_count(obj: Model) -> int:
             {"pk": str(obj.pk)},
         )
         return cursor.fetchone()[0]
+
+
+def tenant_delete(**kwargs: Any) -> deletion.TenantDeletionReport:
+    """``deletion.tenant_delete`` on a connection as the operator role."""
+    with db_roles.connected_as("default", db_roles.operator_url()):
+        return deletion.tenant_delete(**kwargs)
 
 
 def _assert_seeded(tenant: Tenant) -> None:
@@ -264,7 +277,7 @@ def test_keep_policy_empties_every_table_but_events_and_leaves_a_tombstone(
     ).exists()
 
     # when it is deleted
-    report = deletion.tenant_delete(tenant=keep_tenant, actor=SYSTEM)
+    report = tenant_delete(tenant=keep_tenant, actor=SYSTEM)
 
     # then every tenant-owned table is empty for it, except the kept events and
     # the checkpoints and retention records that vouch for them
@@ -310,7 +323,7 @@ def test_purge_policy_empties_every_table_and_removes_the_tenant(
     events_before = Event.objects.filter(tenant=purge_tenant).count()
 
     # when it is deleted
-    report = deletion.tenant_delete(tenant=purge_tenant, actor=SYSTEM)
+    report = tenant_delete(tenant=purge_tenant, actor=SYSTEM)
 
     # then nothing of it is left
     assert set(rows_of(purge_tenant.pk).values()) == {0}
@@ -334,7 +347,7 @@ def test_another_tenants_rows_are_untouched(make_tenant, populate, policy):
     permissions = object_permission_count(kept["task"])
 
     # when one is deleted
-    deletion.tenant_delete(tenant=doomed, actor=SYSTEM)
+    tenant_delete(tenant=doomed, actor=SYSTEM)
 
     # then the other's rows, contents and object permissions are as they were
     assert tenant_fingerprint(bystander.pk) == before
@@ -347,7 +360,7 @@ def test_object_permissions_on_the_tenant_and_its_objects_go(keep_tenant, popula
     seeded = populate(keep_tenant)
     assert object_permission_count(seeded["task"]) == 1
 
-    report = deletion.tenant_delete(tenant=keep_tenant, actor=SYSTEM)
+    report = tenant_delete(tenant=keep_tenant, actor=SYSTEM)
 
     assert object_permission_count(seeded["task"]) == 0
     assert object_permission_count(seeded["contract"]) == 0
@@ -363,7 +376,7 @@ def test_revocation_comes_first_and_counts_only_live_grants(keep_tenant, populat
     """The report lists revocations first; an already revoked credential is not one."""
     populate(keep_tenant)
 
-    report = deletion.tenant_delete(tenant=keep_tenant, actor=SYSTEM)
+    report = tenant_delete(tenant=keep_tenant, actor=SYSTEM)
 
     assert report.revoked == {
         "tasks_credential": 1,
@@ -384,30 +397,40 @@ def test_the_report_names_every_tenant_owned_table(make_tenant, populate):
     for policy in EventsOnDelete.values:
         tenant = make_tenant(events_on_delete=policy)
         populate(tenant)
-        report = deletion.tenant_delete(tenant=tenant, actor=SYSTEM, dry_run=True)
+        report = tenant_delete(tenant=tenant, actor=SYSTEM, dry_run=True)
         named = set(report.deleted) | set(report.kept)
         assert {m._meta.db_table for m in tenant_owned_models()} <= named
 
 
-def test_the_purge_function_deletes_nothing_of_a_tenant_that_keeps_its_events(
-    keep_tenant, populate
-):
-    """The owner's purge function refuses what a tenant deletion would not do."""
+def test_the_purge_function_refuses_a_tenant_already_deleted(keep_tenant, populate):
+    """The owner's purge function refuses what a tenant deletion would not do:
+    a kept tenant's trail stays, even for the operator."""
     populate(keep_tenant)
-    deletion.tenant_delete(tenant=keep_tenant, actor=SYSTEM)
+    tenant_delete(tenant=keep_tenant, actor=SYSTEM)
     kept = Event.objects.filter(tenant=keep_tenant).count()
     assert kept > 0
-    with (
-        pytest.raises(ProgrammingError) as caught,
-        transaction.atomic(),
-        connection.cursor() as cursor,
-    ):
-        cursor.execute(
-            "SELECT tasks_purge_tenant_rows('audit_event'::regclass, %s)",
-            [keep_tenant.pk],
+    with connect_as("operator") as operator:
+        operator.execute(
+            "SELECT set_config('portal.tenant_ids', %s, true)", [str(keep_tenant.pk)]
         )
-    assert caught.value.__cause__.sqlstate == "42501"
+        with pytest.raises(psycopg.errors.InsufficientPrivilege) as caught:
+            operator.execute(
+                "SELECT * FROM tenant_deletion_purge(%s)", [keep_tenant.pk]
+            )
+    assert "gone or deleted" in str(caught.value)
     assert Event.objects.filter(tenant=keep_tenant).count() == kept
+
+
+def test_on_the_app_roles_connection_the_deletion_is_refused_whole(
+    purge_tenant, populate
+):
+    """Only the operator may run the purge; refused, nothing else went either."""
+    populate(purge_tenant)
+    before = tenant_fingerprint(purge_tenant.pk)
+    with pytest.raises(ProgrammingError) as caught:
+        deletion.tenant_delete(tenant=purge_tenant, actor=SYSTEM)
+    assert caught.value.__cause__.sqlstate == "42501"  # type: ignore[union-attr]
+    assert tenant_fingerprint(purge_tenant.pk) == before
 
 
 def test_a_forgotten_model_stops_the_deletion(keep_tenant, populate, monkeypatch):
@@ -418,7 +441,7 @@ def test_a_forgotten_model_stops_the_deletion(keep_tenant, populate, monkeypatch
     monkeypatch.setattr(deletion, "DELETION_ORDER", forgetful)
 
     with pytest.raises(TenantDeletionPolicyIncomplete) as caught:
-        deletion.tenant_delete(tenant=keep_tenant, actor=SYSTEM)
+        tenant_delete(tenant=keep_tenant, actor=SYSTEM)
 
     assert caught.value.context == {"tables": ["tasks_objectversion"]}
     assert tenant_fingerprint(keep_tenant.pk) == before
@@ -473,8 +496,8 @@ def test_the_dry_run_predicts_the_real_deletion(make_tenant, populate, policy):
     tenant = make_tenant(events_on_delete=policy)
     populate(tenant)
 
-    preview = deletion.tenant_delete(tenant=tenant, actor=SYSTEM, dry_run=True)
-    report = deletion.tenant_delete(tenant=tenant, actor=SYSTEM)
+    preview = tenant_delete(tenant=tenant, actor=SYSTEM, dry_run=True)
+    report = tenant_delete(tenant=tenant, actor=SYSTEM)
 
     assert preview.dry_run
     assert not report.dry_run
@@ -566,13 +589,13 @@ def test_an_unknown_slug_is_a_clear_error(db):
 def test_deleting_an_already_deleted_tenant_errors(keep_tenant, populate):
     """A tombstone cannot be deleted again, by the service or the command."""
     populate(keep_tenant)
-    deletion.tenant_delete(tenant=keep_tenant, actor=SYSTEM)
+    tenant_delete(tenant=keep_tenant, actor=SYSTEM)
     events = Event.objects.filter(tenant=keep_tenant).count()
 
     with pytest.raises(TenantAlreadyDeleted):
-        deletion.tenant_delete(tenant=keep_tenant, actor=SYSTEM)
+        tenant_delete(tenant=keep_tenant, actor=SYSTEM)
     with pytest.raises(TenantAlreadyDeleted):
-        deletion.tenant_delete(tenant=keep_tenant, actor=SYSTEM, dry_run=True)
+        tenant_delete(tenant=keep_tenant, actor=SYSTEM, dry_run=True)
     with pytest.raises(CommandError, match="already deleted"):
         call_command("delete_tenant", keep_tenant.slug, "--yes", stdout=io.StringIO())
 
@@ -580,7 +603,7 @@ def test_deleting_an_already_deleted_tenant_errors(keep_tenant, populate):
 
 
 def test_a_purged_tenant_is_not_found_again(purge_tenant):
-    deletion.tenant_delete(tenant=purge_tenant, actor=SYSTEM)
+    tenant_delete(tenant=purge_tenant, actor=SYSTEM)
 
     with pytest.raises(TenantNotFound):
-        deletion.tenant_delete(tenant=purge_tenant, actor=SYSTEM)
+        tenant_delete(tenant=purge_tenant, actor=SYSTEM)

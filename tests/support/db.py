@@ -52,8 +52,13 @@ def conninfo(*, user: str | None = None, dbname: str | None = None) -> dict[str,
 
 def connect_as(role: str, **kwargs: Any) -> psycopg.Connection[Any]:
     """A separate connection to the test database as ``role`` (``"owner"``,
-    ``"app"`` or ``"admin"``, the superuser of DATABASE_URL)."""
-    user = {"owner": db_roles.OWNER_ROLE, "app": db_roles.APP_ROLE, "admin": None}[role]
+    ``"app"``, ``"operator"`` or ``"admin"``, the superuser of DATABASE_URL)."""
+    user = {
+        "owner": db_roles.OWNER_ROLE,
+        "app": db_roles.APP_ROLE,
+        "operator": db_roles.OPERATOR_ROLE,
+        "admin": None,
+    }[role]
     return psycopg.connect(**conninfo(user=user), **kwargs)
 
 

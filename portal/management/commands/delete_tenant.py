@@ -2,7 +2,9 @@
 
 The policy and its reasons are in docs/tenant-deletion.md; the code is
 ``tenant_deletion.services.tenant_delete``. This command only finds the tenant, asks
-for confirmation and prints what went.
+for confirmation and prints what went. The deletion (and its dry run) runs connected
+as the operator role (``DATABASE_OPERATOR_URL``), the only role that may execute the
+owner's purge function; the app role cannot.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from collections.abc import Mapping
 from typing import Any, TextIO
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import OperationalError
 
-from portal import scope
+from portal import db_roles, scope
 from portal.actors import Actor
 from portal.exceptions import PortalError
 from portal.models import EventsOnDelete, Tenant
@@ -146,12 +149,21 @@ class Command(BaseCommand):
         self, *, tenant: Tenant, actor: Actor, dry_run: bool
     ) -> deletion.TenantDeletionReport:
         try:
-            with scope.tenant_scope([tenant.pk]):  # row-level security: this tenant
+            with (
+                db_roles.connected_as("default", db_roles.operator_url()),
+                scope.tenant_scope([tenant.pk]),  # row-level security: this tenant
+            ):
                 return deletion.tenant_delete(
                     tenant=tenant, actor=actor, dry_run=dry_run
                 )
         except PortalError as error:
             raise CommandError(str(error)) from error
+        except OperationalError as error:
+            raise CommandError(
+                f"Cannot connect as the operator role ({error}). Set "
+                'DATABASE_OPERATOR_URL (README, "Database roles"). Nothing was '
+                "deleted."
+            ) from error
 
     def _write(self, *lines: str) -> None:
         for line in lines:
