@@ -11,12 +11,15 @@ naming the argument, and an unexpected failure is a tool error too (logged here)
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+import sys
 import uuid
-from typing import Any, Final
+from typing import Any, Final, cast
 from urllib.parse import urlsplit
 
+import anyio
 import mcp_types as types
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.settings import AuthSettings
@@ -37,7 +40,7 @@ from portal.tracing import Trace, tracer
 from tasks import actions
 from tasks.exceptions import TaskNotFound
 
-from . import auth, resources, tools
+from . import auth, deep, resources, tools
 from .threads import in_worker_thread
 
 logger = logging.getLogger(__name__)
@@ -219,7 +222,7 @@ def http_app(*, public_url: str, issuer_url: str) -> Starlette:
         hosts += [parts.hostname, f"{parts.hostname}:*"]
         origins += [f"{parts.scheme}://{parts.netloc}"]
     server = build_server()
-    return server.streamable_http_app(
+    app = server.streamable_http_app(
         streamable_http_path=parts.path or "/mcp",
         transport_security=TransportSecuritySettings(
             enable_dns_rebinding_protection=True,
@@ -234,12 +237,18 @@ def http_app(*, public_url: str, issuer_url: str) -> Starlette:
         ),
         token_verifier=auth.AgentKeyVerifier(),
     )
+    app.add_middleware(deep.MarkTooDeep)
+    return app
 
 
 async def serve_stdio(*, secret: str) -> None:
     """Serve one session over this process's stdin and stdout, as ``secret``'s agent."""
     server = build_server(stdio_secret=secret)
-    async with stdio_server() as (read_stream, write_stream):
+    stdin = anyio.wrap_file(
+        io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace")
+    )
+    lines = cast(anyio.AsyncFile[str], deep.MarkedLines(stdin))
+    async with stdio_server(stdin=lines) as (read_stream, write_stream):
         await server.run(
             read_stream, write_stream, server.create_initialization_options()
         )

@@ -31,7 +31,7 @@ from tasks import selectors as task_selectors
 from tasks.actions import ActionOutcome, ActionRequest, FieldRead
 from tasks.models import Contract, ContractStatus
 
-from . import selectors
+from . import deep, selectors
 
 # A tool call's arguments, all of them, as JSON: an action's facts are a ticket's,
 # not a file's (the REST API's whole-body limit is the web server's, far larger).
@@ -268,6 +268,11 @@ def mcp_tool(tool: GovernedTool) -> types.Tool:
 
 def _check_limits(arguments: Mapping[str, Any]) -> None:
     for name, value in arguments.items():
+        depth = deep.too_deep(value)
+        if depth is not None:
+            raise BadArgument(
+                str(name), f"nests {depth} levels deep; at most {MAX_DEPTH}"
+            )
         size = len(json.dumps(value, ensure_ascii=False).encode())
         if size > MAX_ARGUMENTS_BYTES:
             raise BadArgument(
