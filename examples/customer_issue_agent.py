@@ -7,21 +7,28 @@ ticket desk this needs, and prints the agent's key)::
     .venv/bin/python examples/customer_issue_agent.py \\
         --base-url http://127.0.0.1:8000 --api-key agp_... --issues 3
 
-For each issue ``n`` the agent records the issue's version (``7``), registers the
-task ``issue-<n>`` pinned to the contract ``customer-issue``, claims it (lease, then
-``running``), reserves the side effect ``create_ticket`` on ``ticket-desk`` under the
-business key ``ticket-for-issue-<n>``, and asks the portal's action gateway to
-execute it with the fields it read: the customer's e-mail (from the CRM) and plan
-(from billing), each with the time it was read. The gateway checks them against the
-contract, calls the ticket desk once and verifies the receipt (the ticket id); the
-agent then moves the task to ``succeeded`` and prints the audit trails.
+For each issue ``n`` the agent records the issue's version (``7``) and takes the
+action in one call (``POST /api/v1/actions``, ``PortalClient.take_action``):
+``create_ticket`` on ``ticket-desk`` under the business key ``ticket-for-issue-<n>``,
+for the object it read, with the fields it read: the customer's e-mail (from the
+CRM) and plan (from billing), each with the time it was read. The portal registers
+the task ``issue-<n>`` pinned to the contract ``customer-issue``, leases it, reserves
+the operation, and its gateway checks the fields against the contract, calls the
+ticket desk once and verifies the receipt (the ticket id); the task is then
+``succeeded``. The agent prints each answer and the audit trails.
+
+``--six-calls`` runs the same work as the step-by-step lifecycle instead: register
+the task, lease it, move it to ``running``, reserve the operation, execute it
+through the gateway, move the task to ``succeeded`` (for agents that hold a task
+across several actions, or execute on targets without a connector).
 
 One case goes to a person on purpose: the last issue's e-mail address was read ten
 minutes ago, longer than the contract's 300 s. The gateway refuses it
 (``FIELD_STALE``), no ticket is made, and the task waits in the takeover queue
 (``/api/v1/takeover/queue``; the admin's Takeover desk) for support staff. That
 is the demo's expected outcome, so it does not fail the run. ``--stale-issue 0``
-makes every issue fresh.
+makes every issue fresh. Only the first read is old: once the portal knows the
+issue (a later run), the agent reads the e-mail again.
 
 What the person does decides the next run. *Hand back* puts the task back in the
 queue for a fresh read: the next run finds its operation waiting for a person,
@@ -53,6 +60,8 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from portal_client import (
+    ActionResult,
+    FieldRead,
     FieldValue,
     GatewayRefused,
     LeaseHeld,
@@ -141,6 +150,15 @@ class CustomerIssue:
         # (the gateway adds the object and the contract's read fields itself).
         return {"queue": QUEUE, "summary": self.summary, "customer": self.customer}
 
+    def field_reads(self, now: dt.datetime) -> dict[str, FieldRead]:
+        """What the agent read, where from, and when, by field name."""
+        return {
+            "email": FieldRead(
+                value=self.email, source="crm", read_at=now - self.email_age
+            ),
+            "plan": FieldRead(value=self.plan, source="billing", read_at=now),
+        }
+
     def field_values(self, now: dt.datetime) -> list[FieldValue]:
         """What the agent read, where from, and when."""
         return [
@@ -172,7 +190,126 @@ def say(line: str) -> None:
     print(line, flush=True)
 
 
+class OneCallAgent:
+    """Each issue is one ``take_action`` call; the portal does the lifecycle."""
+
+    def __init__(self, client: PortalClient, *, owner: str) -> None:
+        self.client = client
+        self.owner = owner
+        self.task_ids: dict[str, str] = {}  # client task id -> task id, for reports
+
+    def handle(self, issue: CustomerIssue) -> Result:
+        """Take the issue's action; report what the portal answered.
+
+        Returns ``"ticket"`` when its ticket is verified (now or by an earlier run),
+        ``"person"`` when a person has the task (or settled it),
+        ``"ticket_after_person"`` when verified after a person handed it back.
+
+        Raises:
+            AgentFailure: the issue cannot be finished automatically.
+            PortalError: the portal refused the request itself (no grant, ...).
+        """
+        name = issue.client_task_id
+        self.client.record_object_version(
+            OBJECT_TYPE, str(issue.number), version=OBJECT_VERSION
+        )
+        if issue.stale and self._known(issue):
+            # The portal has this issue from an earlier run: read the e-mail again.
+            say(f"{name}: known from an earlier run; reading the fields again")
+            issue = dataclasses.replace(issue, email_age=dt.timedelta(0))
+        elif issue.stale:
+            say(
+                f"{name}: e-mail read {issue.email_age.total_seconds():.0f} s ago "
+                "(the contract allows 300 s): expect the gateway to refuse"
+            )
+        answer = self._take(issue)
+        self.task_ids[name] = answer.task_id
+        say(
+            f"{name}: {answer.status} (task {answer.task_id} {answer.task_state}, "
+            f"operation {answer.operation_id} {answer.operation_state}, "
+            f"{'new' if answer.created else 'found'})"
+        )
+        if answer.status == "unknown":
+            answer = self._settle(issue, answer)
+        if answer.status == "verified":
+            if not answer.created:
+                say(f"{name}: already done; ticket {answer.provider_reference}")
+            else:
+                say(f"{name}: ticket {answer.provider_reference} verified")
+            by_person = self._resolved_by_person(answer.task_id)
+            return "ticket_after_person" if by_person else "ticket"
+        if answer.status in ("refused", "human_required"):
+            if answer.created:  # refused in this run
+                say(
+                    f"{name}: handed to a person: {answer.reason_code} "
+                    f"(desk item {answer.desk_item_id}); it waits in the takeover "
+                    "queue"
+                )
+            else:
+                say(f"{name}: with a person ({answer.reason_code}); left alone")
+            return "person"
+        if answer.status == "failed" and self._resolved_by_person(answer.task_id):
+            say(f"{name}: settled by a person ({answer.task_state}); nothing to do")
+            return "person"
+        raise AgentFailure(f"{name}: {answer.status}: {answer.next_step}")
+
+    def _take(self, issue: CustomerIssue) -> ActionResult:
+        return self.client.take_action(
+            action=ACTION,
+            target=TARGET,
+            object_type=OBJECT_TYPE,
+            object_id=str(issue.number),
+            object_version=OBJECT_VERSION,
+            # Read "now": a real agent would stamp each value as it reads it.
+            fields=issue.field_reads(dt.datetime.now(dt.UTC)),
+            arguments=issue.ticket_input,
+            idempotency_key=issue.ticket_key,
+            contract_key=CONTRACT_KEY,
+            workflow_key=WORKFLOW_KEY,
+            workflow_version=WORKFLOW_VERSION,
+            client_task_id=issue.client_task_id,
+        )
+
+    def _known(self, issue: CustomerIssue) -> bool:
+        """Whether the portal holds a task for this issue already (one read)."""
+        page = self.client.list_tasks_page(
+            object_type=OBJECT_TYPE, object_id=str(issue.number), page_size=1
+        )
+        return bool(page.items)
+
+    def _settle(self, issue: CustomerIssue, answer: ActionResult) -> ActionResult:
+        """The result is in doubt: repeat the same call until the portal knows.
+
+        The portal, not this agent, finds out whether the ticket exists (it looks
+        the receipt up by key); repeating the call never calls the desk again.
+        """
+        name = issue.client_task_id
+        say(f"{name}: result in doubt; the portal looks the receipt up")
+        give_up_at = time.monotonic() + SETTLE_TIMEOUT_S
+        while not answer.settled:
+            if time.monotonic() > give_up_at:
+                raise AgentFailure(
+                    f"{name}: still {answer.status} after {SETTLE_TIMEOUT_S:.0f} s; "
+                    "the portal keeps looking, run again later"
+                )
+            time.sleep(1)
+            answer = self._take(issue)
+        return answer
+
+    def _resolved_by_person(self, task_id: str) -> bool:
+        """Whether a person settled or handed back this task (its trail says so)."""
+        return any(
+            event.code == "task.resolved" and event.actor_type == "user"
+            for event in self.client.list_events(task_id)
+        )
+
+    def print_events(self, task_id: str, name: str) -> None:
+        print_events(self.client, task_id, name)
+
+
 class CustomerIssueAgent:
+    """The six-call lifecycle (``--six-calls``): each step is its own request."""
+
     def __init__(self, client: PortalClient, *, owner: str) -> None:
         self.client = client
         self.owner = owner
@@ -389,20 +526,25 @@ class CustomerIssueAgent:
         return operation
 
     def print_events(self, task_id: str, name: str) -> None:
-        say(f"{name}: events")
-        for event in self.client.list_events(task_id):
-            detail = ""
-            payload = event.payload if isinstance(event.payload, dict) else {}
-            if "to" in payload:
-                detail = f"{payload.get('from')} -> {payload['to']}"
-            elif "check" in payload:
-                detail = f"{payload['check']}: {payload.get('verdict')}"
-            if event.reason_code:
-                detail += f" [{event.reason_code}]"
-            say(
-                f"  {event.created_at:%H:%M:%S.%f} {event.code:<22} "
-                f"{event.actor_type}:{event.actor_id} {detail}".rstrip()
-            )
+        print_events(self.client, task_id, name)
+
+
+def print_events(client: PortalClient, task_id: str, name: str) -> None:
+    """The task's audit trail, one line per event."""
+    say(f"{name}: events")
+    for event in client.list_events(task_id):
+        detail = ""
+        payload = event.payload if isinstance(event.payload, dict) else {}
+        if "to" in payload:
+            detail = f"{payload.get('from')} -> {payload['to']}"
+        elif "check" in payload:
+            detail = f"{payload['check']}: {payload.get('verdict')}"
+        if event.reason_code:
+            detail += f" [{event.reason_code}]"
+        say(
+            f"  {event.created_at:%H:%M:%S.%f} {event.code:<22} "
+            f"{event.actor_type}:{event.actor_id} {detail}".rstrip()
+        )
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -423,6 +565,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "(default: the last one; 0: none)",
     )
     parser.add_argument("--owner", default="customer-issue-agent")
+    parser.add_argument(
+        "--six-calls",
+        action="store_true",
+        help="the step-by-step lifecycle (register, lease, running, reserve, "
+        "execute, succeeded) instead of one call per issue",
+    )
     args = parser.parse_args(argv)
     if not args.api_key:
         parser.error("--api-key (or PORTAL_API_KEY) is required")
@@ -447,7 +595,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.api_key,
         traceparent=f"00-{trace_id}-{secrets.token_hex(8)}-01",
     ) as client:
-        agent = CustomerIssueAgent(client, owner=args.owner)
+        agent: OneCallAgent | CustomerIssueAgent = (
+            CustomerIssueAgent(client, owner=args.owner)
+            if args.six_calls
+            else OneCallAgent(client, owner=args.owner)
+        )
         for issue in issues:
             name = issue.client_task_id
             try:

@@ -97,7 +97,10 @@ class ActionRequest:
 
     ``contract_key`` (and ``contract_version``) pin the field contract; omitted, the
     tenant's one published contract for ``object_type`` that lists ``target`` as a
-    write target is pinned. ``workflow_key`` defaults to the action.
+    write target is pinned. ``workflow_key`` defaults to the action;
+    ``client_task_id`` to one derived from the key (``client_task_id_for``): give
+    your own to name the task as a six-call client would (``issue-1042``), and the
+    same one on every retry.
     """
 
     action: str
@@ -112,6 +115,7 @@ class ActionRequest:
     contract_version: int | None = None
     workflow_key: str | None = None
     workflow_version: str = "1"
+    client_task_id: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -372,7 +376,9 @@ def _register(
     Raises:
         TaskIdReused: the key was used for another object (IDEMPOTENCY_KEY_REUSED).
     """
-    client_task_id = client_task_id_for(request.idempotency_key)
+    client_task_id = request.client_task_id or client_task_id_for(
+        request.idempotency_key
+    )
     contract_key, contract_version = _contract_of(tenant=tenant, request=request)
     if contract_version is None:
         # A retry keeps the version its first call pinned, even after a newer one

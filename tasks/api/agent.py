@@ -652,7 +652,8 @@ class ActionTakeApi(AgentApi):
         object_version = serializers.CharField(
             max_length=100, help_text="The version of the object you read."
         )
-        fields = serializers.DictField(
+        # A declared field named like Serializer.fields: the metaclass moves it.
+        fields = serializers.DictField(  # type: ignore[assignment]
             child=FieldReadSerializer(),
             help_text="The fields you read, by name: each value with its source and "
             "when you read it.",
@@ -678,6 +679,12 @@ class ActionTakeApi(AgentApi):
             max_length=100, required=False, help_text="Default: the action."
         )
         workflow_version = serializers.CharField(max_length=50, required=False)
+        client_task_id = serializers.CharField(
+            max_length=200,
+            required=False,
+            help_text="Your name for the task (default: derived from "
+            "idempotency_key); send the same one on every retry.",
+        )
 
     @extend_schema(
         operation_id="actions_take",
@@ -744,6 +751,7 @@ class ActionTakeApi(AgentApi):
             contract_version=data.get("contract_version"),
             workflow_key=data.get("workflow_key"),
             workflow_version=data.get("workflow_version", "1"),
+            client_task_id=data.get("client_task_id"),
         )
         try:
             outcome = actions.action_take(

@@ -119,7 +119,8 @@ def test_example_agent_makes_tickets_once_and_hands_the_stale_issue_to_a_person(
     for n in range(1, ISSUES):
         assert f"issue-{n}: already done; ticket TCK-" in second.stdout
     assert f"issue-{STALE}: with a person (FIELD_STALE); left alone" in second.stdout
-    assert "already registered" in second.stdout
+    assert "issue-1: verified (task" in second.stdout
+    assert ", found)" in second.stdout  # the same operation, not a new one
 
     # And: the demo's audit trail, once signed, verifies (docs/audit-integrity.md).
     call_command("checkpoint_audit", stdout=io.StringIO())
@@ -150,7 +151,7 @@ def test_example_agent_exits_non_zero_on_a_bad_key(portal_url: str) -> None:
     assert "UNAUTHENTICATED" in result.stdout
 
 
-def test_example_agent_exits_non_zero_without_a_grant_and_hands_the_task_back(
+def test_example_agent_exits_non_zero_without_a_grant_and_writes_nothing(
     portal_url: str, demo: Demo, desk: TicketDesk
 ) -> None:
     # Given: an agent of the demo tenant that may not create tickets.
@@ -158,6 +159,36 @@ def test_example_agent_exits_non_zero_without_a_grant_and_hands_the_task_back(
     secret = portal_services.agent_key_issue(agent=agent).secret
 
     result = run_agent(portal_url, secret)
+
+    # Then: it fails loudly; the one call registered no task and made no ticket.
+    assert result.returncode == 1
+    assert "ACTION_NOT_GRANTED" in result.stdout
+    assert not Task.objects.filter(tenant=demo.tenant).exists()
+    assert desk.effects()["tickets_created"] == 0
+
+
+def test_six_calls_agent_makes_the_same_tickets_once(
+    portal_url: str, demo: Demo, desk: TicketDesk
+) -> None:
+    first = run_agent(portal_url, demo.secret, "--six-calls")
+    second = run_agent(portal_url, demo.secret)  # the one call finds its work
+
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "registered (pending)" in first.stdout  # the six-call path's own step
+    assert desk.effects()["tickets_created"] == ISSUES - 1
+    assert desk.effects()["create_requests"] == ISSUES - 1
+    assert f"issue-{STALE}: with a person (FIELD_STALE); left alone" in second.stdout
+
+
+def test_six_calls_agent_without_a_grant_hands_the_task_back(
+    portal_url: str, demo: Demo, desk: TicketDesk
+) -> None:
+    # Given: an agent of the demo tenant that may not create tickets.
+    agent = portal_services.agent_create(tenant=demo.tenant, name="no-grants")
+    secret = portal_services.agent_key_issue(agent=agent).secret
+
+    result = run_agent(portal_url, secret, "--six-calls")
 
     # Then: it fails loudly, no task is left leased to it, and no ticket exists.
     assert result.returncode == 1
@@ -197,7 +228,7 @@ def test_a_person_hands_the_stale_issue_back_and_the_next_run_makes_its_ticket(
     again = run_agent(portal_url, demo.secret)
 
     assert again.returncode == 0, again.stdout + again.stderr
-    assert f"issue-{STALE}: handed back by a person; reading the fields again" in (
+    assert f"issue-{STALE}: known from an earlier run; reading the fields again" in (
         again.stdout
     )
     assert desk.effects()["by_idempotency_key"][f"ticket-for-issue-{STALE}"] == 1

@@ -41,8 +41,10 @@ from .errors import (
 )
 from .lease import LeaseKeeper
 from .models import (
+    ActionResult,
     Event,
     Execution,
+    FieldRead,
     FieldValue,
     Lease,
     ObjectVersion,
@@ -58,6 +60,7 @@ __all__ = [
     "LEASE_TOKEN_HEADER",
     "REPLAY_HEADER",
     "ActionNotGranted",
+    "ActionResult",
     "ApprovalRequired",
     "Conflict",
     "ContractRetired",
@@ -65,6 +68,7 @@ __all__ = [
     "Event",
     "Execution",
     "FieldMissing",
+    "FieldRead",
     "FieldRefused",
     "FieldSourceMismatch",
     "FieldStale",

@@ -30,7 +30,17 @@ from urllib.parse import parse_qs, quote, urlsplit
 import httpx
 
 from .errors import PortalError, PortalUnavailable, error_from_problem
-from .models import Event, Execution, FieldValue, ObjectVersion, Operation, Page, Task
+from .models import (
+    ActionResult,
+    Event,
+    Execution,
+    FieldRead,
+    FieldValue,
+    ObjectVersion,
+    Operation,
+    Page,
+    Task,
+)
 
 __all__ = ["PortalClient"]
 
@@ -168,6 +178,80 @@ class PortalClient:
 
     def close(self) -> None:
         self._http.close()
+
+    # --- One governed action in one call ---------------------------------------------
+
+    def take_action(
+        self,
+        *,
+        action: str,
+        target: str,
+        object_type: str,
+        object_id: str,
+        object_version: str,
+        fields: Mapping[str, FieldRead | Mapping[str, Any]],
+        arguments: Any,
+        idempotency_key: str,
+        contract_key: str | None = None,
+        contract_version: int | None = None,
+        workflow_key: str | None = None,
+        workflow_version: str | None = None,
+        client_task_id: str | None = None,
+        respond_async: bool = False,
+        request_key: str | None = None,
+    ) -> ActionResult:
+        """Take one governed action whole (``POST /actions``): the portal registers
+        or finds the task, leases it, reserves the operation under
+        ``idempotency_key``, and its gateway checks, calls and verifies.
+
+        ``idempotency_key`` is the side effect's business identity: repeat the
+        same call (same key, action, target, object and arguments; fields read
+        again are fine) to get the same operation's answer; the remote system is
+        called at most once. A call with the same key still under way answers 409
+        ``REQUEST_IN_FLIGHT``, which this client retries after ``Retry-After``.
+        ``respond_async``: the checks run now and a worker makes the call
+        (``status == "accepted"``).
+
+        Returns:
+            The ``ActionResult``; a refusal or a person's turn is a result (with
+            ``desk_item_id``), not an error.
+
+        Raises:
+            IdempotencyKeyReused: the key was used for another action; nothing ran.
+            ActionNotGranted: you hold no grant for ``action`` on ``target``.
+            NotFound: no published contract fits (or the named one does not exist).
+            ValidationFailed: the request is not valid.
+            RequestInFlight: still in flight after every retry.
+        """
+        body: dict[str, Any] = {
+            "action": action,
+            "target": target,
+            "object_type": object_type,
+            "object_id": object_id,
+            "object_version": object_version,
+            "fields": {
+                name: read.as_json() if isinstance(read, FieldRead) else dict(read)
+                for name, read in fields.items()
+            },
+            "arguments": arguments,
+            "idempotency_key": idempotency_key,
+        }
+        optional = {
+            "contract_key": contract_key,
+            "contract_version": contract_version,
+            "workflow_key": workflow_key,
+            "workflow_version": workflow_version,
+            "client_task_id": client_task_id,
+        }
+        body.update({name: value for name, value in optional.items() if value})
+        response = self._send(
+            "POST",
+            "actions",
+            body=body,
+            request_key=request_key,
+            extra_headers={"Prefer": "respond-async"} if respond_async else None,
+        )
+        return ActionResult.from_json(response.json())
 
     # --- Tasks -----------------------------------------------------------------------
 
@@ -583,9 +667,10 @@ class PortalClient:
         body: Any = _NO_BODY,
         lease_token: int | None = None,
         request_key: str | None = None,
+        extra_headers: Mapping[str, str] | None = None,
     ) -> httpx.Response:
         """Send one logical call, retrying it under one key; the 2xx answer."""
-        headers: dict[str, str] = {}
+        headers: dict[str, str] = dict(extra_headers or {})
         content: bytes | None = None
         if body is not _NO_BODY:
             content = _encode(body)

@@ -179,6 +179,82 @@ class FieldValue:
 
 
 @dataclass(frozen=True, kw_only=True)
+class FieldRead:
+    """A field you read for ``take_action``: its value, where from, and when."""
+
+    value: Any
+    source: str
+    read_at: dt.datetime
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "value": self.value,
+            "source": self.source,
+            "read_at": self.read_at.isoformat(),
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActionResult:
+    """What became of ``take_action``: an answer to act on without guessing.
+
+    ``status``: ``verified`` (``provider_reference`` is the receipt), ``refused`` (a
+    check refused before any call: ``reason_code``, ``failed_check``,
+    ``failed_fields``; a person has ``desk_item_id``), ``human_required`` (a person
+    decides: ``desk_item_id``), ``unknown`` (in doubt; the portal looks the receipt
+    up), ``accepted`` (queued for a worker) or ``failed`` (the remote system
+    rejected it; the key is spent). ``next_step`` says what to do; for every status
+    but ``failed``, never retry with a new key: repeat the same call or poll
+    ``status_url`` (``get_operation(operation_id)``).
+    """
+
+    status: str
+    next_step: str
+    status_url: str
+    operation_id: str
+    task_id: str
+    operation_state: str
+    task_state: str
+    created: bool
+    reason_code: str | None
+    failed_check: str | None
+    failed_fields: tuple[str, ...]
+    provider_reference: str | None
+    result: Any
+    desk_item_id: str | None
+    attempts: int
+    details: Mapping[str, Any]
+    raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def settled(self) -> bool:
+        """Whether the answer is final for now (not ``unknown`` or ``accepted``)."""
+        return self.status not in ("unknown", "accepted")
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ActionResult:
+        return cls(
+            status=str(data["status"]),
+            next_step=str(data.get("next_step", "")),
+            status_url=str(data.get("status_url", "")),
+            operation_id=str(data["operation_id"]),
+            task_id=str(data["task_id"]),
+            operation_state=str(data["operation_state"]),
+            task_state=str(data["task_state"]),
+            created=bool(data.get("created", False)),
+            reason_code=_optional_str(data.get("reason_code")),
+            failed_check=_optional_str(data.get("failed_check")),
+            failed_fields=tuple(str(name) for name in data.get("failed_fields") or ()),
+            provider_reference=_optional_str(data.get("provider_reference")),
+            result=data.get("result"),
+            desk_item_id=_optional_str(data.get("desk_item_id")),
+            attempts=int(data.get("attempts", 0)),
+            details=dict(data.get("details") or {}),
+            raw=dict(data),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
 class Execution:
     """What the gateway did with an execution request (200 answers only).
 
