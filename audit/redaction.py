@@ -38,8 +38,9 @@ import hmac
 import json
 import re
 import uuid
+from bisect import bisect_left
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Final
 
@@ -80,6 +81,19 @@ REDACTED: Final = "[REDACTED]"
 MAX_STRING_CHARS: Final = 256
 MAX_DEPTH: Final = 6
 MAX_ITEMS: Final = 50
+# The hard cap on what is scanned (issue 19): a string (or dict key) longer than
+# MAX_SCAN_STRING_CHARS is not scanned at all, and a value with more than
+# MAX_SCAN_CHARS to scan is kept as its shape: see _too_large and redact. Only a
+# 64-character prefix of a string over MAX_STRING_CHARS is ever stored, so scanning
+# more buys little; scanning costs about 1.5 µs a character, so the two bound the
+# time one value can take (docs/redaction.md has the figures).
+MAX_SCAN_STRING_CHARS: Final = 64 * 1024
+MAX_SCAN_CHARS: Final = 256 * 1024
+# A string's fixed cost (two dozen pattern calls), counted in characters.
+_SCAN_OVERHEAD_CHARS: Final = 16
+# Declared values cut out of every other string, each in a pass over all scanned
+# text: past this many distinct values, the payload counts as too large to scan.
+MAX_KNOWN_VALUES: Final = 64
 SENSITIVE_KINDS: Final = frozenset({"personal", "secret"})
 
 # Keys whose values never go into the audit trail, whatever they hold.
@@ -149,6 +163,17 @@ _PLUGINS: Final[tuple[BasePlugin, ...]] = (
     TelegramBotTokenDetector(),
     TwilioKeyDetector(),
 )
+# detect-secrets' plugins are written for the lines of a file, and some of their
+# patterns try every start against the rest of the line (npm's "//.+/:_authToken",
+# the JWT pattern): on one long string that costs its length squared. They run on
+# windows of _WINDOW characters, each overlapping the next by _OVERLAP, so the cost
+# grows with the length; a match up to _OVERLAP long lies whole in some window, and
+# every occurrence of a secret a window yields is cut, wherever it is.
+_WINDOW: Final = 4096
+_OVERLAP: Final = 1024
+_PLUGIN_KINDS: Final = tuple(
+    (plugin, str(plugin.secret_type).lower().replace(" ", "_")) for plugin in _PLUGINS
+)
 _BASE64 = Base64HighEntropyString()  # limit 4.5, detect-secrets' default
 _HEX = HexHighEntropyString()  # limit 3.0
 _ENTROPY_TOKEN = re.compile(r"[A-Za-z0-9+/=_\\-]{16,}")
@@ -181,10 +206,14 @@ _OWN_SECRETS: Final[tuple[tuple[str, re.Pattern[str]], ...]] = (
     ("aws", re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b")),
     ("url_password", re.compile(r"(?<=://)[^\s:/?#@]+:[^\s/?#@]+(?=@)")),
 )
-_EMAIL = re.compile(
-    r"[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+@[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_EMAIL_LOCAL = r"[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]"
+_EMAIL_DOMAIN = (
+    r"@[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
     r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)+"
 )
+_EMAIL = re.compile(f"{_EMAIL_LOCAL}+{_EMAIL_DOMAIN}")
+# The same, only where a run of local-part characters starts (see _emails).
+_EMAIL_AT_RUN_START = re.compile(f"(?<!{_EMAIL_LOCAL}){_EMAIL_LOCAL}+{_EMAIL_DOMAIN}")
 # 13 to 19 digits, optionally grouped by single spaces or dashes, starting 2 to 6 as
 # the card networks' numbers do (a millisecond timestamp starts with 1). Not glued to
 # a letter, a digit or a dash-joined group on either side: the digit runs inside a
@@ -276,6 +305,40 @@ def _spans_of(text: str, needle: str) -> Iterator[tuple[int, int]]:
         start = text.find(needle, start + len(needle))
 
 
+def _emails(text: str) -> Iterator[re.Match[str]]:
+    """``_EMAIL.finditer(text)``, in time linear in the length of ``text``.
+
+    ``_EMAIL`` searched on its own tries every position of a run of local-part
+    characters and reads to the run's end each time: quadratic in the run (issue
+    19: ``{"blob": "x" * 200_000}`` took 31 s). Every position of a run reaches the
+    same "@", so a match can only start where a run starts, or where the previous
+    match ended inside one (``finditer`` resumes there): those are tried, no other.
+    """
+    at = 0
+    while True:
+        match = _EMAIL.match(text, at) if at else None
+        if match is None:
+            match = _EMAIL_AT_RUN_START.search(text, at)
+        if match is None:
+            return
+        yield match
+        at = match.end()
+
+
+def _plugin_findings(text: str) -> Iterator[Finding]:
+    """What detect-secrets' plugins find, window by window (see ``_WINDOW``)."""
+    secrets: dict[str, str] = {}  # each distinct secret once, with its kind
+    step = _WINDOW - _OVERLAP
+    for offset in range(0, max(1, len(text) - _OVERLAP), step):
+        window = text[offset : offset + _WINDOW]
+        for plugin, kind in _PLUGIN_KINDS:
+            for secret in plugin.analyze_string(window):
+                if secret and len(secret) >= 4:
+                    secrets.setdefault(secret, kind)
+    for secret, kind in secrets.items():
+        yield from (Finding(s, e, kind) for s, e in _spans_of(text, secret))
+
+
 def _entropy_secret(token: str) -> bool:
     if _UUID.match(token):
         return False
@@ -287,20 +350,30 @@ def _entropy_secret(token: str) -> bool:
     )
 
 
-@lru_cache(maxsize=4096)
 def _findings(text: str, entropy: bool) -> tuple[Finding, ...]:
-    """Every detected span of ``text``, overlaps merged (the earliest kind wins)."""
+    """Every detected span of ``text``, overlaps merged (the earliest kind wins).
+
+    Linear in the length of ``text``; short texts (keys, codes) are cached, long
+    ones are not (the cache would hold them).
+    """
     if len(text) < 6:
         return ()
+    if len(text) <= MAX_STRING_CHARS:
+        return _cached_findings(text, entropy)
+    return _scan(text, entropy)
+
+
+@lru_cache(maxsize=4096)
+def _cached_findings(text: str, entropy: bool) -> tuple[Finding, ...]:
+    return _scan(text, entropy)
+
+
+def _scan(text: str, entropy: bool) -> tuple[Finding, ...]:
     found: list[Finding] = []
     for kind, pattern in _OWN_SECRETS:
         found.extend(Finding(m.start(), m.end(), kind) for m in pattern.finditer(text))
-    for plugin in _PLUGINS:
-        for secret in plugin.analyze_string(text):
-            if secret and len(secret) >= 4:
-                kind = str(plugin.secret_type).lower().replace(" ", "_")
-                found.extend(Finding(s, e, kind) for s, e in _spans_of(text, secret))
-    found.extend(Finding(m.start(), m.end(), "email") for m in _EMAIL.finditer(text))
+    found.extend(_plugin_findings(text))
+    found.extend(Finding(m.start(), m.end(), "email") for m in _emails(text))
     for match in _CARD.finditer(text):
         if _luhn(_normalise("card", match.group())):
             found.append(Finding(match.start(), match.end(), "card"))
@@ -314,10 +387,13 @@ def _findings(text: str, entropy: bool) -> tuple[Finding, ...]:
                 found.append(Finding(match.start(), match.end(), "high_entropy"))
     own = [(m.start(), m.end()) for m in _OWN_OUTPUT.finditer(text)]
     if own:
+        # Own output spans are disjoint and in order: the last one starting before
+        # a finding ends is the only one that can reach into it.
+        starts = [start for start, _ in own]
         found = [
             f
             for f in found
-            if not any(f.start < end and start < f.end for start, end in own)
+            if (prior := bisect_left(starts, f.end) - 1) < 0 or own[prior][1] <= f.start
         ]
     merged: list[Finding] = []
     for finding in sorted(found, key=lambda f: (f.start, -f.end)):
@@ -366,6 +442,25 @@ def json_dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
+class _TooLargeToScan(Exception):
+    """The payload holds more than one call may scan (``MAX_SCAN_CHARS``).
+
+    Private to this module: ``redact`` catches it and stores the payload's shape.
+    """
+
+
+@dataclass
+class _Budget:
+    """What one ``redact`` call may still scan, in characters."""
+
+    left: int = MAX_SCAN_CHARS
+
+    def spend(self, chars: int) -> None:
+        self.left -= chars + _SCAN_OVERHEAD_CHARS
+        if self.left < 0:
+            raise _TooLargeToScan
+
+
 @dataclass(frozen=True)
 class _Context:
     tenant_id: uuid.UUID | str
@@ -373,6 +468,16 @@ class _Context:
     # Declared values found in this same value, with their markers: a customer's
     # name under ``customer`` is also cut out of the ``summary`` beside it.
     known: tuple[tuple[re.Pattern[str], str], ...] = ()
+    budget: _Budget = field(default_factory=_Budget)
+
+
+def _too_large(tenant_id: uuid.UUID | str, text: str) -> str:
+    """What is kept of a string too long to scan: its length and keyed digest.
+
+    Not a character of it is kept: it was never scanned, so a prefix could hold a
+    secret. The digest is keyed like every hash here (the text may be personal).
+    """
+    return f"[TOO LARGE: {len(text)} chars, {keyed_hash(tenant_id, text, chars=64)}]"
 
 
 def _declared_values(
@@ -384,8 +489,10 @@ def _declared_values(
     if isinstance(value, Mapping):
         for key, item in value.items():
             kind = sensitive.get(str(key))
-            if kind is not None and isinstance(item, str | int) and len(str(item)) >= 3:
-                yield kind, str(item)
+            if kind is not None and isinstance(item, str | int):
+                # A value too long to scan cannot be inside a scanned string.
+                if 3 <= len(str(item)) <= MAX_SCAN_STRING_CHARS:
+                    yield kind, str(item)
             else:
                 yield from _declared_values(item, sensitive, depth + 1)
     elif isinstance(value, list | tuple):
@@ -404,6 +511,13 @@ def _replace_known(text: str, context: _Context) -> str:
     return text
 
 
+def _shown_key(name: str, context: _Context) -> str:
+    if len(name) > MAX_SCAN_STRING_CHARS:
+        return _too_large(context.tenant_id, name)
+    context.budget.spend(len(name))
+    return _redact_text(name, context.tenant_id, entropy=True)[:MAX_STRING_CHARS]
+
+
 def _walk(value: Any, context: _Context, depth: int, key: str | None) -> Any:
     if depth > MAX_DEPTH:
         return "[TOO DEEP]"
@@ -412,10 +526,12 @@ def _walk(value: Any, context: _Context, depth: int, key: str | None) -> Any:
         out: dict[str, Any] = {}
         for raw_key, item in items[:MAX_ITEMS]:
             name = str(raw_key)
-            shown = _redact_text(name, context.tenant_id, entropy=True)
-            shown = shown[:MAX_STRING_CHARS]
+            shown = _shown_key(name, context)
             declared = context.sensitive.get(name)
-            if declared is not None and item is not None:
+            if len(name) > MAX_SCAN_STRING_CHARS:
+                # Never a sensitive or declared name; its value is scanned as usual.
+                out[shown] = _walk(item, context, depth + 1, None)
+            elif declared is not None and item is not None:
                 out[shown] = _declared(context, declared, item)
             elif _SENSITIVE_KEY.search(name) and name not in _PUBLIC_KEYS:
                 # A flag or an absence says nothing secret ("signing_key_replaced").
@@ -445,6 +561,9 @@ def _walk(value: Any, context: _Context, depth: int, key: str | None) -> Any:
             return f"[card:{keyed_hash(context.tenant_id, digits)}]"
         return value
     text = value if isinstance(value, str) else str(value)
+    if len(text) > MAX_SCAN_STRING_CHARS:
+        return _too_large(context.tenant_id, text)
+    context.budget.spend(len(text))
     text = _replace_known(text, context)
     text = _redact_text(text, context.tenant_id, entropy=key not in _IDENTIFIER_KEYS)
     if len(text) > MAX_STRING_CHARS:
@@ -474,22 +593,32 @@ def redact(
     mapping that is still bigger as compact JSON becomes its shape (its keys and a
     keyed digest).
 
+    Bounded: a string or key over ``MAX_SCAN_STRING_CHARS`` is not scanned and
+    becomes ``[TOO LARGE: N chars, hm_…]``; a value holding more than
+    ``MAX_SCAN_CHARS`` to scan, or more than ``MAX_KNOWN_VALUES`` distinct declared
+    values, becomes its shape as soon as that is known (a mapping; anything else a
+    ``[TOO LARGE…]`` string). The time taken grows linearly with the input.
+
     Guarantee: no value under a sensitive key or a declared field, and no span a
     detector finds, is in the result; equal declared values, e-mail addresses and
     card numbers give equal ``hm_`` hashes within the tenant.
     """
     sensitive = sensitive or {}
+    declared = set(_declared_values(value, sensitive))
+    if len(declared) > MAX_KNOWN_VALUES:
+        return _too_large_shape(value, tenant_id)
     known = tuple(
         (
             re.compile(re.escape(text), re.IGNORECASE),
             f"[{kind}:{keyed_hash(tenant_id, text)}]",
         )
-        for kind, text in sorted(
-            set(_declared_values(value, sensitive)), key=lambda k: -len(k[1])
-        )
+        for kind, text in sorted(declared, key=lambda k: -len(k[1]))
     )
     context = _Context(tenant_id=tenant_id, sensitive=sensitive, known=known)
-    redacted = _walk(value, context, 0, None)
+    try:
+        redacted = _walk(value, context, 0, None)
+    except _TooLargeToScan:
+        return _too_large_shape(value, tenant_id)
     if max_bytes is None or not isinstance(redacted, dict):
         return redacted
     encoded = json_dumps(redacted)
@@ -500,6 +629,26 @@ def redact(
         "_truncated": True,
         "_reference": keyed_hash(tenant_id, encoded, chars=64),
         "_keys": sorted(str(key)[:64] for key in redacted)[:MAX_ITEMS],
+    }
+
+
+def _too_large_shape(value: Any, tenant_id: uuid.UUID | str) -> Any:
+    """A value with too much to scan: a mapping's shape, or a ``[TOO LARGE…]``.
+
+    The reference is the keyed digest of the value as given (it was not redacted);
+    each key shown is its first ``MAX_STRING_CHARS`` characters, redacted, then cut
+    to 64 as in the shape of an oversized payload.
+    """
+    encoded = json_dumps(value)
+    if not isinstance(value, Mapping):
+        return _too_large(tenant_id, encoded)
+    context = _Context(tenant_id=tenant_id, sensitive={})
+    keys = [str(key)[:MAX_STRING_CHARS] for key in list(value)[:MAX_ITEMS]]
+    return {
+        "_truncated": True,
+        "_too_large": True,
+        "_reference": keyed_hash(tenant_id, encoded, chars=64),
+        "_keys": sorted(_shown_key(key, context)[:64] for key in keys),
     }
 
 

@@ -8,7 +8,11 @@ import uuid
 import pytest
 from django.conf import settings
 
+from audit import redaction
 from audit.redaction import (
+    MAX_KNOWN_VALUES,
+    MAX_SCAN_CHARS,
+    MAX_SCAN_STRING_CHARS,
     REDACTED,
     SensitiveValue,
     keyed_hash,
@@ -128,7 +132,11 @@ def test_digit_runs_inside_uuids_and_digests_are_no_card_numbers():
     values += [{"input_hash": value} for value in digests]
     assert [v for v in values if redact(v, tenant_id=TENANT) != v] == []
     # the same numbers standing alone, grouped or embedded in a sentence, are caught
-    for text in ("4111-1111-1111-1111", "paid 4111 1111 1111 1111.", "cc=4111111111111111;"):
+    for text in (
+        "4111-1111-1111-1111",
+        "paid 4111 1111 1111 1111.",
+        "cc=4111111111111111;",
+    ):
         assert "[card:hm_" in redact({"note": text}, tenant_id=TENANT)["note"], text
 
 
@@ -233,3 +241,103 @@ def test_a_flag_under_a_sensitive_key_is_kept():
         "signing_key": REDACTED,
         "password": None,
     }
+
+
+# Issue 19: redaction is linear in its input, and what it scans is capped.
+
+
+def test_a_string_over_the_cap_is_kept_as_its_length_and_keyed_digest_only():
+    text = f"{GHP} {EMAIL} " + "x" * MAX_SCAN_STRING_CHARS
+    redacted = redact({"blob": text, text: 1}, tenant_id=TENANT)
+    marker = f"[TOO LARGE: {len(text)} chars, {keyed_hash(TENANT, text, chars=64)}]"
+    assert redacted == {"blob": marker, marker: 1}
+    assert GHP not in _text(redacted) and EMAIL not in _text(redacted)
+
+
+def test_a_string_at_the_cap_is_still_scanned():
+    text = f"{GHP} " + "x" * (MAX_SCAN_STRING_CHARS - len(GHP) - 1)
+    value = redact({"blob": text}, tenant_id=TENANT)["blob"]
+    assert value.startswith("[REDACTED:") and "TOO LARGE" not in value
+
+
+@pytest.fixture
+def scanned(monkeypatch) -> list[int]:
+    """The length of every text the detectors scan, in order (the real scan runs)."""
+    lengths: list[int] = []
+    scan = redaction._scan
+
+    def counting_scan(text: str, entropy: bool):
+        lengths.append(len(text))
+        return scan(text, entropy)
+
+    monkeypatch.setattr(redaction, "_scan", counting_scan)
+    return lengths
+
+
+def test_a_string_over_the_cap_is_never_scanned(scanned):
+    """The capped path is taken: not one character of the string is scanned."""
+    redact({"note": "x" * (MAX_SCAN_STRING_CHARS + 1)}, tenant_id=TENANT)
+    assert scanned == []  # "note" is under 6 characters: nothing to scan either
+
+
+def test_a_payload_with_too_much_to_scan_becomes_its_shape_before_it_is_all_read(
+    scanned,
+):
+    note = f"mail {EMAIL} " + "y" * 40_000
+    payload = {f"to {EMAIL} {i}": [f"{j}{note}" for j in range(5)] for i in range(20)}
+    redacted = redact(payload, tenant_id=TENANT)
+    # then only the shape is kept, and scanning stopped at the bound (4 MB given)
+    assert redacted["_truncated"] is True and redacted["_too_large"] is True
+    assert len(redacted["_keys"]) == 20 and EMAIL not in _text(redacted)
+    assert sum(scanned) <= MAX_SCAN_CHARS + len(note) + 1 + 256 * 20
+    assert redact(redacted, tenant_id=TENANT) == redacted
+
+
+def test_too_many_declared_values_make_the_payload_too_large_to_scan():
+    rows = [{"customer": f"Customer number {i}"} for i in range(MAX_KNOWN_VALUES + 1)]
+    redacted = redact(
+        {"rows": rows}, tenant_id=TENANT, sensitive={"customer": "personal"}
+    )
+    assert redacted["_too_large"] is True and "Customer number" not in _text(redacted)
+    kept = redact(
+        {"rows": rows[:MAX_KNOWN_VALUES]},
+        tenant_id=TENANT,
+        sensitive={"customer": "personal"},
+    )
+    assert "rows" in kept and "Customer number" not in _text(kept)
+
+
+def test_no_detect_secrets_plugin_reads_more_than_a_window(monkeypatch):
+    """What made a plugin quadratic is bounded: each call reads one window."""
+    read: list[int] = []
+    for plugin in redaction._PLUGINS:
+        analyze = plugin.analyze_string
+
+        def counting(text: str, analyze=analyze):
+            read.append(len(text))
+            return analyze(text)
+
+        monkeypatch.setattr(plugin, "analyze_string", counting)
+    text = "//a/:_authToken=" + "eyJ" * (MAX_SCAN_STRING_CHARS // 3 - 6)
+    redact({"blob": text}, tenant_id=TENANT)
+    windows = len(read) // len(redaction._PLUGINS)
+    assert max(read) == redaction._WINDOW
+    step = redaction._WINDOW - redaction._OVERLAP
+    assert windows == -(-(len(text) - redaction._OVERLAP) // step)
+
+
+def test_a_secret_a_plugin_finds_is_cut_wherever_it_repeats():
+    """The keyword plugin finds a password in one window; its repeat far off goes."""
+    text = 'password = "hunter2canary"' + " pad" * 3000 + " then hunter2canary again"
+    # (the stored form keeps a prefix only: the full redacted text is checked)
+    assert "hunter2canary" not in redaction._redact_text(text, TENANT, entropy=True)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_linear_email_scan_finds_what_the_plain_pattern_finds(seed):
+    rng = random.Random(seed)
+    alphabet = "ab.-_+@ c9" if seed % 2 else "xy@.com-+_ "
+    text = "".join(rng.choice(alphabet) for _ in range(400))
+    text += " a@b.com+c@d.org a@b.c_x@d.org x@y.z@w.org"
+    expected = [m.span() for m in redaction._EMAIL.finditer(text)]
+    assert [m.span() for m in redaction._emails(text)] == expected
