@@ -299,8 +299,21 @@ def test_tail_cut_before_the_next_checkpoint_is_the_window(
     code, output = verify(trail["tenant"])
     assert code == 0
     assert "1 events after the last checkpoint" in output
-    # when it is cut before the next checkpoint, nothing can tell (the window)
-    superuser(("DELETE FROM audit_event WHERE id = %s", [event_at(trail["a"], 6).pk]))
+    # when it is cut before the next checkpoint, its chain's head row tells
+    cut = event_at(trail["a"], 6)
+    superuser(("DELETE FROM audit_event WHERE id = %s", [cut.pk]))
+    code, output = verify(trail["tenant"])
+    assert (code, kind_of(output)) == (1, "deleted")
+    assert "ends at #5, its head row says #6" in output
+    # but when the head row is moved back too, nothing can tell (the window)
+    five = event_at(trail["a"], 5)
+    superuser(
+        (
+            "UPDATE audit_chainhead SET head_seq = 5, head_event_id = %s,"
+            " head_hash = %s WHERE task_id = %s",
+            [five.pk, five.hash, trail["a"]],
+        )
+    )
     assert verify(trail["tenant"])[0] == 0
 
 
@@ -467,9 +480,10 @@ def test_the_migration_backfill_chains_old_events(
     trail: dict[str, Any], superuser: Any
 ) -> None:
     # given events from before the chain (no links, no payload digests: format v1)
-    # and no checkpoints
+    # and no checkpoints, nor head rows (audit migration 0014 made them later)
     superuser(
         ("DELETE FROM audit_checkpoint", []),
+        ("DELETE FROM audit_chainhead", []),
         (
             "UPDATE audit_event SET chain_seq = NULL, prev_hash = NULL, hash = NULL,"
             " payload_digest = NULL",
