@@ -26,7 +26,6 @@ from portal.models import (
     Agent,
     AgentGrant,
     AgentKey,
-    EventsOnDelete,
     Membership,
     Role,
     Tenant,
@@ -52,33 +51,25 @@ def _event(*, tenant: Tenant, code: str, actor: Actor, data: dict[str, Any]) -> 
 
 
 @transaction.atomic(durable=True)
-def tenant_update(
-    *, tenant: Tenant, by: Person, name: str, events_on_delete: str
-) -> Tenant:
-    """Change the tenant's name or its event policy on deletion.
+def tenant_update(*, tenant: Tenant, by: Person, name: str) -> Tenant:
+    """Change the tenant's name.
+
+    Its event policy on deletion (``events_on_delete``) is chosen when the tenant is
+    made and changed afterwards by the operator alone: the app role may not update
+    it, since the tenant purge decides by it (docs/tenant-deletion.md).
 
     Raises:
         PermissionDenied, TenantNotVisible: ``by`` may not manage the tenant.
-        ValidationFailed: unknown ``events_on_delete``.
     """
     actor = _manage(tenant=tenant, by=by)
-    if events_on_delete not in EventsOnDelete.values:
-        raise ValidationFailed(field="events_on_delete", value=events_on_delete)
     current = Tenant.objects.select_for_update().get(pk=tenant.pk)
-    changed = {
-        field: [getattr(current, field), value]
-        for field, value in (("name", name), ("events_on_delete", events_on_delete))
-        if getattr(current, field) != value
-    }
-    if changed:
-        Tenant.objects.filter(pk=tenant.pk).update(
-            name=name, events_on_delete=events_on_delete
-        )
+    if current.name != name:
+        Tenant.objects.filter(pk=tenant.pk).update(name=name)
         _event(
             tenant=tenant,
             code=EventCode.TENANT_CHANGED,
             actor=actor,
-            data={"changed": changed},
+            data={"changed": {"name": [current.name, name]}},
         )
     current.refresh_from_db()
     return current

@@ -30,7 +30,9 @@ from .base import TenantScopedAdmin, tenant_ids
 
 @admin.register(Tenant)
 class TenantAdmin(TenantScopedAdmin):
-    """Your tenants. Admins change the name and the deletion policy for events."""
+    """Your tenants. Admins change the name; the deletion policy for events is chosen
+    when the platform operator makes the tenant, and changed by the operator role
+    alone (docs/tenant-deletion.md)."""
 
     tenant_field = ""
     view_perm = TenantPerm.VIEW_TRAIL
@@ -42,7 +44,7 @@ class TenantAdmin(TenantScopedAdmin):
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         if obj is None:
             return ["created_at", "deleted_at"]
-        return ["slug", "created_at", "deleted_at"]
+        return ["slug", "events_on_delete", "created_at", "deleted_at"]
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return bool(request.user.is_superuser)  # the platform operator makes tenants
@@ -60,7 +62,6 @@ class TenantAdmin(TenantScopedAdmin):
             tenant=Tenant.objects.get(pk=obj.pk),
             by=request.user,
             name=form.cleaned_data["name"],
-            events_on_delete=form.cleaned_data["events_on_delete"],
         )
 
 

@@ -23,6 +23,7 @@ from portal.exceptions import ValidationFailed
 from portal.models import AgentKey
 from portal.services import KeyRevoked
 from tests.conftest import db_now
+from tests.support.db import connect_as
 
 from .conftest import AgentClient
 
@@ -105,6 +106,7 @@ def test_an_unknown_secret_with_a_real_prefix_learns_nothing(api: AgentClient):
     assert (status, code) == (401, "UNAUTHENTICATED")
 
 
+@pytest.mark.django_db(transaction=True)
 def test_an_inactive_agent_or_a_deleted_tenant_authenticates_nothing(api: AgentClient):
     assert api.get("/api/v1/tasks").status_code == 200
     # an agent switched off, by raw SQL (the join in the key's lookup must see it)
@@ -118,9 +120,10 @@ def test_an_inactive_agent_or_a_deleted_tenant_authenticates_nothing(api: AgentC
             "UPDATE portal_agent SET is_active = true WHERE id = %s", [api.agent.pk]
         )
     assert _get(api.secret)[0] == 200
-    # the tenant marked deleted (its events kept)
-    with connection.cursor() as cursor:
-        cursor.execute(
+    # the tenant marked deleted (its events kept): the owner's column, not the app
+    # role's (docs/tenant-deletion.md), so a committed tenant and the owner's UPDATE
+    with connect_as("owner", autocommit=True) as owner:
+        owner.execute(
             "UPDATE portal_tenant SET deleted_at = now() WHERE id = %s", [api.tenant.pk]
         )
     assert _get(api.secret)[:2] == (401, "UNAUTHENTICATED")
