@@ -9,11 +9,13 @@ development mode is explicit (``PORTAL_DEV_MODE=1``, which ``manage.py up``,
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 from pathlib import Path
 from typing import Any
 
 import dj_database_url
+from csp.constants import NONCE, NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
 from portal import process, production_secrets
@@ -71,6 +73,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",  # Swagger UI and Redoc served from static files
     "guardian",
+    "axes",  # login lockout (AXES_* below)
     "portal",
     "tasks",
     "audit",
@@ -81,7 +84,10 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     # Outermost of all: times every request Django answers, by route (/metrics).
     "portal.metrics.HttpMetricsMiddleware",
-    # Outermost but one: every error answer under /api/ leaves as problem+json.
+    # Every answer leaves with a Content-Security-Policy header (below), the
+    # problem+json rewrites of the next one included.
+    "portal.csp.ContentSecurityPolicyMiddleware",
+    # Then: every error answer under /api/ leaves as problem+json.
     "portal.middleware.ApiProblemMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -93,6 +99,8 @@ MIDDLEWARE = [
     "portal.scope_middleware.TenantScopeMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: turns a locked-out login into its 429 page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "portal.urls"
@@ -175,6 +183,8 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 ATOMIC_REQUESTS = False
 
 AUTHENTICATION_BACKENDS = [
+    # First: refuses a locked-out username and address before any password check.
+    "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
     "guardian.backends.ObjectPermissionBackend",
 ]
@@ -182,6 +192,62 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
+
+# Login lockout (django-axes; docs/portal.md, "Login and page security"): five
+# failed logins for one username from one address lock that pair out for 15 minutes
+# (each refused try restarts the 15). The pair, not the username alone: nobody can
+# lock a person out from anywhere by typing their name; nor the address alone: one
+# office behind one address is not locked out by one person. A success clears the
+# count. The operator unlocks sooner: manage.py axes_reset_username NAME.
+AXES_FAILURE_LIMIT = 5
+AXES_COOLOFF_TIME = dt.timedelta(minutes=15)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "console.lockout.lockout_response"  # the 429 page
+AXES_CLIENT_IP_CALLABLE = "console.lockout.client_ip"
+# The attempts are read with manage.py axes_list_attempts; axes' own admin pages
+# would show every tenant's people to every staff account.
+AXES_ENABLE_ADMIN = False
+# Masked in axes' log lines and stored form data (the password always is).
+AXES_SENSITIVE_PARAMETERS = ["username", "ip_address", "csrfmiddlewaretoken"]
+# Reverse proxies in front of the web process that append the client's address to
+# X-Forwarded-For (nginx: $proxy_add_x_forwarded_for); 0: the peer's address counts.
+PORTAL_TRUSTED_PROXIES = int(os.environ.get("PORTAL_TRUSTED_PROXIES", "0"))
+
+# Content-Security-Policy on every answer (django-csp, through portal/csp.py).
+# Pages take scripts, styles, images and fonts from this server only; no inline
+# script or style runs unless it carries the request's nonce (only the Redoc page
+# uses one: its start and the style sheets Redoc writes). data: images are the SVG
+# icons of Swagger UI's style sheet.
+CONTENT_SECURITY_POLICY: dict[str, Any] = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF, NONCE],
+        "style-src": [SELF, NONCE],
+        "img-src": [SELF, "data:"],
+        "object-src": [NONE],
+        "base-uri": [NONE],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    },
+}
+# The Redoc page (/api/redoc/) adds what its bundle needs and cannot carry a nonce
+# for: the two style elements it writes as it loads (perfect-scrollbar's sheet, and
+# an empty one), by hash; and its search index's worker, made from a blob.
+# tests/browser/test_csp.py fails on any violation, so a new bundle's sheets show.
+PORTAL_CSP_REDOC: dict[str, list[str]] = {
+    "style-src": [
+        "'sha256-QMIg+bpjm3JdElJ388KYke01izlUW0UoNOeKjpMxdgc='",
+        "'sha256-47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU='",
+    ],
+    "worker-src": [SELF, "blob:"],
+}
+# Answers that are not HTML (the API's JSON, /metrics, the probes, static files)
+# have nothing to load: this policy instead.
+PORTAL_CSP_NOT_HTML: dict[str, list[str]] = {
+    "default-src": [NONE],
+    "frame-ancestors": [NONE],
+}
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

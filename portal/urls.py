@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from csp.decorators import csp_update
+from django.conf import settings
 from django.contrib import admin
 from django.urls import path
 from django.views.generic import RedirectView
 from drf_spectacular.views import (
     SpectacularAPIView,
     SpectacularRedocView,
-    SpectacularSwaggerView,
+    SpectacularSwaggerSplitView,
 )
 
 from audit.api import AuditPublicKeyApi
@@ -89,14 +91,18 @@ urlpatterns = [
     # Read-only pages: OPTIONS on the HTML ones had DRF render its metadata
     # through a template-less HTML renderer (a 500).
     path("api/schema/", SpectacularAPIView.as_view(**READ_ONLY), name="schema"),
+    # The split view serves Swagger UI's start script as a second request
+    # (?script): the Content-Security-Policy runs no inline script (portal/csp.py).
     path(
         "api/docs/",
-        SpectacularSwaggerView.as_view(url_name="schema", **READ_ONLY),
+        SpectacularSwaggerSplitView.as_view(url_name="schema", **READ_ONLY),
         name="docs",
     ),
     path(
         "api/redoc/",
-        SpectacularRedocView.as_view(url_name="schema", **READ_ONLY),
+        csp_update(settings.PORTAL_CSP_REDOC)(
+            SpectacularRedocView.as_view(url_name="schema", **READ_ONLY)
+        ),
         name="redoc",
     ),
     *[path(f"api/v1/{p.pattern}", p.callback) for p in api_v1],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import dataclass
 from typing import Any
 
 from django import forms
@@ -10,6 +11,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.helpers import ActionForm
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.template.response import TemplateResponse
 from django.utils import timezone
 
 from console import services
@@ -26,6 +28,41 @@ from portal.models import (
 )
 
 from .base import TenantScopedAdmin, tenant_ids
+
+
+@dataclass(frozen=True, kw_only=True)
+class NewKey:
+    """One row of the page that shows new secrets once."""
+
+    agent: str
+    prefix: str
+    what: str
+    secret: str
+
+
+def new_keys_page(
+    model_admin: admin.ModelAdmin[Any], request: HttpRequest, new_keys: list[NewKey]
+) -> TemplateResponse | None:
+    """The answer to the action's POST that shows each new secret once.
+
+    The secret travels in this page only: not in a message (Django's message
+    cookie is signed, not encrypted), the session, a redirect or a log. None when
+    no key was issued: the changelist's redirect then shows the messages.
+    """
+    if not new_keys:
+        return None
+    opts = model_admin.model._meta
+    return TemplateResponse(
+        request,
+        "admin/console/new_keys.html",
+        {
+            **model_admin.admin_site.each_context(request),
+            "title": "New API keys: copy the secrets now",
+            "opts": opts,
+            "new_keys": new_keys,
+            "next_url": request.get_full_path(),
+        },
+    )
 
 
 @admin.register(Tenant)
@@ -120,15 +157,21 @@ class AgentAdmin(TenantScopedAdmin):
     @admin.action(
         description="Issue a new API key (shown once)", permissions=["manage"]
     )
-    def issue_key(self, request: HttpRequest, queryset: QuerySet[Agent]) -> None:
+    def issue_key(
+        self, request: HttpRequest, queryset: QuerySet[Agent]
+    ) -> TemplateResponse | None:
+        new_keys = []
         for agent in self.manageable(request, queryset).select_related("tenant"):
             issued = services.agent_key_issue(agent=agent, by=request.user)
-            self.message_user(
-                request,
-                f"New key for {agent.name}: {issued.secret} — copy it now; only its "
-                "hash is stored.",
-                messages.WARNING,
+            new_keys.append(
+                NewKey(
+                    agent=agent.name,
+                    prefix=issued.key.prefix,
+                    what=f"new key {issued.key.prefix}",
+                    secret=issued.secret,
+                )
             )
+        return new_keys_page(self, request, new_keys)
 
 
 class KeyActionForm(ActionForm):
@@ -197,11 +240,15 @@ class AgentKeyAdmin(TenantScopedAdmin):
         description="Rotate: a new key now, the old one valid until the time given",
         permissions=["manage"],
     )
-    def rotate_keys(self, request: HttpRequest, queryset: QuerySet[AgentKey]) -> None:
+    def rotate_keys(
+        self, request: HttpRequest, queryset: QuerySet[AgentKey]
+    ) -> TemplateResponse | None:
         until = self._until(request)
         if until is None:
-            return
-        for key in self.manageable(request, queryset).select_related("tenant"):
+            return None
+        new_keys = []
+        rotating = self.manageable(request, queryset).select_related("tenant", "agent")
+        for key in rotating:
             try:
                 issued = services.agent_key_rotate(
                     key=key, by=request.user, old_valid_until=until
@@ -209,12 +256,16 @@ class AgentKeyAdmin(TenantScopedAdmin):
             except PortalError as error:
                 self.message_user(request, f"{key}: {error.detail}", messages.ERROR)
                 continue
-            self.message_user(
-                request,
-                f"{key} works until {until.isoformat()}; its successor: "
-                f"{issued.secret} — copy it now; only its hash is stored.",
-                messages.WARNING,
+            new_keys.append(
+                NewKey(
+                    agent=key.agent.name,
+                    prefix=issued.key.prefix,
+                    what=f"new key {issued.key.prefix}, successor of {key.prefix} "
+                    f"(which works until {until.isoformat()})",
+                    secret=issued.secret,
+                )
             )
+        return new_keys_page(self, request, new_keys)
 
     @admin.action(
         description="Expire selected keys at the time given", permissions=["manage"]

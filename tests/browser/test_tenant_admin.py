@@ -37,9 +37,9 @@ def test_a_tenant_admin_issues_and_revokes_a_key_and_publishes_a_contract(
     page.check(f"input[name=_selected_action][value='{agent.pk}']")
     page.select_option("select[name=action]", "issue_key")
     page.click("button[name=index]")
-    message = page.inner_text("ul.messagelist")
-    assert "New key for triage-bot" in message
-    secret = message.split("triage-bot: ", 1)[1].split(" ", 1)[0]
+    assert "not shown again" in page.inner_text("#new-keys-note")
+    assert "triage-bot" in page.inner_text("#new-keys")
+    secret = page.inner_text("#new-keys code.new-key-secret")
     page.reload()
     assert secret not in page.content()  # shown once
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from django.contrib import admin
+from django.http import HttpRequest
 from django.test import Client
 from django.urls import reverse
 
@@ -37,7 +38,11 @@ def _pages() -> list[tuple[type, TenantScopedAdmin]]:
 
 def _client(cast: Cast, persona: str) -> Client:
     client = Client()
-    assert client.login(username=cast.people[persona].user.username, password=PASSWORD)
+    assert client.login(
+        request=HttpRequest(),  # django-axes counts logins by request
+        username=cast.people[persona].user.username,
+        password=PASSWORD,
+    )
     return client
 
 

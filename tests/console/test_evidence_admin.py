@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import pytest
 from django.db import transaction
+from django.http import HttpRequest
 from django.test import Client
 from django.urls import reverse
 
@@ -49,7 +50,11 @@ def task(cast: Cast, make_task: Callable[..., Task]) -> Task:
 
 def client_of(cast: Cast, persona: str) -> Client:
     client = Client()
-    assert client.login(username=cast.people[persona].user.username, password=PASSWORD)
+    assert client.login(
+        request=HttpRequest(),  # django-axes counts logins by request
+        username=cast.people[persona].user.username,
+        password=PASSWORD,
+    )
     return client
 
 

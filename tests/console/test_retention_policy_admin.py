@@ -5,6 +5,7 @@ read it and change nothing; another tenant's people do not see it."""
 from __future__ import annotations
 
 import pytest
+from django.http import HttpRequest
 from django.test import Client
 
 from audit.models import Event, EventCode, RetentionPolicy
@@ -22,7 +23,11 @@ ADD = LIST + "add/"
 
 def _client(cast: Cast, persona: str) -> Client:
     client = Client()
-    assert client.login(username=cast.people[persona].user.username, password=PASSWORD)
+    assert client.login(
+        request=HttpRequest(),  # django-axes counts logins by request
+        username=cast.people[persona].user.username,
+        password=PASSWORD,
+    )
     return client
 
 

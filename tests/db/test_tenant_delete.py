@@ -429,7 +429,7 @@ def test_on_the_app_roles_connection_the_deletion_is_refused_whole(
     before = tenant_fingerprint(purge_tenant.pk)
     with pytest.raises(ProgrammingError) as caught:
         deletion.tenant_delete(tenant=purge_tenant, actor=SYSTEM)
-    assert caught.value.__cause__.sqlstate == "42501"  # type: ignore[union-attr]
+    assert caught.value.__cause__.sqlstate == "42501"
     assert tenant_fingerprint(purge_tenant.pk) == before
 
 

@@ -1,0 +1,76 @@
+"""A new key's secret is shown once in the page that answers the POST, and is in no
+cookie and no session row (issue 19 §1): Django's message cookie is signed, not
+encrypted, so a secret flashed as a message would travel in clear base64."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from django.contrib.auth.models import User
+from django.contrib.sessions.models import Session
+
+from portal import services as portal_services
+from portal.models import AgentKey, Role
+from tests.browser.conftest import PASSWORD, log_in
+from tests.browser.csp import watch_violations
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _nowhere_but_the_page(page, secret: str) -> None:
+    for cookie in page.context.cookies():
+        assert secret not in cookie["value"], cookie["name"]
+        assert secret.split(".")[-1] not in cookie["value"], cookie["name"]
+    for session in Session.objects.all():
+        decoded = str(session.get_decoded())
+        assert secret not in session.session_data and secret not in decoded
+
+
+def test_an_issued_key_is_shown_once_and_kept_nowhere(page, live_server, tenant):
+    ada = User.objects.create_user("ada-keys", password=PASSWORD, is_staff=True)
+    portal_services.membership_grant(tenant=tenant, user=ada, role=Role.ADMIN)
+    agent = portal_services.agent_create(tenant=tenant, name="triage-bot")
+    violations = watch_violations(page)
+    log_in(page, live_server, "ada-keys")
+
+    page.goto(f"{live_server.url}/admin/portal/agent/")
+    page.check(f"input[name=_selected_action][value='{agent.pk}']")
+    page.select_option("select[name=action]", "issue_key")
+    page.click("button[name=index]")
+
+    secret = page.inner_text("#new-keys code.new-key-secret")
+    assert secret.startswith("agp_")
+    assert "not shown again" in page.inner_text("#new-keys-note")
+    assert page.locator("ul.messagelist").count() == 0  # not a message
+    _nowhere_but_the_page(page, secret)
+    # A reload reads the list: no secret, and no second key issued.
+    page.reload()
+    page.wait_for_selector("#result_list")
+    assert secret not in page.content()
+    assert AgentKey.objects.filter(agent=agent).count() == 1
+    _nowhere_but_the_page(page, secret)
+    assert violations == []
+
+
+def test_a_rotated_key_is_shown_once_and_kept_nowhere(page, live_server, tenant):
+    ada = User.objects.create_user("ada-rotate", password=PASSWORD, is_staff=True)
+    portal_services.membership_grant(tenant=tenant, user=ada, role=Role.ADMIN)
+    agent = portal_services.agent_create(tenant=tenant, name="rotating-bot")
+    old = portal_services.agent_key_issue(agent=agent).key
+    log_in(page, live_server, "ada-rotate")
+
+    page.goto(f"{live_server.url}/admin/portal/agentkey/")
+    page.check(f"input[name=_selected_action][value='{old.pk}']")
+    page.select_option("select[name=action]", "rotate_keys")
+    until = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    page.fill("input[name=until]", until.strftime("%Y-%m-%d %H:%M"))
+    page.click("button[name=index]")
+
+    secret = page.inner_text("#new-keys code.new-key-secret")
+    assert f"successor of {old.prefix}" in page.inner_text("#new-keys")
+    _nowhere_but_the_page(page, secret)
+    page.reload()
+    page.wait_for_selector("#result_list")
+    assert secret not in page.content()
+    assert AgentKey.objects.filter(agent=agent).count() == 2
