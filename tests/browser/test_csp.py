@@ -1,6 +1,6 @@
 """Every page under its Content-Security-Policy in Chromium, as each role: the header
 is there and the page reports no violation (issue 19 §1). Swagger UI and Redoc still
-render, and the locked-out and 404 pages are covered too."""
+render, and a 404 page carries the policy too."""
 
 from __future__ import annotations
 

@@ -49,6 +49,7 @@ def test_25_wrong_passwords_then_the_right_one_is_refused(ada, caplog):
     page = right.content.decode()
     assert "Too many failed logins" in page and "15 minutes" in page
     assert "axes_reset_username" in page
+    assert "frame-ancestors 'none'" in right["Content-Security-Policy"]
     assert "_auth_user_id" not in client.session
     # No password, wrong or right, in a log line or in axes' stored form data.
     logged = "\n".join(record.getMessage() for record in caplog.records)
