@@ -23,6 +23,10 @@ not):
    (``[email:hm_…]``, ``[card:hm_…]``), so the rest of a note stays readable.
 4. **Bounds.** Long strings keep a 64-character prefix and a keyed digest; deep or
    wide values are cut; ``max_bytes`` replaces an oversized result by its shape.
+   What is scanned is capped (issue 19): a string over ``MAX_SCAN_STRING_CHARS``
+   is never scanned and keeps only its length and keyed digest, and a value with
+   more than ``MAX_SCAN_CHARS`` to scan becomes its shape. The cost is linear in
+   the input (bench/redaction.py).
 
 The keyed hash is HMAC-SHA256 under a per-tenant key derived from the server secret
 (``PORTAL_REDACTION_SECRET``, else ``SECRET_KEY``) and the tenant id
