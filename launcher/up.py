@@ -3,7 +3,8 @@
 Starts the embedded PostgreSQL (when DATABASE_URL is unset) and the demo ticket
 desk (``python -m ticketdesk``, the remote system the example agent's tickets land
 in), migrates, collects static files, seeds the demo data, then runs gunicorn, a
-Celery worker and Celery beat as child processes. Ctrl-C (or SIGTERM) stops them all,
+Celery worker, Celery beat and the MCP server (``manage.py mcp --http``, port
+``PORTAL_MCP_PORT`` or 8200) as child processes. Ctrl-C (or SIGTERM) stops them all,
 the database last. If any of them exits, the others are stopped and ``up`` exits
 non-zero. Every child also gets a parent-death signal, so even a SIGKILLed ``up``
 leaves nothing behind. The management command only parses its options and calls
@@ -41,11 +42,14 @@ from . import embedded_db
 STOP_TIMEOUT: Final = 20.0
 WEB_START_TIMEOUT: Final = 60.0
 TICKETDESK_START_TIMEOUT: Final = 15.0
+MCP_START_TIMEOUT: Final = 30.0
 _POLL_SECONDS: Final = 0.5
 # The one line the desk prints to stdout once its socket listens (ticketdesk/README).
 _TICKETDESK_LISTENING: Final = re.compile(
     r"ticketdesk listening on (?P<url>http://\S+)"
 )
+# And the MCP server's (``manage.py mcp --http``).
+_MCP_LISTENING: Final = re.compile(r"mcp listening on (?P<url>http://\S+)")
 
 
 class _StopRequested(BaseException):
@@ -89,6 +93,32 @@ def _pump_stdout(stream: IO[bytes], lines: queue.Queue[str | None]) -> None:
             lines.put(line)
             print(line, flush=True)
     lines.put(None)
+
+
+def _listening_url(
+    process: subprocess.Popen[bytes], pattern: re.Pattern[str], *, timeout: float
+) -> str | None:
+    """The URL a child prints on the line ``pattern`` matches once it listens; None
+    if it exits or stays silent for ``timeout`` s. Its output goes on to ours."""
+    assert process.stdout is not None
+    lines: queue.Queue[str | None] = queue.Queue()
+    threading.Thread(
+        target=_pump_stdout,
+        args=(process.stdout, lines),
+        name=f"child-{process.pid}-stdout",
+        daemon=True,
+    ).start()
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            line = lines.get(timeout=min(left, _POLL_SECONDS))
+        except queue.Empty:
+            continue
+        if line is None:  # stdout closed: the child exited
+            return None
+        if match := pattern.fullmatch(line):
+            return match["url"]
+    return None
 
 
 def _exit_code(returncode: int) -> int:
@@ -150,7 +180,7 @@ class Up:
             if demo:
                 desk_url = self._start_ticketdesk(children, port=ticketdesk_port)
             secret = self._prepare(verbosity=verbosity, desk_url=desk_url)
-            self._start_children(
+            mcp_url = self._start_children(
                 children, database_url=database_url, port=port, no_worker=no_worker
             )
             code = self._supervise(
@@ -159,6 +189,7 @@ class Up:
                 port=port,
                 secret=secret,
                 desk_url=desk_url,
+                mcp_url=mcp_url,
             )
         except _StopRequested as stop:
             self._say(f"{stop}: stopping…")
@@ -242,34 +273,50 @@ class Up:
             process_group=0,  # as the other children: see _start_children
         )
         children.append(Child(name="ticket desk", process=process))
-        assert process.stdout is not None
-        lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(
-            target=_pump_stdout,
-            args=(process.stdout, lines),
-            name="ticketdesk-stdout",
-            daemon=True,
-        ).start()
-        deadline = time.monotonic() + TICKETDESK_START_TIMEOUT
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                line = lines.get(timeout=min(left, _POLL_SECONDS))
-            except queue.Empty:
-                continue
-            if line is None:  # stdout closed: the desk exited
-                break
-            if match := _TICKETDESK_LISTENING.fullmatch(line):
-                return match["url"]
-        raise embedded_db.LaunchError(
-            f"the ticket desk did not start on port {port} within "
-            f"{TICKETDESK_START_TIMEOUT:.0f} s (exit code {process.poll()}); its "
-            "messages are above."
+        url = _listening_url(
+            process, _TICKETDESK_LISTENING, timeout=TICKETDESK_START_TIMEOUT
         )
+        if url is None:
+            raise embedded_db.LaunchError(
+                f"the ticket desk did not start on port {port} within "
+                f"{TICKETDESK_START_TIMEOUT:.0f} s (exit code {process.poll()}); its "
+                "messages are above."
+            )
+        return url
+
+    def _start_mcp(self, children: list[Child], *, env: dict[str, str]) -> str:
+        """Start the MCP server (``manage.py mcp --http``, its port from
+        ``PORTAL_MCP_PORT``) as a child; return its URL once it listens.
+
+        Raises:
+            LaunchError: it exited or stayed silent past the start timeout.
+        """
+        command = [sys.executable, "manage.py", "mcp", "--http"]
+        self._say(f"starting MCP server: {' '.join(command[1:])}")
+        process = subprocess.Popen(  # noqa: S603 (this interpreter, fixed arguments)
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            cwd=settings.BASE_DIR,
+            env=env,
+            preexec_fn=embedded_db.die_with_parent(signal.SIGTERM),
+            process_group=0,  # as the other children: see _start_children
+        )
+        children.append(Child(name="MCP server", process=process))
+        url = _listening_url(process, _MCP_LISTENING, timeout=MCP_START_TIMEOUT)
+        if url is None:
+            raise embedded_db.LaunchError(
+                f"the MCP server did not start within {MCP_START_TIMEOUT:.0f} s (exit "
+                f"code {process.poll()}); its messages are above. Set PORTAL_MCP_PORT "
+                "to use another port."
+            )
+        return url
 
     def _start_children(
         self, children: list[Child], *, database_url: str, port: int, no_worker: bool
-    ) -> None:
-        """Start the servers, adding each to ``children`` as soon as it runs."""
+    ) -> str:
+        """Start the servers, adding each to ``children`` as soon as it runs; return
+        the MCP server's URL."""
         env = dict(os.environ)
         env["DATABASE_URL"] = database_url
         env.setdefault("DJANGO_DEBUG", "1")
@@ -320,6 +367,10 @@ class Up:
                 process_group=0,
             )
             children.append(Child(name=name, process=process))
+        # The MCP server names the portal as the issuer of its Bearer keys; its spans
+        # are the MCP server's (manage.py would name them portal-command).
+        mcp_env = {"OTEL_SERVICE_NAME": "portal-mcp", **env, "PORTAL_PORT": str(port)}
+        return self._start_mcp(children, env=mcp_env)
 
     def _supervise(
         self,
@@ -329,6 +380,7 @@ class Up:
         port: int,
         secret: str | None,
         desk_url: str | None,
+        mcp_url: str,
     ) -> int:
         """Wait until a child or the database exits; return the exit code for up."""
         web_deadline: float | None = time.monotonic() + WEB_START_TIMEOUT
@@ -344,7 +396,11 @@ class Up:
                 if _accepts_connections(port):
                     web_deadline = None
                     self._banner(
-                        port=port, server=server, secret=secret, desk_url=desk_url
+                        port=port,
+                        server=server,
+                        secret=secret,
+                        desk_url=desk_url,
+                        mcp_url=mcp_url,
                     )
                 elif time.monotonic() > web_deadline:
                     self._say(f"the web server did not listen on port {port}; stopping")
@@ -375,6 +431,7 @@ class Up:
         server: embedded_db.EmbeddedServer | None,
         secret: str | None,
         desk_url: str | None,
+        mcp_url: str,
     ) -> None:
         base = f"http://127.0.0.1:{port}"
         lines = [
@@ -382,6 +439,7 @@ class Up:
             "The agent governance portal is up.",
             f"  Admin:      {base}/admin/",
             f"  API:        {base}/api/v1/",
+            f"  MCP:        {mcp_url}  (streamable HTTP; Bearer: an agent key)",
         ]
         if secret is not None:
             for username, password, role in USERS:

@@ -251,6 +251,7 @@ def _the_readme_demo(
     env = _clean_env(
         DATABASE_URL=scratch_database_url,
         PORTAL_TICKETDESK_PORT=str(desk_port),
+        PORTAL_MCP_PORT=str(free_port()),  # up's MCP server (tests/mcp/test_up.py)
         PORTAL_VAR_DIR=str(tmp_path / "var"),
         DJANGO_STATIC_ROOT=str(tmp_path / "static"),
         PYTHONUNBUFFERED="1",

@@ -18,7 +18,6 @@ import uvicorn
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from mcp_server import auth, server
-from portal import telemetry
 
 DEFAULT_PORT: Final = 8200
 KEY_VARIABLE: Final = "PORTAL_API_KEY"
@@ -50,7 +49,6 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        telemetry.setup("portal-mcp")
         if options["stdio"]:
             self._stdio()
         else:

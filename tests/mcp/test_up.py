@@ -1,0 +1,157 @@
+"""Done when: an MCP client with only the banner's URL and key lists and calls the
+demo's governed tool. ``manage.py up`` as the README runs it (scratch database, free
+ports, spans to a collector), the SDK's own client, then Ctrl-C."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+
+from launcher import embedded_db
+from tests.e2e.test_demo import (
+    STOP_TIMEOUT_S,
+    Up,
+    _clean_env,
+    _collect,
+    _wait_ready,
+    scratch_database_url,
+)
+from tests.mcp.conftest import REPO, http_session
+from tests.support.net import free_port
+from tests.support.otlp import Receiver, otlp_receiver
+
+__all__ = ["scratch_database_url"]  # the fixture, from the demo's test
+
+MCP_URL = re.compile(r"MCP:\s+(http://\S+)")
+DEMO_TOOL = "create_ticket.ticket-desk"
+
+
+def _demo_call() -> dict[str, Any]:
+    now = dt.datetime.now(dt.UTC).isoformat()
+    return {
+        "idempotency_key": "mcp-ticket-for-issue-77",
+        "object": {"type": "customer_issue", "id": "77", "version": "1"},
+        "fields": {
+            "email": {"value": "ana@example.com", "source": "crm", "read_at": now},
+            "plan": {"value": "pro", "source": "billing", "read_at": now},
+        },
+        "arguments": {"queue": "billing", "summary": "Refund for issue 77"},
+    }
+
+
+def _spans_of(receiver: Receiver, trace_id: str, names: set[str]) -> list[Any]:
+    """The trace's spans once spans of each name's first word arrived (30 s)."""
+    end = time.monotonic() + 30
+    while time.monotonic() < end:
+        spans = [s for s in receiver.received() if s.trace_id == trace_id]
+        if names <= {s.name.split(" ")[0] for s in spans}:
+            return spans
+        time.sleep(0.5)
+    return [s for s in receiver.received() if s.trace_id == trace_id]
+
+
+def test_the_banners_mcp_url_and_key_list_and_call_the_demo_tool(
+    scratch_database_url: str, tmp_path: Path
+) -> None:
+    with otlp_receiver() as receiver:
+        port, desk_port, mcp_port = free_port(), free_port(), free_port()
+        portal = f"http://127.0.0.1:{port}"
+        env = _clean_env(
+            DATABASE_URL=scratch_database_url,
+            PORTAL_TICKETDESK_PORT=str(desk_port),
+            PORTAL_MCP_PORT=str(mcp_port),
+            PORTAL_VAR_DIR=str(tmp_path / "var"),
+            DJANGO_STATIC_ROOT=str(tmp_path / "static"),
+            PYTHONUNBUFFERED="1",
+            OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url,
+            OTEL_BSP_SCHEDULE_DELAY="200",
+        )
+        process = subprocess.Popen(
+            [sys.executable, "manage.py", "up", "--port", str(port), "--no-worker"],
+            cwd=REPO,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            preexec_fn=embedded_db.die_with_parent(signal.SIGTERM),
+        )
+        up = Up(process=process)
+        assert process.stdout is not None
+        pump = threading.Thread(
+            target=_collect, args=(process.stdout, up.lines), daemon=True
+        )
+        pump.start()
+        try:
+            key, desk = _wait_ready(up, portal)
+            mcp_url = up.search(MCP_URL)
+            assert mcp_url == f"http://127.0.0.1:{mcp_port}/mcp", up.output()
+            # The portal learns the issue's current version from its versions
+            # feed (here: the agent's own REST call, as the example agent does).
+            recorded = httpx.put(
+                f"{portal}/api/v1/object-versions/customer_issue/77",
+                json={"version": "1"},
+                headers={"Authorization": f"Bearer {key}"},
+                trust_env=False,
+            )
+            assert recorded.status_code == 200, recorded.text
+
+            async def scenario() -> Any:
+                async with http_session(mcp_url, key) as session:
+                    listed = await session.list_tools()
+                    called = await session.call_tool(DEMO_TOOL, _demo_call())
+                    return listed, called
+
+            listed, called = anyio.run(scenario)
+
+            assert [tool.name for tool in listed.tools] == [DEMO_TOOL]
+            answer = called.structured_content
+            assert answer["status"] == "verified", called.content
+            effects = httpx.get(f"{desk}/_control/effects", trust_env=False).json()
+            assert effects["tickets_created"] == 1, effects
+
+            # One trace from the MCP request through the tool span and the gateway
+            # to the desk.
+            story = anyio.run(_story, mcp_url, key, answer["resources"]["story"])
+            trace_id = story["trace_id"]
+            spans = _spans_of(receiver, trace_id, {"tools/call", "execute_tool"})
+            by_id = {s.span_id: s for s in spans}
+            tools = [
+                s
+                for s in spans
+                if s.name == f"execute_tool {DEMO_TOOL}" and s.service == "portal-mcp"
+            ]
+            assert len(tools) == 1, sorted((s.service, s.name) for s in spans)
+            tool = tools[0]
+            assert tool.attributes["gen_ai.operation.name"] == "execute_tool"
+            assert tool.attributes["gen_ai.tool.name"] == DEMO_TOOL
+            assert tool.attributes["gen_ai.tool.call.id"]
+            assert by_id[tool.parent_span_id].name.startswith("tools/call")
+            gateway = [
+                s for s in spans if s.name.startswith("execute_tool ") and s is not tool
+            ]
+            assert gateway, [s.name for s in spans]
+            assert {s.service for s in spans} >= {"portal-mcp", "ticketdesk"}, {
+                (s.service, s.name) for s in spans
+            }
+        finally:
+            process.send_signal(signal.SIGINT)
+            returncode = process.wait(STOP_TIMEOUT_S)
+            pump.join(10)
+        assert returncode == 0, up.output()
+
+
+async def _story(url: str, key: str, uri: str) -> dict[str, Any]:
+    async with http_session(url, key) as session:
+        read = await session.read_resource(uri)
+    return json.loads(read.contents[0].text)
