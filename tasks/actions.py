@@ -225,7 +225,12 @@ def action_take(
     recovery settles the operation (repeat the call to settle the task).
 
     With ``respond_async`` the checks run now and a worker makes the call
-    (``accepted``).
+    (``accepted``); the lease is given back without a new fencing token, so the
+    worker's run stays authorised, and repeating the call once the operation is
+    verified settles the task.
+
+    A call that finds another call with the same key holding the task (its lease
+    live) raises ``ActionInFlight`` rather than answering mid-way.
 
     Raises:
         IdempotencyKeyReused: the key was used for another action (another action,
