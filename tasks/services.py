@@ -1215,8 +1215,9 @@ def connector_save(
     signing key pair, and ``rotate_key`` replaces an existing connector's pair; the
     private key is sealed at once (``connector_key_seal``) and never returned, the
     public key and its ``key_id`` are for the target. The event names the settings
-    that changed with their old and new values, says whether the key was replaced
-    and names the key ids (public); no key material goes into the trail.
+    that changed with their old and new values and says whether the key was
+    replaced; no key material goes into the trail (nor the key id, which the
+    trail's redaction would blank as high-entropy text: the admin page shows it).
 
     Raises:
         ValidationFailed: unknown setting.
@@ -1241,7 +1242,6 @@ def connector_save(
     }
     for name, value in values.items():
         setattr(connector, name, value)
-    old_key_id = None if created else connector.key_id
     key_replaced = rotate_key and not created
     if created or rotate_key:
         private_key, connector.public_key = key_pair_new()
@@ -1259,8 +1259,6 @@ def connector_save(
             "target": target,
             "changed": changed,
             "signing_key_replaced": key_replaced,
-            "key_id": connector.key_id,
-            **({"previous_key_id": old_key_id} if key_replaced else {}),
         },
     )
     return connector

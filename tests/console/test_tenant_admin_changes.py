@@ -163,7 +163,7 @@ def test_an_admin_publishes_and_retires_a_contract(cast: Cast):
 
 def test_a_connector_change_is_audited_without_its_signing_key(cast: Cast):
     """The admin types no key: the portal makes the pair, keeps it on a change
-    and replaces it on "rotate"; the trail names key ids, never key material."""
+    and replaces it on "rotate"; the trail says so, with no key material."""
     client = _client(cast, "admin_a")
     form = {
         "tenant": str(cast.a.pk),
@@ -180,10 +180,9 @@ def test_a_connector_change_is_audited_without_its_signing_key(cast: Cast):
     }
     before = _event_ids(cast)
     assert client.post("/admin/tasks/connector/add/", form).status_code == 302
-    created = _one_event_by(cast, before, "connector.created")
+    _one_event_by(cast, before, "connector.created")
     connector = Connector.objects.get(tenant=cast.a, target="desk")
     first = (connector.key_id, connector.sealed_private_key)
-    assert created.payload["key_id"] == connector.key_id
 
     before = _event_ids(cast)
     changed = {**form, "base_url": "http://127.0.0.1:10/"}
@@ -204,7 +203,7 @@ def test_a_connector_change_is_audited_without_its_signing_key(cast: Cast):
     event = _one_event_by(cast, before, "connector.changed")
     connector.refresh_from_db()
     assert event.payload["signing_key_replaced"] is True
-    assert event.payload["previous_key_id"] == first[0] != connector.key_id
+    assert connector.key_id != first[0]
     page = client.get(f"/admin/tasks/connector/{connector.pk}/change/").content
     assert connector.key_id.encode() in page
     trail = json.dumps(list(Event.objects.values_list("payload", flat=True)))

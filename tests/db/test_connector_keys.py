@@ -32,6 +32,7 @@ from portal.models import Tenant
 from tasks.credentials import credential_mint
 from tasks.models import Connector
 from tests.support.connectors import desk_connector
+from tests.support.outbound import allow as outbound_allow
 from ticketdesk.credentials import mint
 from ticketdesk.harness import TicketDesk, start_ticketdesk
 
@@ -47,7 +48,10 @@ def desk() -> Iterator[TicketDesk]:
 
 
 @pytest.fixture
-def connector(tenant: Tenant, desk: TicketDesk) -> Connector:
+def connector(
+    tenant: Tenant, desk: TicketDesk, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> Connector:
+    outbound_allow(settings, monkeypatch, desk.url)
     return desk_connector(tenant=tenant, desk=desk)
 
 
@@ -214,16 +218,11 @@ def test_the_database_refuses_a_clear_key_in_the_sealed_column(
 def test_the_database_refuses_anything_but_a_raw_public_key(
     connector: Connector,
 ) -> None:
-    pem = (
-        Ed25519PrivateKey.generate()
-        .public_key()
-        .public_bytes(
-            serialization.Encoding.PEM,
-            serialization.PublicFormat.SubjectPublicKeyInfo,
-        )
-        .decode()
-    )
-    for column, value in (("public_key", pem), ("key_id", "a shared secret!")):
+    """Standard base64 (a 32-byte key padded), or text, is no base64url key."""
+    for column, value in (
+        ("public_key", "A" * 42 + "="),
+        ("key_id", "a shared secret, not a thumbprint"),
+    ):
         with refused_by("tasks_connector_public_key_check"):
             execute(
                 f"UPDATE tasks_connector SET {column} = %s WHERE id = %s",
