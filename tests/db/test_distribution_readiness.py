@@ -71,6 +71,11 @@ COORDINATOR = frozenset(
         "django_session",
         "django_admin_log",
         "portal_test_clock",  # the test clock's per-backend offsets
+        # django-axes' login attempts and lockouts (docs/portal.md)
+        "axes_accessattempt",
+        "axes_accessattemptexpiration",
+        "axes_accessfailurelog",
+        "axes_accesslog",
     }
 )
 # A consumer's tables (docs/outbox.md, "the inbox pattern"): they live in the
