@@ -8,7 +8,9 @@ Every answer is classified so the recovery protocol can act on it:
 - ``rejected``: the remote refused (4xx); nothing happened;
 - ``not_executed``: throttled (429); nothing happened, try later with the same key;
 - ``unknown``: timeout, dropped connection, 5xx, unreadable answer: it may or may not
-  have happened. Only a lookup can tell.
+  have happened. Only a lookup can tell;
+- ``refused``: the outbound URL policy (``tasks/outbound.py``) forbids the address;
+  nothing was sent.
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ from typing import Any, Literal, Protocol
 import httpx
 
 from portal import db as portal_db
+from portal.codes import ReasonCode
 
+from . import outbound
 from .models import Connector
 
-CallKind = Literal["succeeded", "rejected", "not_executed", "unknown"]
+CallKind = Literal["succeeded", "rejected", "not_executed", "unknown", "refused"]
 LookupKind = Literal["found", "none", "unknown"]
 
 # Bounds what a remote answer can make us hold or store.
@@ -87,7 +91,9 @@ class HttpJsonConnector:
     credential's ``body_sha256`` names. ``lookup``: ``GET {base_url}{lookup_path}
     ?idempotency_key=K`` answering ``{"tickets": [{<reference_field>: ...}, ...]}``.
     Explicit connect and read timeouts; redirects are never followed (a redirect
-    could send the credential elsewhere).
+    could send the credential elsewhere). Every request goes through the outbound
+    URL policy: the path under the base URL, the address checked and pinned
+    (``tasks/outbound.py``); a refused one sends nothing.
     """
 
     def __init__(
@@ -106,11 +112,14 @@ class HttpJsonConnector:
 
     def _client(self) -> httpx.Client:
         return httpx.Client(
-            base_url=self.config.base_url.rstrip("/"),
             timeout=self._timeout,
             follow_redirects=False,
-            transport=self._transport,
+            transport=self._transport or outbound.transport(),
+            trust_env=False,  # no proxy: it would resolve the name after the check
         )
+
+    def _url(self, path: str) -> str:
+        return outbound.url_for(self.config.base_url, path)
 
     def execute(
         self, *, idempotency_key: str, credential: str, body: bytes
@@ -126,9 +135,13 @@ class HttpJsonConnector:
         try:
             with self._client() as client:
                 response = client.post(
-                    self.config.execute_path, content=body, headers=headers
+                    self._url(self.config.execute_path), content=body, headers=headers
                 )
                 content = response.content[:MAX_RESPONSE_BYTES]
+        except outbound.OutboundRefused as refusal:
+            return CallResult(
+                kind="refused", error=refusal.detail, duration_ms=_ms(started)
+            )
         except httpx.HTTPError as error:
             return CallResult(
                 kind="unknown",
@@ -178,11 +191,17 @@ class HttpJsonConnector:
         try:
             with self._client() as client:
                 response = client.get(
-                    self.config.lookup_path,
+                    self._url(self.config.lookup_path),
                     params={"idempotency_key": idempotency_key},
                     headers={"Authorization": f"Bearer {credential}"},
                 )
                 content = response.content[:MAX_RESPONSE_BYTES]
+        except outbound.OutboundRefused as refusal:
+            # Nothing was asked, so nothing is known: recovery looks again later
+            # and, the address still refused, hands the operation to a person.
+            return LookupResult(
+                kind="unknown", error=f"{ReasonCode.TARGET_FORBIDDEN}: {refusal.detail}"
+            )
         except httpx.HTTPError as error:
             return LookupResult(
                 kind="unknown", error=f"{type(error).__name__}: {error}"
@@ -208,10 +227,10 @@ class HttpJsonConnector:
         try:
             with self._client() as client:
                 response = client.post(
-                    REVOCATION_PATH,
+                    self._url(REVOCATION_PATH),
                     headers={"Authorization": f"Bearer {credential}"},
                 )
-        except httpx.HTTPError:
+        except (outbound.OutboundRefused, httpx.HTTPError):
             return False
         return 200 <= response.status_code < 300
 

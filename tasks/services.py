@@ -72,6 +72,7 @@ from .models import (
 from .sealed import SETTLED_STATES, seal
 from .task_state import (
     TASK_COLUMNS,
+from .outbound import connector_url_problems
     TaskStateWrite,
     task_from_row,
     task_moves_to,
@@ -1220,7 +1221,8 @@ def connector_save(
     trail's redaction would blank as high-entropy text: the admin page shows it).
 
     Raises:
-        ValidationFailed: unknown setting.
+        ValidationFailed: unknown setting, or a base URL or path the outbound URL
+            policy refuses (``tasks/outbound.py``; checked again at every call).
         PermissionDenied, TenantNotVisible: ``by`` may not manage the tenant.
     """
     _require_manager(tenant=tenant, by=by)
@@ -1243,6 +1245,8 @@ def connector_save(
     for name, value in values.items():
         setattr(connector, name, value)
     key_replaced = rotate_key and not created
+# The settings that say where the gateway calls: the outbound URL policy's.
+URL_SETTINGS: Final = ("base_url", "execute_path", "lookup_path")
     if created or rotate_key:
         private_key, connector.public_key = key_pair_new()
         connector.key_id = key_id(connector.public_key)
@@ -1281,6 +1285,11 @@ def object_version_record(
 
 # --- Housekeeping: lease reaper and wake-up (run by Celery beat) --------------------
 
+    # The outbound URL policy's early word; every call checks again (outbound.py).
+    for name, problem in connector_url_problems(
+        {name: values.get(name, getattr(connector, name)) for name in URL_SETTINGS}
+    ):
+        raise ValidationFailed(f"{name}: {problem}", field=name)
 # A lapsed lease sends a running task back to pending and a person's claim back to
 # the queue; a pending or waiting task only loses the lease.
 _REAP_MOVES: Final[dict[str, str]] = {

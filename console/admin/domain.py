@@ -21,6 +21,7 @@ from portal.exceptions import PortalError
 from portal.models import TenantPerm
 from tasks import credentials as task_credentials
 from tasks import evidence as task_evidence
+from tasks import outbound
 from tasks import services as task_services
 from tasks.contracts import contract_spec_validate
 from tasks.exceptions import ContractInvalid
@@ -456,6 +457,19 @@ class ConnectorForm(forms.ModelForm):
     class Meta:
         model = Connector
         fields = ["tenant", "target", *task_services.CONNECTOR_SETTINGS]
+
+    def clean(self) -> dict[str, Any] | None:
+        """The outbound URL policy's refusals, each under its field (the service
+        checks again, and so does every call)."""
+        cleaned = super().clean() or {}
+        given = {
+            name: cleaned[name]
+            for name in task_services.URL_SETTINGS
+            if cleaned.get(name) is not None
+        }
+        for name, problem in outbound.connector_url_problems(given):
+            self.add_error(name, problem)
+        return cleaned
 
 
 @admin.register(Connector)

@@ -2,7 +2,8 @@
 
 ``begin_call`` commits ``executing`` only after checking again what time can change;
 ``call`` then calls the remote system with no transaction open, carrying the
-operation's own idempotency key, and hands the answer to ``results.record_call``.
+operation's own idempotency key, and hands the answer to ``results.record_call``, or,
+when the outbound URL policy refused the address, to ``call_refused``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from portal.models import Tenant
 from portal.tracing import Trace
 
 from .. import services, takeover
-from ..connectors import RemoteSystem, connector_for
+from ..connectors import CallResult, RemoteSystem, connector_for
 from ..credentials import (
     USE_EXECUTE,
     USE_LOOKUP,
@@ -47,7 +48,7 @@ from ..sealed import operation_values
 from . import revocation
 from .checks import caller_may_execute, checked, refuse, version_conflict_evidence
 from .common import TestHook, db_now, lock, plan
-from .results import Authorized, Refused, record_call, standing
+from .results import Authorized, Refused, credentials_spend, record_call, standing
 
 
 def payload(operation: Operation, task: Task) -> dict[str, Any]:
@@ -309,7 +310,8 @@ def call(
     A credential that expired while the remote held the call (``CREDENTIAL_EXPIRED``)
     gets a fresh one under the same key, at most
     ``PORTAL_CREDENTIAL_EXPIRED_RETRIES`` times; then a person, with every call's
-    evidence (``credential_renew``).
+    evidence (``credential_renew``). An address the outbound URL policy refuses is
+    never called: ``call_refused`` fails the operation (``TARGET_FORBIDDEN``).
     """
     portal_db.forbid_transaction("the gateway calls the remote system")
     remote = remote or connector_for(authorized.connector)
@@ -321,6 +323,15 @@ def call(
             body=authorized.body,
         )
         hook("after_call")
+        if result.kind == "refused":
+            return call_refused(
+                tenant=tenant,
+                authorized=authorized,
+                operation=operation,
+                result=result,
+                actor=actor,
+                trace=trace,
+            )
         confirmation = None
         if (
             result.kind == "succeeded"
@@ -384,6 +395,57 @@ def call(
         if isinstance(renewed, Operation):
             return renewed
         authorized, operation = renewed, renewed.operation
+
+
+@transaction.atomic(durable=True)
+def call_refused(
+    *,
+    tenant: Tenant,
+    authorized: Authorized,
+    operation: Operation,
+    result: CallResult,
+    actor: Actor,
+    trace: Trace,
+) -> Operation:
+    """The outbound URL policy refused the connector's address: nothing was sent.
+
+    The operation fails with ``TARGET_FORBIDDEN`` (the same key may run again only
+    once the connector is fixed, which a new operation does) and the task goes to a
+    person, with a ``gateway.checked`` event (check ``outbound``) saying why, like
+    any refusal. The call's credentials are revoked; no notice goes out, as the
+    target was never reached. Returns the operation as it stands when someone else
+    moved it on first.
+    """
+    locked = lock(tenant=tenant, operation_id=operation.pk)
+    assert locked is not None  # operations are never deleted while in doubt
+    task, current = locked
+    if current.state_version != operation.state_version:
+        return current
+    credentials_spend(tenant=tenant, credential_ids=authorized.credential_ids)
+    failed = services.operation_move(
+        tenant=tenant,
+        operation_id=operation.pk,
+        to=OperationState.FAILED,
+        reason=ReasonCode.TARGET_FORBIDDEN,
+        expected_version=operation.state_version,
+        actor=actor,
+        trace=trace,
+        data={"call": "refused"},
+    )
+    refuse(
+        tenant=tenant,
+        task=task,
+        operation=failed,
+        reason=ReasonCode.TARGET_FORBIDDEN,
+        check="outbound",
+        actor=actor,
+        trace=trace,
+        contract=None,
+        why=result.error,
+        base_url=authorized.connector.base_url,
+    )
+    failed.refresh_from_db()
+    return failed
 
 
 @transaction.atomic(durable=True)

@@ -22,6 +22,7 @@ from pytest_django.live_server_helper import LiveServer
 from portal import services as portal_services
 from portal.models import Agent, Tenant
 from portal_client import PortalClient
+from tests.support.outbound import allow as outbound_allow
 from ticketdesk.harness import TicketDesk, start_ticketdesk
 
 _counter = itertools.count(1)
@@ -130,7 +131,10 @@ def ticketdesk_server() -> Iterator[TicketDesk]:
 
 
 @pytest.fixture
-def desk(ticketdesk_server: TicketDesk) -> Iterator[TicketDesk]:
+def desk(
+    ticketdesk_server: TicketDesk, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[TicketDesk]:
+    outbound_allow(settings, monkeypatch, ticketdesk_server.url)
     ticketdesk_server.reset()
     yield ticketdesk_server
     ticketdesk_server.clear_faults()

@@ -28,6 +28,7 @@ from tasks.models import Connector
 from tests.conftest import db_now
 from tests.support import broker
 from tests.support.connectors import desk_connector
+from tests.support.outbound import allow as outbound_allow
 from ticketdesk.harness import TicketDesk, start_ticketdesk
 
 from .harness import (
@@ -69,7 +70,10 @@ def ticketdesk_server() -> Iterator[TicketDesk]:
 
 
 @pytest.fixture
-def desk(ticketdesk_server: TicketDesk) -> Iterator[TicketDesk]:
+def desk(
+    ticketdesk_server: TicketDesk, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[TicketDesk]:
+    outbound_allow(settings, monkeypatch, ticketdesk_server.url)
     ticketdesk_server.reset()
     yield ticketdesk_server
     ticketdesk_server.clear_faults()
