@@ -69,10 +69,10 @@ from .models import (
     Task,
     TaskState,
 )
+from .outbound import connector_url_problems
 from .sealed import SETTLED_STATES, seal
 from .task_state import (
     TASK_COLUMNS,
-from .outbound import connector_url_problems
     TaskStateWrite,
     task_from_row,
     task_moves_to,
@@ -1198,6 +1198,8 @@ CONNECTOR_SETTINGS: Final = (
     "read_timeout_s",
     "max_attempts",
 )
+# The settings that say where the gateway calls: the outbound URL policy's.
+URL_SETTINGS: Final = ("base_url", "execute_path", "lookup_path")
 
 
 @portal_db.translate_integrity_errors
@@ -1237,6 +1239,11 @@ def connector_save(
     created = connector is None
     if connector is None:
         connector = Connector(tenant=tenant, target=target)
+    # The outbound URL policy's early word; every call checks again (outbound.py).
+    for name, problem in connector_url_problems(
+        {name: values.get(name, getattr(connector, name)) for name in URL_SETTINGS}
+    ):
+        raise ValidationFailed(f"{name}: {problem}", field=name)
     changed = {
         name: [None if created else getattr(connector, name), value]
         for name, value in values.items()
@@ -1245,8 +1252,6 @@ def connector_save(
     for name, value in values.items():
         setattr(connector, name, value)
     key_replaced = rotate_key and not created
-# The settings that say where the gateway calls: the outbound URL policy's.
-URL_SETTINGS: Final = ("base_url", "execute_path", "lookup_path")
     if created or rotate_key:
         private_key, connector.public_key = key_pair_new()
         connector.key_id = key_id(connector.public_key)
@@ -1285,11 +1290,6 @@ def object_version_record(
 
 # --- Housekeeping: lease reaper and wake-up (run by Celery beat) --------------------
 
-    # The outbound URL policy's early word; every call checks again (outbound.py).
-    for name, problem in connector_url_problems(
-        {name: values.get(name, getattr(connector, name)) for name in URL_SETTINGS}
-    ):
-        raise ValidationFailed(f"{name}: {problem}", field=name)
 # A lapsed lease sends a running task back to pending and a person's claim back to
 # the queue; a pending or waiting task only loses the lease.
 _REAP_MOVES: Final[dict[str, str]] = {
