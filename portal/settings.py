@@ -452,13 +452,13 @@ PORTAL_RECOVERY_BACKOFF_S = 5
 PORTAL_CREDENTIAL_EXPIRED_RETRIES = int(
     os.environ.get("PORTAL_CREDENTIAL_EXPIRED_RETRIES", "2")
 )
-
 # host:port pairs the gateway may call though not public (tasks/outbound.py), and
 # the only ones it may call over http, in development: there the demo desk's.
 PORTAL_OUTBOUND_ALLOWED_HOSTS = _env_list(
     "PORTAL_OUTBOUND_ALLOWED_HOSTS",
     f"127.0.0.1:{os.environ.get('PORTAL_TICKETDESK_PORT', '8100')}" if DEV_MODE else "",
 )
+
 # Log lines: "plain" text, or "json" (portal/logs.py: one redacted JSON object per
 # line with tenant, task, operation, trace and span ids). PORTAL_LOG_FORMAT chooses;
 # production settings default to json (docs/observability.md, "Logs").
