@@ -431,7 +431,7 @@ def test_a_self_reported_outcome_on_a_governed_target_is_a_typed_refusal(
     task_services.connector_save(
         tenant=identity.tenant,
         target="ticket-desk",
-        values={"base_url": "http://127.0.0.1:9/"},
+        values={"base_url": "https://desk-9.example/"},
     )
     task = register(api, 7)
     claimed = api.claim_next(owner="worker-1", ttl_s=60)

@@ -141,7 +141,7 @@ def fill(make_task: Callable[..., Task]) -> Callable[[Tenant], dict[type[Model],
         connector = task_services.connector_save(
             tenant=tenant,
             target=f"desk-{n}",
-            values={"base_url": "http://127.0.0.1:9/"},
+            values={"base_url": "https://desk-9.example/"},
         )
         escalation = Escalation.objects.create(
             tenant=tenant, task=task, operation=operation, reason_code="FIELD_STALE"

@@ -168,7 +168,7 @@ def test_a_connector_change_is_audited_without_its_signing_key(cast: Cast):
     form = {
         "tenant": str(cast.a.pk),
         "target": "desk",
-        "base_url": "http://127.0.0.1:9/",
+        "base_url": "https://desk-9.example/",
         "execute_path": "/tickets",
         "lookup_path": "/tickets",
         "reference_field": "ticket_id",
@@ -185,11 +185,11 @@ def test_a_connector_change_is_audited_without_its_signing_key(cast: Cast):
     first = (connector.key_id, connector.sealed_private_key)
 
     before = _event_ids(cast)
-    changed = {**form, "base_url": "http://127.0.0.1:10/"}
+    changed = {**form, "base_url": "https://desk-10.example/"}
     client.post(f"/admin/tasks/connector/{connector.pk}/change/", changed)
     event = _one_event_by(cast, before, "connector.changed")
     assert event.payload["changed"] == {
-        "base_url": ["http://127.0.0.1:9/", "http://127.0.0.1:10/"]
+        "base_url": ["https://desk-9.example/", "https://desk-10.example/"]
     }
     assert event.payload["signing_key_replaced"] is False
     connector.refresh_from_db()

@@ -212,7 +212,7 @@ def populate(
             expires_at=expires_at,
         )
         tasks_services.connector_save(
-            tenant=tenant, target="desk", values={"base_url": "http://127.0.0.1:9/"}
+            tenant=tenant, target="desk", values={"base_url": "https://desk-9.example/"}
         )
         Escalation.objects.create(
             tenant=tenant,

@@ -79,7 +79,7 @@ def test_a_connector_private_key_is_never_shown_its_public_key_is(staff_client, 
     from tasks.sealed import connector_key_unseal
 
     connector = task_services.connector_save(
-        tenant=tenant, target="desk", values={"base_url": "http://127.0.0.1:9/"}
+        tenant=tenant, target="desk", values={"base_url": "https://desk-9.example/"}
     )
     private_key = connector_key_unseal(
         tenant_id=tenant.pk,
