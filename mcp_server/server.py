@@ -30,7 +30,6 @@ from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
 from opentelemetry.trace import SpanKind
-from pydantic import AnyHttpUrl
 from starlette.applications import Starlette
 
 from portal import scope
@@ -229,11 +228,14 @@ def http_app(*, public_url: str, issuer_url: str) -> Starlette:
             allowed_hosts=hosts,
             allowed_origins=origins,
         ),
-        auth=AuthSettings(
-            issuer_url=AnyHttpUrl(issuer_url),
-            resource_server_url=AnyHttpUrl(public_url),
-            # An agent key names no resource: the verifier is the portal's own.
-            validate_token_resource=False,
+        # From strings: the settings keep a path-less URL as given (no "/" added).
+        auth=AuthSettings.model_validate(
+            {
+                "issuer_url": issuer_url,
+                "resource_server_url": public_url,
+                # An agent key names no resource: the verifier is the portal's own.
+                "validate_token_resource": False,
+            }
         ),
         token_verifier=auth.AgentKeyVerifier(),
     )
