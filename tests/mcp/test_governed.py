@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 import anyio
+import mcp_types as types
 from django.db import connection
 
 from portal import services as portal_services
@@ -102,7 +103,9 @@ def test_eight_clients_calling_one_key_at_once_make_one_ticket(
                     answers.append(found)
                     return
                 # What the answer says: the same call again, shortly.
-                assert "do not use a new key" in result.content[0].text
+                text = result.content[0]
+                assert isinstance(text, types.TextContent)
+                assert "do not use a new key" in text.text
                 await anyio.sleep(0.05)
             raise AssertionError("still in flight")
 

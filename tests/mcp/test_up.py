@@ -17,6 +17,7 @@ from typing import Any
 
 import anyio
 import httpx
+import mcp_types as types
 
 from launcher import embedded_db
 from tests.e2e.test_demo import (
@@ -154,4 +155,6 @@ def test_the_banners_mcp_url_and_key_list_and_call_the_demo_tool(
 async def _story(url: str, key: str, uri: str) -> dict[str, Any]:
     async with http_session(url, key) as session:
         read = await session.read_resource(uri)
-    return json.loads(read.contents[0].text)
+    contents = read.contents[0]
+    assert isinstance(contents, types.TextResourceContents)
+    return json.loads(contents.text)
