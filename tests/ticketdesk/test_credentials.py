@@ -15,7 +15,10 @@ from typing import Any
 import jwt
 import pytest
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+    Ed25519PrivateKey,
+    Ed25519PublicKey,
+)
 
 from tasks.credentials import key_id, key_pair_new, public_jwk, public_pem
 from ticketdesk import credentials
@@ -77,6 +80,7 @@ def test_the_portals_key_helpers_describe_one_key() -> None:
     jwk = public_jwk(public)
     assert jwk["kid"] == key_id(public)
     pem_key = serialization.load_pem_public_key(public_pem(public).encode())
+    assert isinstance(pem_key, Ed25519PublicKey)
     token = jwt.encode(claims(), private, algorithm="EdDSA")
     for key in (pem_key, jwt.PyJWK(jwk).key):
         jwt.decode(token, key, algorithms=["EdDSA"], audience="ticket-desk")
