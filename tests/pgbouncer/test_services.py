@@ -23,6 +23,7 @@ from tests.gateway.conftest import SPEC, TARGET, World
 from tests.http.conftest import start, stop
 from tests.support.broker import EventQueue, delete_exchange, delete_queue
 from tests.support.connectors import desk_connector
+from tests.support.outbound import allow as outbound_allow
 from tests.support.pgbouncer import PgBouncer
 from ticketdesk.harness import TicketDesk, start_ticketdesk
 
@@ -35,14 +36,20 @@ SETTLE_TIMEOUT_S = 90.0
 
 
 @pytest.fixture
-def desk() -> Iterator[TicketDesk]:
+def desk(settings: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[TicketDesk]:
     with start_ticketdesk() as running:
+        # Named in the allow-list here and for the processes started after it.
+        outbound_allow(settings, monkeypatch, running.url)
         yield running
 
 
 @pytest.fixture
 def services(
-    bouncer: PgBouncer, amqp_url: str, tmp_path: Path, transactional_db: None
+    bouncer: PgBouncer,
+    amqp_url: str,
+    tmp_path: Path,
+    transactional_db: None,
+    desk: TicketDesk,  # first: gunicorn and the worker inherit its allow-list entry
 ) -> Iterator[dict[str, Any]]:
     """Gunicorn and one Celery worker (prefork, 2 children), both on PgBouncer, a
     queue and an events exchange of this test only."""
