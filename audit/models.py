@@ -72,6 +72,11 @@ class EventCode(models.TextChoices):
     # Retention (audit/retention.py): the tombstone of a purge, and payloads dropped.
     AUDIT_PURGED = "audit.purged"
     AUDIT_PAYLOADS_DROPPED = "audit.payloads_dropped"
+    # A tenant's Cedar policy set (policies/): every change names the person.
+    POLICY_SET_CREATED = "policy_set.created"
+    POLICY_SET_CHANGED = "policy_set.changed"
+    POLICY_SET_PUBLISHED = "policy_set.published"
+    POLICY_SET_RETIRED = "policy_set.retired"
 
 
 class Event(models.Model):

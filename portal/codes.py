@@ -26,3 +26,9 @@ class ReasonCode(models.TextChoices):
     # The connector supports neither idempotency keys nor lookup: a person approves
     # the exact input once before any automatic write.
     APPROVAL_REQUIRED = "APPROVAL_REQUIRED"
+    # A tenant's Cedar policy set (policies/, docs/policies.md): no policy permits
+    # the call or a ``forbid`` matched; or the set could not be read or evaluated,
+    # which refuses too (fail closed). An ``@approval`` annotation asks for a
+    # person with APPROVAL_REQUIRED above.
+    POLICY_DENIED = "POLICY_DENIED"
+    POLICY_ERROR = "POLICY_ERROR"

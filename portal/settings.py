@@ -76,6 +76,7 @@ INSTALLED_APPS = [
     "axes",  # login lockout (AXES_* below)
     "portal",
     "tasks",
+    "policies",  # the tenants' Cedar policy sets (docs/policies.md)
     "audit",
     "tenant_deletion",  # above the apps: its migration holds the operator's purge
     "mcp_server",  # above the apps: the MCP server's `manage.py mcp` (docs/mcp.md)

@@ -26,6 +26,9 @@ from django.db.models.functions import Now
 from audit import services as audit_services
 from audit.models import EventCode
 from audit.redaction import redact, refuse_sensitive
+from policies import engine as policy_engine
+from policies import selectors as policy_selectors
+from policies.exceptions import PolicyDenied, PolicyError
 from portal import db as portal_db
 from portal import metrics, scope
 from portal import selectors as portal_selectors
@@ -679,6 +682,9 @@ def operation_reserve(
     held. Only a new reservation needs the task's live lease.
 
     An agent needs a grant for the action and target (checked first, every time).
+    Then, for a new reservation, the tenant's policy set in force (if any) must not
+    deny it (docs/policies.md); its decision joins the ``operation.reserved`` event.
+    An ``@approval`` does not stop a reservation: the execution waits for a person.
 
     Raises:
         ActionNotGranted: the acting agent holds no grant for action and target.
@@ -687,6 +693,8 @@ def operation_reserve(
         LeaseExpired: the token is not current or the lease lapsed.
         InputNotCanonicalisable: the input has no RFC 8785 form.
         SensitiveValue: the key, action or target carries a secret or personal data.
+        PolicyDenied, PolicyError: the policy set in force refuses a new
+            reservation, or cannot be evaluated; nothing was written.
 
     The input is stored redacted (the pinned contract's ``sensitive_fields`` as
     keyed hashes, detected secrets and personal data cut out); the real input is
@@ -699,6 +707,11 @@ def operation_reserve(
         raise ActionNotGranted(action=action, target=target)
     digest = input_hash(input)
     operation_id = new_id()
+    stored_input = redact(
+        input,
+        tenant_id=tenant.pk,
+        sensitive=task_sensitive_fields(tenant_id=tenant.pk, task_id=task_id),
+    )
     row = _fetch(
         _RESERVE,
         {
@@ -710,15 +723,7 @@ def operation_reserve(
             "action": action,
             "target": target,
             "input_hash": digest,
-            "input": audit_services.json_text(
-                redact(
-                    input,
-                    tenant_id=tenant.pk,
-                    sensitive=task_sensitive_fields(
-                        tenant_id=tenant.pk, task_id=task_id
-                    ),
-                )
-            ),
+            "input": audit_services.json_text(stored_input),
             "sealed": seal(
                 tenant_id=tenant.pk, operation_id=operation_id, values={"input": input}
             ),
@@ -740,6 +745,9 @@ def operation_reserve(
             raise IdempotencyKeyReused(idempotency_key=idempotency_key)
         return Reservation(operation=existing, created=False)
     operation = _operation(row)
+    # After the insert, so a replay above is answered as stored; a refusal here
+    # rolls the new row back.
+    policy = _reserve_policy(tenant=tenant, operation=operation, actor=actor)
     audit_services.event_append(
         tenant_id=tenant.pk,
         code=EventCode.OPERATION_RESERVED,
@@ -753,9 +761,47 @@ def operation_reserve(
             "target": target,
             "input_hash": digest,
             "lease_token": lease_token,
+            **({"policy": policy.as_evidence()} if policy else {}),
         },
     )
     return Reservation(operation=operation, created=True)
+
+
+def _reserve_policy(
+    *, tenant: Tenant, operation: Operation, actor: Actor
+) -> policy_engine.Decision | None:
+    """The policy set's decision on an agent's new reservation (None: no set in
+    force, or not an agent).
+
+    Raises:
+        PolicyDenied, PolicyError: the set denies, or cannot be evaluated.
+    """
+    policy_set = policy_selectors.policy_set_in_force(tenant=tenant)
+    if policy_set is None or actor.type != ActorType.AGENT:
+        return None
+    task = Task.objects.get(tenant=tenant, pk=operation.task_id)
+    decision = policy_engine.evaluate(
+        policy_set=policy_set,
+        request=policy_engine.request_for(
+            tenant=tenant,
+            agent_id=actor.id,
+            action=operation.action,
+            target=operation.target,
+            object_type=task.object_type,
+            object_id=task.object_id,
+            object_version=task.object_version,
+            arguments=operation.input,
+            contract_key=task.contract_key,
+            contract_version=task.contract_version,
+            phase="reserve",
+            at=operation.created_at,
+        ),
+    )
+    if decision.verdict == policy_engine.Verdict.DENY:
+        raise PolicyDenied(policy=decision.as_evidence())
+    if decision.verdict == policy_engine.Verdict.ERROR:
+        raise PolicyError(policy=decision.as_evidence())
+    return decision
 
 
 _OPERATION_SET = """

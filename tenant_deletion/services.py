@@ -42,6 +42,7 @@ from audit.models import (
     RetentionPolicy,
     RetentionPurge,
 )
+from policies.models import PolicySet
 from portal import db as portal_db
 from portal.actors import Actor
 from portal.models import (
@@ -91,6 +92,7 @@ DELETION_ORDER: Final[tuple[type[Model], ...]] = (
     ObjectVersion,
     Connector,  # holds the tenant's signing keys: gone with the tenant
     Contract,  # published and retired versions: the purge function deletes them
+    PolicySet,  # published ones too: their trigger lets the operator delete
     Membership,
     AgentGrant,  # -> agent
     IdempotentRequest,  # -> agent; stored API answers of the tenant's agents

@@ -11,11 +11,15 @@ event). The first refusal hands the task to a person (``refuse``).
 3. ``target``: a contract write target with a connector (``TARGET_FORBIDDEN``);
 4. ``permission``: the *caller's* own grant (an agent) or ``work_takeover`` role (a
    person) still holds *now* (``PERMISSION_REVOKED``);
-5. ``version``: the object version the task read is current (``VERSION_CONFLICT``);
-6. ``approval``: a connector without idempotency keys and lookup needs a person's
-   one-time approval of this exact input (``APPROVAL_REQUIRED``).
+5. ``policy``: the tenant's Cedar policy set in force, if it has one, permits it
+   (``POLICY_DENIED``, ``POLICY_ERROR``), or asks for a person's approval first
+   (``APPROVAL_REQUIRED``); grants stay the coarse layer (docs/policies.md);
+6. ``version``: the object version the task read is current (``VERSION_CONFLICT``);
+7. ``approval``: a connector without idempotency keys and lookup, or a policy's
+   ``@approval``, needs a person's one-time approval of this exact input
+   (``APPROVAL_REQUIRED``).
 
-The credential (step 7) is issued after the loop and checked right before the call
+The credential (step 8) is issued after the loop and checked right before the call
 (``call.begin_call``).
 """
 
@@ -30,6 +34,9 @@ from django.contrib.auth.models import User
 
 from audit import services as audit_services
 from audit.models import EventCode
+from audit.redaction import redact
+from policies import engine as policy_engine
+from policies import selectors as policy_selectors
 from portal import metrics
 from portal import selectors as portal_selectors
 from portal.actors import Actor, ActorType
@@ -40,6 +47,7 @@ from portal.roles import has_tenant_perm
 from portal.tracing import Trace
 
 from .. import takeover
+from ..contracts import contract_sensitive_fields
 from ..models import (
     Approval,
     Connector,
@@ -86,10 +94,18 @@ class CheckContext:
     actor: Actor
     trace: Trace
     connector: Connector | None = None
+    # Set by the policy check: what a policy's annotations ask of the later steps.
+    approval_requested: Mapping[str, Any] | None = None
+    credential_ttl_s: int | None = None
 
     @property
     def spec(self) -> dict[str, Any]:
         return self.contract.spec
+
+    def ttl_s(self) -> int:
+        """The credential's lifetime: the contract's, or a policy's if shorter."""
+        ttl = int(self.spec["policy"]["credential_ttl_s"])
+        return min(ttl, self.credential_ttl_s) if self.credential_ttl_s else ttl
 
 
 @dataclass(frozen=True)
@@ -306,6 +322,62 @@ def check_permission(context: CheckContext) -> Verdict:
     return Passed({"executed_by": {"type": actor.type, "id": actor.id}})
 
 
+def _open_approval(context: CheckContext) -> bool:
+    return Approval.objects.filter(
+        tenant=context.tenant,
+        operation=context.operation,
+        input_hash=context.operation.input_hash,
+        used_at__isnull=True,
+    ).exists()
+
+
+def check_policy(context: CheckContext) -> Verdict:
+    """5. The tenant's Cedar policies, re-evaluated now (docs/policies.md).
+
+    None when the tenant has no policy set in force (grants alone decide) and for a
+    person's own execution (their role governs it). An ``@approval`` passes only
+    with a person's approval of this input waiting; the approval check uses it up.
+    """
+    operation = context.operation
+    actor = context.actor
+    if actor.type == ActorType.USER:
+        return None
+    policy_set = policy_selectors.policy_set_in_force(tenant=context.tenant)
+    if policy_set is None:
+        return None
+    task = context.task
+    agent = operation.executed_by_agent_id or operation.agent_id
+    request = policy_engine.request_for(
+        tenant=context.tenant,
+        agent_id=actor.id if actor.type == ActorType.AGENT else str(agent or ""),
+        action=operation.action,
+        target=operation.target,
+        object_type=task.object_type,
+        object_id=task.object_id,
+        object_version=task.object_version,
+        arguments=operation.input,  # stored redacted: what the what-if sees too
+        fields=redact(
+            {field.name: field.value for field in context.fields},
+            tenant_id=context.tenant.pk,
+            sensitive=contract_sensitive_fields(context.spec),
+        ),
+        contract_key=context.contract.key,
+        contract_version=context.contract.version,
+        phase="execute",
+        at=context.now,
+    )
+    decision = policy_engine.evaluate(policy_set=policy_set, request=request)
+    evidence = {"policy": decision.as_evidence()}
+    if decision.verdict == policy_engine.Verdict.APPROVAL:
+        if not _open_approval(context):
+            return Refusal(ReasonCode.APPROVAL_REQUIRED, evidence)
+        context.approval_requested = decision.approval
+    elif decision.reason is not None:
+        return Refusal(decision.reason, evidence)
+    context.credential_ttl_s = decision.credential_ttl_s
+    return Passed(evidence)
+
+
 def version_conflict_evidence(
     *, task: Task, current: ObjectVersion | None, fields: Sequence[Mapping[str, Any]]
 ) -> dict[str, Any]:
@@ -330,7 +402,7 @@ def version_conflict_evidence(
 
 
 def check_version(context: CheckContext) -> Verdict:
-    """5. Version fence: what the task read must still be current."""
+    """6. Version fence: what the task read must still be current."""
     task = context.task
     current = ObjectVersion.objects.filter(
         tenant=context.tenant, object_type=task.object_type, object_id=task.object_id
@@ -355,13 +427,15 @@ def check_version(context: CheckContext) -> Verdict:
 
 
 def check_approval(context: CheckContext) -> Verdict:
-    """6. A connector that cannot settle doubt needs a person's one-time approval.
+    """7. A connector that cannot settle doubt, or a policy's ``@approval``, needs a
+    person's one-time approval.
 
-    Uses the approval up (in the checks' transaction) when there is one.
+    Uses the approval up (in the checks' transaction) when there is one: one
+    approval of this input answers both.
     """
     connector = context.connector
     assert connector is not None  # the target check ran first
-    if connector.automatic_writes:
+    if connector.automatic_writes and context.approval_requested is None:
         return None
     used = Approval.objects.filter(
         tenant=context.tenant,
@@ -375,6 +449,11 @@ def check_approval(context: CheckContext) -> Verdict:
             {
                 "supports_idempotency_keys": connector.supports_idempotency_keys,
                 "supports_lookup": connector.supports_lookup,
+                **(
+                    {"policy_approval": context.approval_requested}
+                    if context.approval_requested is not None
+                    else {}
+                ),
             },
         )
     return Passed()
@@ -385,6 +464,7 @@ CHECKS: Final[tuple[tuple[str, Check], ...]] = (
     ("fields", check_fields),
     ("target", check_target),
     ("permission", check_permission),
+    ("policy", check_policy),
     ("version", check_version),
     ("approval", check_approval),
 )

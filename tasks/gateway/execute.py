@@ -205,7 +205,7 @@ def authorize(
         task=task,
         operation=operation,
         connector=connector,
-        ttl_s=spec["policy"]["credential_ttl_s"],
+        ttl_s=context.ttl_s(),  # the contract's, or a policy's shorter one
         now=now,
         actor=actor,
         trace=trace,

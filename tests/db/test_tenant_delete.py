@@ -34,6 +34,7 @@ from audit.models import (
     RetentionAnchor,
     RetentionPolicy,
 )
+from policies import services as policy_services
 from portal import db_roles
 from portal import selectors as portal_selectors
 from portal import services as portal_services
@@ -232,6 +233,17 @@ def populate(
         assign_perm("portal.view_tenant", user, tenant)
         assign_perm("tasks.view_contract", group, contract)
         RetentionPolicy.objects.create(tenant=tenant, event_months=12, payload_days=30)
+        # A published policy set (its trigger lets only the operator delete it)
+        # and a draft.
+        permit_all = policy_services.policy_set_draft(
+            tenant=tenant, text="permit(principal, action, resource);"
+        )
+        policy_services.policy_set_publish(
+            tenant=tenant, version=permit_all.version, contract_specs=[SPEC]
+        )
+        policy_services.policy_set_draft(
+            tenant=tenant, text="forbid(principal, action, resource);"
+        )
         # A purge record and its anchor, written by audit_retention_purge (the
         # owner's; the app role may only read them) for an event past the policy.
         with connection.cursor() as cursor:

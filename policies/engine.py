@@ -1,0 +1,342 @@
+"""Evaluate a tenant's Cedar policy set for one governed action (docs/policies.md).
+
+Default deny, forbid wins (Cedar's own semantics), and fail closed: a set that does
+not parse, a policy that errors while it is evaluated (Cedar skips such a policy,
+which could let a ``permit`` through that a broken ``forbid`` should have stopped),
+and anything cedarpy raises all give ``POLICY_ERROR``, never an allow.
+
+An allow whose determining ``permit`` policies carry ``@approval("<group>")`` (and
+``@quorum("<n>")``) asks for a person first; ``@credential_ttl_s("<s>")`` lowers the
+credential's lifetime. Annotations are read from the parsed set (policy id ->
+annotations), so the ids Cedar reports map back to them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import enum
+import functools
+import json
+import math
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import cedarpy
+
+from portal.codes import ReasonCode
+from portal.models import Agent, Tenant
+
+from .models import PolicySet
+
+# Parsed sets kept per process: published versions never change (migration 0002),
+# and a draft's text is the key, so an edited draft is parsed again.
+_CACHE_SIZE: Final = 128
+WEEKDAYS: Final = (
+    "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday",
+)  # fmt: skip
+
+
+class Verdict(enum.StrEnum):
+    ALLOW = "allow"
+    DENY = "deny"
+    APPROVAL = "approval"  # allowed once a person approves
+    ERROR = "error"
+
+
+REASONS: Final[dict[Verdict, ReasonCode]] = {
+    Verdict.DENY: ReasonCode.POLICY_DENIED,
+    Verdict.APPROVAL: ReasonCode.APPROVAL_REQUIRED,
+    Verdict.ERROR: ReasonCode.POLICY_ERROR,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PolicyRequest:
+    """What a policy sees of one governed action: the values are as stored
+    (redacted), so the what-if over stored operations sees what the gateway saw."""
+
+    agent_id: str
+    agent_name: str
+    action: str
+    target: str
+    object_type: str
+    object_id: str
+    object_version: str
+    arguments: Any
+    fields: Mapping[str, Any] = field(default_factory=dict)
+    contract_key: str = ""
+    contract_version: int = 0
+    phase: str = "execute"  # or "reserve"
+    at: dt.datetime
+
+
+@dataclass(frozen=True, kw_only=True)
+class Decision:
+    """A policy set's answer for one request, as the event records it."""
+
+    verdict: Verdict
+    determining: tuple[str, ...] = ()
+    approval: Mapping[str, Any] | None = None
+    credential_ttl_s: int | None = None
+    error: str | None = None
+    policy_set_id: str | None = None
+    version: int | None = None
+
+    @property
+    def reason(self) -> ReasonCode | None:
+        return REASONS.get(self.verdict)
+
+    def as_evidence(self) -> dict[str, Any]:
+        """The decision for an event or an escalation's evidence."""
+        evidence: dict[str, Any] = {
+            "version": self.version,
+            "policy_set_id": self.policy_set_id,
+            "verdict": str(self.verdict),
+            "determining": list(self.determining),
+        }
+        if self.approval is not None:
+            evidence["approval"] = dict(self.approval)
+        if self.credential_ttl_s is not None:
+            evidence["credential_ttl_s"] = self.credential_ttl_s
+        if self.error is not None:
+            evidence["error"] = self.error
+        return evidence
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    policies: cedarpy.PolicySet
+    annotations: Mapping[str, Mapping[str, str]]  # policy id -> its annotations
+
+
+@functools.lru_cache(maxsize=_CACHE_SIZE)
+def _compiled(text: str) -> _Compiled:
+    """Parse once per text. Raises ``ValueError`` when the text does not parse."""
+    policies = cedarpy.PolicySet.from_str(text)
+    parsed = json.loads(cedarpy.policies_to_json_str(text))
+    if parsed.get("templates"):
+        raise ValueError("templates (?principal, ?resource) are not supported")
+    annotations = {
+        policy_id: dict(policy.get("annotations") or {})
+        for policy_id, policy in parsed.get("staticPolicies", {}).items()
+    }
+    return _Compiled(policies=policies, annotations=annotations)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _whole(value: Any) -> int | None:
+    """A number as a whole number (fractions rounded away from zero), else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return None
+        return int(math.ceil(value) if value >= 0 else math.floor(value))
+    return value
+
+
+def cedar_request(request: PolicyRequest) -> tuple[dict[str, Any], list[Any]]:
+    """The Cedar request and its entities (docs/policies.md, "The entity model")."""
+    arguments = request.arguments if isinstance(request.arguments, Mapping) else {}
+    fields = {
+        name: _text(value)
+        for name, value in request.fields.items()
+        if value is not None
+    }
+    amounts: dict[str, int] = {}
+    for values in (arguments, request.fields):  # checked field values win
+        for name, value in values.items():
+            number = _whole(value)
+            if number is not None:
+                amounts[str(name)] = number
+    target = {"type": "Target", "id": request.target}
+    resource = {
+        "type": "BusinessObject",
+        "id": f"{request.object_type}:{request.object_id}",
+    }
+    at = request.at.astimezone(dt.UTC)
+    entities = [
+        {
+            "uid": {"type": "Agent", "id": request.agent_id},
+            "attrs": {"name": request.agent_name},
+            "parents": [],
+        },
+        {"uid": target, "attrs": {}, "parents": []},
+        {
+            "uid": resource,
+            "attrs": {
+                "type": request.object_type,
+                "id": request.object_id,
+                "version": request.object_version,
+            },
+            "parents": [target],
+        },
+        {
+            "uid": {"type": "Arguments", "id": "request"},
+            "attrs": {},
+            "parents": [],
+            "tags": {
+                str(name): _text(value)
+                for name, value in arguments.items()
+                if value is not None
+            },
+        },
+        {
+            "uid": {"type": "Amounts", "id": "request"},
+            "attrs": {},
+            "parents": [],
+            "tags": amounts,
+        },
+    ]
+    cedar = {
+        "principal": {"type": "Agent", "id": request.agent_id},
+        "action": {"type": "Action", "id": request.action},
+        "resource": resource,
+        "context": {
+            "action": request.action,
+            "target": request.target,
+            "phase": request.phase,
+            "contract": request.contract_key,
+            "contract_version": request.contract_version,
+            "time": {
+                "weekday": WEEKDAYS[at.weekday()],
+                "hour": at.hour,
+                "date": at.date().isoformat(),
+            },
+            "input": {"__entity": {"type": "Arguments", "id": "request"}},
+            "amounts": {"__entity": {"type": "Amounts", "id": "request"}},
+            "fields": fields,
+        },
+    }
+    return cedar, entities
+
+
+def _name(policy_id: str, annotations: Mapping[str, Mapping[str, str]]) -> str:
+    """A policy's ``@id`` where it has one, else the parser's ``policyN``."""
+    return annotations.get(policy_id, {}).get("id") or policy_id
+
+
+def evaluate_text(*, text: str, request: PolicyRequest) -> Decision:
+    """Evaluate Cedar ``text`` for ``request``; never raises (errors deny)."""
+    try:
+        compiled = _compiled(text)
+        cedar, entities = cedar_request(request)
+        result = cedarpy.is_authorized(cedar, compiled.policies, entities)
+        decision = result.decision
+        reasons = list(result.diagnostics.reasons)
+        errors = list(result.diagnostics.errors)
+    except Exception as error:
+        return Decision(verdict=Verdict.ERROR, error=f"{type(error).__name__}: {error}")
+    annotations = compiled.annotations
+    determining = tuple(_name(policy_id, annotations) for policy_id in reasons)
+    if errors:
+        return Decision(
+            verdict=Verdict.ERROR, determining=determining, error="; ".join(errors)
+        )
+    if decision != cedarpy.Decision.Allow:
+        if decision != cedarpy.Decision.Deny:
+            return Decision(verdict=Verdict.ERROR, error=f"decision {decision}")
+        return Decision(verdict=Verdict.DENY, determining=determining)
+    return _allowed(reasons=reasons, annotations=annotations, determining=determining)
+
+
+def _allowed(
+    *,
+    reasons: Sequence[str],
+    annotations: Mapping[str, Mapping[str, str]],
+    determining: tuple[str, ...],
+) -> Decision:
+    """An allow, with what the determining permits' annotations ask for."""
+    groups: list[str] = []
+    quorum = 0
+    ttls: list[int] = []
+    try:
+        for policy_id in reasons:
+            notes = annotations.get(policy_id, {})
+            if "approval" in notes:
+                groups.append(notes["approval"])
+                quorum = max(quorum, int(notes.get("quorum") or 1))
+            if "credential_ttl_s" in notes:
+                ttls.append(int(notes["credential_ttl_s"]))
+    except ValueError as error:
+        # Checked at publish; a stored set that slipped past still fails closed.
+        return Decision(
+            verdict=Verdict.ERROR, determining=determining, error=f"annotation: {error}"
+        )
+    ttl = min(ttls) if ttls else None
+    if groups:
+        return Decision(
+            verdict=Verdict.APPROVAL,
+            determining=determining,
+            approval={"groups": sorted(set(groups)), "quorum": quorum},
+            credential_ttl_s=ttl,
+        )
+    return Decision(
+        verdict=Verdict.ALLOW, determining=determining, credential_ttl_s=ttl
+    )
+
+
+def request_for(
+    *,
+    tenant: Tenant,
+    agent_id: str,
+    action: str,
+    target: str,
+    object_type: str,
+    object_id: str,
+    object_version: str,
+    arguments: Any,
+    fields: Mapping[str, Any] | None = None,
+    contract_key: str | None = None,
+    contract_version: int | None = None,
+    phase: str,
+    at: dt.datetime,
+    agent_name: str | None = None,
+) -> PolicyRequest:
+    """The request for one action; reads the agent's name unless it is given.
+
+    ``arguments`` and ``fields`` must be the redacted values (as stored).
+    """
+    if agent_name is None:
+        try:
+            pk = uuid.UUID(agent_id)
+        except ValueError:  # not an agent: the portal itself (a queued run's SYSTEM)
+            agent_name = ""
+        else:
+            agent_name = (
+                Agent.objects.filter(tenant=tenant, pk=pk)
+                .values_list("name", flat=True)
+                .first()
+            ) or ""
+    return PolicyRequest(
+        agent_id=agent_id,
+        agent_name=agent_name,
+        action=action,
+        target=target,
+        object_type=object_type,
+        object_id=object_id,
+        object_version=object_version,
+        arguments=arguments,
+        fields=dict(fields or {}),
+        contract_key=contract_key or "",
+        contract_version=contract_version or 0,
+        phase=phase,
+        at=at,
+    )
+
+
+def evaluate(*, policy_set: PolicySet, request: PolicyRequest) -> Decision:
+    """Evaluate the tenant's policy set in force for ``request``; never raises."""
+    return dataclasses.replace(
+        evaluate_text(text=policy_set.text, request=request),
+        policy_set_id=str(policy_set.pk),
+        version=policy_set.version,
+    )
