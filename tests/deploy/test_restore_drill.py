@@ -30,6 +30,7 @@ from psycopg import sql
 
 from portal import db_roles
 from portal_client import FieldValue, PortalClient
+from tasks import outbound
 from tests.deploy import support
 from tests.deploy.units import REPO
 from tests.http.conftest import start, stop
@@ -170,6 +171,8 @@ def test_a_dump_restores_and_the_restored_portal_resumes_in_flight_work(
     # A long deadline would keep the in-flight call out of recovery's reach.
     env = _env(tmp_path, source, PORTAL_EXECUTION_DEADLINE_S="1")
     desk: TicketDesk = start_ticketdesk()
+    # The outbound URL policy calls a loopback desk over http only when named.
+    env["PORTAL_OUTBOUND_ALLOWED_HOSTS"] = outbound.host_port(desk.url)
     servers = []
     try:
         # Given: a migrated portal with the README demo's data and agent run.
