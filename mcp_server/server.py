@@ -37,6 +37,7 @@ from portal.exceptions import PortalError
 from portal.models import Agent
 from portal.tracing import Trace, tracer
 from tasks import actions
+from tasks import services as task_services
 from tasks.exceptions import TaskNotFound
 
 from . import auth, deep, resources, tools
@@ -74,10 +75,40 @@ def _as_agent(secret: str, work: Any, *args: Any) -> Any:
 
 
 def _listed(agent: Agent) -> list[types.Tool]:
-    return [tools.mcp_tool(tool) for tool in tools.tool_list(agent=agent)]
+    governed = [tools.mcp_tool(tool) for tool in tools.tool_list(agent=agent)]
+    return [*governed, tools.record_version_tool()]
+
+
+def _version_recorded(agent: Agent, arguments: Any) -> types.CallToolResult:
+    try:
+        path = tools.record_version_of(arguments)
+    except tools.BadArgument as bad:
+        return tools.error_result(
+            code="INVALID_ARGUMENT", detail=str(bad), argument=bad.argument
+        )
+    record = task_services.object_version_record(tenant=agent.tenant, **path)
+    answer = {
+        "status": "recorded",
+        **path,
+        "version": record.version,
+        "updated_at": record.updated_at.isoformat(),
+        "next_step": "Take the governed action with this object version.",
+    }
+    return types.CallToolResult(
+        content=[
+            types.TextContent(
+                type="text",
+                text=f"Recorded {path['object_type']}/{path['object_id']} at "
+                f"version {record.version}.",
+            )
+        ],
+        structured_content=answer,
+    )
 
 
 def _called(agent: Agent, name: str, arguments: Any) -> types.CallToolResult:
+    if name == tools.RECORD_VERSION_TOOL:
+        return _version_recorded(agent, arguments)
     tool = tools.tool_find(agent=agent, name=name)
     if tool is None:
         return tools.error_result(

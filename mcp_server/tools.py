@@ -110,6 +110,61 @@ def tool_list(*, agent: Agent) -> list[GovernedTool]:
     return tools
 
 
+# The one tool that is no governed action: it tells the portal an object's current
+# version, as ``PUT /api/v1/object-versions/{type}/{id}`` does over REST, so that an
+# MCP-only agent can feed the version fence (a call whose object version the portal
+# does not know is refused with VERSION_CONFLICT). A governed tool's name is
+# ``<action>.<target>[.<contract>]`` and always has a dot; this one has none.
+RECORD_VERSION_TOOL: Final = "portal__record_object_version"
+RECORD_VERSION_SCHEMA: Final[dict[str, Any]] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["object_type", "object_id", "version"],
+    "properties": {
+        "object_type": {"type": "string", "minLength": 1, "maxLength": 100},
+        "object_id": {"type": "string", "minLength": 1, "maxLength": 200},
+        "version": {"type": "string", "minLength": 1, "maxLength": 100},
+    },
+}
+
+
+def record_version_tool() -> types.Tool:
+    """The ``tools/list`` entry of the object-version tool (every agent has it)."""
+    return types.Tool(
+        name=RECORD_VERSION_TOOL,
+        title="Record an object's current version",
+        description=(
+            "Tell the portal the current version of a business object as you read "
+            "it from its system of record. A governed action on that object is "
+            "refused (VERSION_CONFLICT) unless the version it says you read is the "
+            "one recorded here; record it before the action, not after."
+        ),
+        input_schema=RECORD_VERSION_SCHEMA,
+        annotations=types.ToolAnnotations(
+            title="Record an object's current version",
+            read_only_hint=False,
+            destructive_hint=False,
+            idempotent_hint=True,
+            open_world_hint=False,
+        ),
+    )
+
+
+def record_version_of(arguments: Any) -> dict[str, str]:
+    """The object-version tool's arguments, checked; BadArgument names a bad one."""
+    if not isinstance(arguments, Mapping):
+        raise BadArgument("arguments", "must be an object")
+    errors = sorted(
+        jsonschema.Draft202012Validator(RECORD_VERSION_SCHEMA).iter_errors(
+            dict(arguments)
+        ),
+        key=lambda e: list(e.path),
+    )
+    if errors:
+        raise BadArgument(_argument_of(errors[0]), errors[0].message)
+    return {name: str(arguments[name]) for name in RECORD_VERSION_SCHEMA["required"]}
+
+
 def tool_find(*, agent: Agent, name: str) -> GovernedTool | None:
     """The agent's tool of this name; None when it has none."""
     return next((t for t in tool_list(agent=agent) if t.name == name), None)

@@ -29,6 +29,7 @@ from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
+from mcp_server.tools import RECORD_VERSION_TOOL
 from portal.models import Tenant
 from tasks import services as task_services
 from tests.conftest import db_now
@@ -43,6 +44,9 @@ __all__ = ["desk", "ticketdesk_server"]
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 60.0
 TOOL = "create_ticket.ticket-desk"
+# Every agent also has the object-version tool; TOOLS is what a granted agent lists.
+VERSION_TOOL = RECORD_VERSION_TOOL
+TOOLS = [TOOL, VERSION_TOOL]
 _LISTENING = re.compile(r"mcp listening on (?P<url>http://\S+)")
 
 

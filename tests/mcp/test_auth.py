@@ -17,6 +17,7 @@ from portal.models import AgentKey
 from tests.mcp.conftest import (
     REPO,
     TOOL,
+    TOOLS,
     Agents,
     McpServer,
     arguments,
@@ -102,7 +103,7 @@ def test_a_key_revoked_mid_session_is_refused_at_the_next_request(
 
     listed, refused = anyio.run(scenario)
 
-    assert [tool.name for tool in listed.tools] == [TOOL]
+    assert [tool.name for tool in listed.tools] == TOOLS
     # The SDK's client reports the transport's refusal as an error response; the
     # same request without it shows the 401 the server sent.
     assert refused == "MCPError(-32603, 'Server returned an error response', None)"
@@ -124,7 +125,7 @@ def test_stdio_lists_and_calls_as_the_environment_key(agents: Agents) -> None:
 
     listed, first, second, after = anyio.run(scenario)
 
-    assert [tool.name for tool in listed.tools] == [TOOL]
+    assert [tool.name for tool in listed.tools] == TOOLS
     assert first.structured_content["status"] == "verified", first.content
     assert second.structured_content == first.structured_content
     # Revoked mid-session: the next call is refused, the session goes on.

@@ -10,7 +10,14 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.mcp.conftest import TOOL, Agents, McpServer, arguments, http_session
+from tests.mcp.conftest import (
+    TOOL,
+    TOOLS,
+    Agents,
+    McpServer,
+    arguments,
+    http_session,
+)
 
 
 def _nested(depth: int) -> Any:
@@ -95,7 +102,7 @@ def test_a_bad_argument_is_a_tool_error_naming_it(
     assert bad.structured_content["code"] == "INVALID_ARGUMENT"
     assert bad.structured_content["argument"] == argument
     assert argument in bad.content[0].text
-    assert [tool.name for tool in listed.tools] == [TOOL]
+    assert [tool.name for tool in listed.tools] == TOOLS
     assert agents.world.tickets() == 0
 
 

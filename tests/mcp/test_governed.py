@@ -17,7 +17,14 @@ from portal.models import Tenant
 from tasks.jobs import check_receipts_job
 from tasks.models import Escalation, Operation, Task
 from tests.conftest import db_now
-from tests.mcp.conftest import TOOL, Agents, McpServer, arguments, http_session
+from tests.mcp.conftest import (
+    TOOL,
+    VERSION_TOOL,
+    Agents,
+    McpServer,
+    arguments,
+    http_session,
+)
 
 
 def _resource(result: Any) -> dict[str, Any]:
@@ -158,7 +165,7 @@ def test_another_agent_sees_only_its_own_grants_and_another_tenant_nothing(
     assert mine.structured_content["status"] == "verified"
     for name in ("ungranted", "stranger"):
         tools, called, story = seen[name]
-        assert tools.tools == [], name
+        assert [t.name for t in tools.tools] == [VERSION_TOOL], name
         assert called.structured_content["code"] == "UNKNOWN_TOOL", name
         assert "not found" in story.lower(), name
     assert agents.world.tickets() == 1

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.mcp.conftest import TOOL, Agents, McpServer, arguments
+from tests.mcp.conftest import TOOL, TOOLS, Agents, McpServer, arguments
 
 TS = Path(__file__).resolve().parent / "ts"
 
@@ -54,7 +54,7 @@ def test_the_typescript_sdk_lists_and_calls_the_tool(
     assert done.returncode == 0, done.stderr
     answer = json.loads(done.stdout)
 
-    assert answer["tools"] == [TOOL]
+    assert answer["tools"] == TOOLS
     result = answer["result"]
     assert result.get("isError") is not True, result
     assert result["structuredContent"]["status"] == "verified"

@@ -28,7 +28,7 @@ from tests.e2e.test_demo import (
     _wait_ready,
     scratch_database_url,
 )
-from tests.mcp.conftest import REPO, http_session
+from tests.mcp.conftest import REPO, VERSION_TOOL, http_session
 from tests.support.net import free_port
 from tests.support.otlp import Receiver, otlp_receiver
 
@@ -97,25 +97,27 @@ def test_the_banners_mcp_url_and_key_list_and_call_the_demo_tool(
             key, desk = _wait_ready(up, portal)
             mcp_url = up.search(MCP_URL)
             assert mcp_url == f"http://127.0.0.1:{mcp_port}/mcp", up.output()
-            # The portal learns the issue's current version from its versions
-            # feed (here: the agent's own REST call, as the example agent does).
-            recorded = httpx.put(
-                f"{portal}/api/v1/object-versions/customer_issue/77",
-                json={"version": "1"},
-                headers={"Authorization": f"Bearer {key}"},
-                trust_env=False,
-            )
-            assert recorded.status_code == 200, recorded.text
 
             async def scenario() -> Any:
                 async with http_session(mcp_url, key) as session:
                     listed = await session.list_tools()
+                    # With nothing but the banner's URL and key: the agent tells
+                    # the portal the issue's current version, then acts on it.
+                    recorded = await session.call_tool(
+                        VERSION_TOOL,
+                        {
+                            "object_type": "customer_issue",
+                            "object_id": "77",
+                            "version": "1",
+                        },
+                    )
+                    assert not recorded.is_error, recorded.content
                     called = await session.call_tool(DEMO_TOOL, _demo_call())
                     return listed, called
 
             listed, called = anyio.run(scenario)
 
-            assert [tool.name for tool in listed.tools] == [DEMO_TOOL]
+            assert [tool.name for tool in listed.tools] == [DEMO_TOOL, VERSION_TOOL]
             answer = called.structured_content
             assert answer["status"] == "verified", called.content
             effects = httpx.get(f"{desk}/_control/effects", trust_env=False).json()
