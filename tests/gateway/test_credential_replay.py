@@ -26,6 +26,7 @@ from tasks.gateway import revocation
 from tasks.gateway.call import issue_credential
 from tasks.gateway.common import SYSTEM, db_now
 from tasks.models import Connector, Credential, Operation, Task
+from tests.support.outbound import allow as outbound_allow
 from ticketdesk.harness import TicketDesk
 
 from .conftest import World
@@ -88,10 +89,13 @@ class _Forward(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def wiretap(world: World) -> Iterator[Wiretap]:
+def wiretap(
+    world: World, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Wiretap]:
     tap = Wiretap(world.desk.url)
     thread = threading.Thread(target=tap.serve_forever, daemon=True)
     thread.start()
+    outbound_allow(settings, monkeypatch, tap.url)  # another port of 127.0.0.1
     Connector.objects.filter(pk=world.connector.pk).update(base_url=tap.url)
     yield tap
     tap.shutdown()
