@@ -14,6 +14,7 @@ import uuid
 from typing import Any, TypeVar
 
 from django.core import exceptions as django_exceptions
+from django.db import connection
 from django.http import (
     Http404,
     HttpRequest,
@@ -37,8 +38,15 @@ from rest_framework.views import APIView
 
 from . import api_input, idempotency, logs, scope, selectors, services
 from .actors import Actor
-from .exceptions import MalformedRequest, PortalError, ValidationFailed
-from .models import Agent, Tenant
+from .exceptions import (
+    AgentFrozen,
+    MalformedRequest,
+    PortalError,
+    RateLimited,
+    TenantFrozen,
+    ValidationFailed,
+)
+from .models import Agent, AgentRequestWindow, Tenant
 from .problems import PROBLEM_CONTENT_TYPE, encode, problem_body
 from .tracing import Trace, traceparent_of
 
@@ -81,9 +89,17 @@ class AgentKeyAuthentication(BaseAuthentication):
         if check.status == "expired":
             raise ApiKeyExpired()
         # The request's tenant scope (row-level security) until it ends.
-        scope.enter([check.key.agent.tenant_id])
+        agent = check.key.agent
+        scope.enter([agent.tenant_id])
+        # The flags came with the key, in the same statement: no cache can hide a
+        # freeze. A valid key, so 403, not 401; the denial is recorded by the
+        # exception handler (limits.api).
+        if agent.frozen_at is not None:
+            raise AgentFrozen(tenant_id=agent.tenant_id, agent_id=str(agent.pk))
+        if agent.tenant.frozen_at is not None:
+            raise TenantFrozen(tenant_id=agent.tenant_id, agent_id=str(agent.pk))
         services.agent_key_mark_used(key=check.key)
-        return check.key.agent, None
+        return agent, None
 
     def authenticate_header(self, request: Request) -> str:
         return 'Bearer realm="agent-api"'
@@ -102,26 +118,61 @@ class IsAgent(BasePermission):
         return isinstance(request.user, Agent)
 
 
+# One row per agent, counted and moved to the next window by one statement on the
+# database clock: every web process counts against the same number.
+_REQUEST_WINDOW = f"""
+INSERT INTO {AgentRequestWindow._meta.db_table} AS w (
+    id, agent_id, tenant_id, window_start, requests
+)
+VALUES (
+    gen_random_uuid(), %(agent_id)s, %(tenant_id)s,
+    to_timestamp(floor(extract(epoch FROM app_now()) / %(window_s)s) * %(window_s)s),
+    1
+)
+ON CONFLICT (tenant_id, agent_id) DO UPDATE SET
+    requests = CASE WHEN w.window_start = EXCLUDED.window_start
+                    THEN w.requests + 1 ELSE 1 END,
+    window_start = EXCLUDED.window_start
+RETURNING w.requests,
+    extract(epoch FROM w.window_start + make_interval(secs => %(window_s)s) - app_now())
+"""
+
+
 class AgentRateThrottle(SimpleRateThrottle):
-    """Per-agent request rate (``PORTAL_AGENT_RATE_LIMIT``); 429 with Retry-After."""
+    """Per-agent request rate (``PORTAL_AGENT_RATE_LIMIT``); 429 with Retry-After.
+
+    Counted in PostgreSQL (``AgentRequestWindow``), a fixed window on the database
+    clock, shared by every process: with the limit N, exactly N requests of a window
+    pass however many gunicorn workers serve them (docs/limits.md).
+    """
 
     scope = "agent"
+    wait_s: float | None = None
 
     def get_cache_key(self, request: Request, view: APIView) -> str | None:
-        if not isinstance(request.user, Agent):
-            return None
-        return self.cache_format % {"scope": self.scope, "ident": request.user.pk}
+        return None  # no cache: the counter is in PostgreSQL
+
+    def allow_request(self, request: Request, view: APIView) -> bool:
+        if self.rate is None or not isinstance(request.user, Agent):
+            return True
+        with connection.cursor() as cursor:
+            cursor.execute(
+                _REQUEST_WINDOW,
+                {
+                    "agent_id": request.user.pk,
+                    "tenant_id": request.user.tenant_id,
+                    "window_s": self.duration,
+                },
+            )
+            requests, left_s = cursor.fetchone()
+        self.wait_s = float(left_s)
+        return bool(requests <= self.num_requests)
+
+    def wait(self) -> float | None:
+        return self.wait_s
 
 
 # --- Problem details -----------------------------------------------------------------
-
-
-class RateLimited(PortalError):
-    """Too many requests; retry after the time in the Retry-After header."""
-
-    code = "RATE_LIMITED"
-    status = 429
-    retryable = True
 
 
 _DRF_CODES: dict[type[drf_exceptions.APIException], tuple[str, str]] = {
@@ -185,13 +236,16 @@ def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> HttpRe
         response[REPLAY_HEADER] = "true"
         return response
     if isinstance(exc, PortalError):
-        return problem(
+        response = problem(
             status=exc.status,
             code=str(exc.code),
             detail=exc.detail,
             request=request,
             **_json_safe(exc.context),
         )
+        if isinstance(exc.context.get("retry_after_s"), int):
+            response["Retry-After"] = str(exc.context["retry_after_s"])
+        return response
     if isinstance(exc, drf_exceptions.ValidationError):
         return problem(
             status=400,

@@ -32,3 +32,9 @@ class ReasonCode(models.TextChoices):
     # person with APPROVAL_REQUIRED above.
     POLICY_DENIED = "POLICY_DENIED"
     POLICY_ERROR = "POLICY_ERROR"
+    # The kill switch and the per-agent limits (limits/, docs/limits.md): a frozen
+    # agent or tenant is refused everything; a limit's window or a budget is spent.
+    AGENT_FROZEN = "AGENT_FROZEN"
+    TENANT_FROZEN = "TENANT_FROZEN"
+    RATE_LIMITED = "RATE_LIMITED"
+    BUDGET_EXCEEDED = "BUDGET_EXCEEDED"

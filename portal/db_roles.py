@@ -73,7 +73,7 @@ GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO {app};
 REVOKE UPDATE, DELETE ON audit_event, audit_checkpoint FROM {app};
 REVOKE INSERT, UPDATE, DELETE ON django_migrations, portal_test_clock FROM {app};
 REVOKE UPDATE ON portal_tenant FROM {app};
-GRANT UPDATE (slug, name) ON portal_tenant TO {app};
+GRANT UPDATE (slug, name, frozen_at, frozen_by_id) ON portal_tenant TO {app};
 REVOKE DELETE ON audit_chainhead FROM {app};
 REVOKE INSERT, UPDATE, DELETE ON audit_retentionpurge, audit_retentionanchor FROM {app};
 GRANT EXECUTE ON FUNCTION audit_event_partitions_ensure(integer) TO {app};

@@ -6,6 +6,7 @@ members of the problem+json answer; ``code`` is a reason code or an API-only cod
 
 from __future__ import annotations
 
+import uuid
 from typing import Any, ClassVar
 
 from .codes import ReasonCode
@@ -107,3 +108,51 @@ class IntegrityViolation(PortalError):
 
     code = "INTEGRITY_VIOLATION"
     status = 409
+
+
+class CallerFrozen(PortalError):
+    """The caller is frozen (docs/limits.md).
+
+    ``tenant_id`` names the tenant the refusal is recorded in (not a member of the
+    answer); ``recorded`` is set once its denial event is written.
+    """
+
+    status = 403
+
+    def __init__(
+        self, detail: str | None = None, *, tenant_id: uuid.UUID, **context: Any
+    ) -> None:
+        self.tenant_id = tenant_id
+        self.recorded = False
+        super().__init__(detail, **context)
+
+
+class AgentFrozen(CallerFrozen):
+    """This agent is frozen: every call is refused until a person unfreezes it."""
+
+    code = ReasonCode.AGENT_FROZEN
+
+
+class TenantFrozen(CallerFrozen):
+    """This tenant is frozen: every agent call is refused until it is unfrozen."""
+
+    code = ReasonCode.TENANT_FROZEN
+
+
+class RateLimited(PortalError):
+    """Too many requests; retry after the time in the Retry-After header.
+
+    ``retry_after_s`` (a context member) is when the window ends; the API sends it
+    as ``Retry-After`` too.
+    """
+
+    code = ReasonCode.RATE_LIMITED
+    status = 429
+    retryable = True
+
+
+class BudgetExceeded(PortalError):
+    """This amount would overspend the agent's budget for the window; nothing ran."""
+
+    code = ReasonCode.BUDGET_EXCEEDED
+    status = 422

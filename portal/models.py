@@ -46,6 +46,17 @@ class Tenant(models.Model):
     created_at = models.DateTimeField(db_default=Now(), editable=False)
     # Set when the tenant was deleted and its events kept (EventsOnDelete.KEEP).
     deleted_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # The kill switch (limits/services.py, docs/limits.md): while set, every call
+    # of the tenant's agents is refused (TENANT_FROZEN). Who froze it: the event.
+    frozen_at = models.DateTimeField(null=True, blank=True, editable=False)
+    frozen_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        editable=False,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
 
     class Meta:
         constraints = [
@@ -70,6 +81,17 @@ class Agent(models.Model):
     name = models.CharField(max_length=200)
     is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(db_default=Now(), editable=False)
+    # The kill switch (limits/services.py, docs/limits.md): while set, every call
+    # is refused (AGENT_FROZEN); read in the key lookup's one statement.
+    frozen_at = models.DateTimeField(null=True, blank=True, editable=False)
+    frozen_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        editable=False,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
 
     class Meta:
         constraints = [
@@ -242,3 +264,35 @@ class IdempotentRequest(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key} ({self.state})"
+
+
+class AgentRequestWindow(models.Model):
+    """An agent's API requests in the current fixed window: the shared throttle.
+
+    One row per agent, moved to the next window by the same statement that counts
+    (``portal.api.AgentRateThrottle``), so every web process counts against one
+    number. The table is ``UNLOGGED`` (migration 0010): a crash empties it, which
+    at worst restarts the window; nothing else depends on it.
+    """
+
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT)
+    agent = models.ForeignKey(
+        Agent, on_delete=models.PROTECT, db_constraint=False, related_name="+"
+    )
+    window_start = models.DateTimeField()
+    requests = models.PositiveIntegerField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "id"], name="portal_agentrequestwindow_tenant_id_uniq"
+            ),
+            # One row per agent: the statement's ON CONFLICT target.
+            models.UniqueConstraint(
+                fields=["tenant", "agent"], name="portal_agentrequestwindow_uniq"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.agent_id}: {self.requests} since {self.window_start}"

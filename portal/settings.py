@@ -77,6 +77,7 @@ INSTALLED_APPS = [
     "portal",
     "tasks",
     "policies",  # the tenants' Cedar policy sets (docs/policies.md)
+    "limits",  # the kill switch, rate limits and budgets (docs/limits.md)
     "audit",
     "tenant_deletion",  # above the apps: its migration holds the operator's purge
     "mcp_server",  # above the apps: the MCP server's `manage.py mcp` (docs/mcp.md)
@@ -265,7 +266,8 @@ REST_FRAMEWORK: dict[str, Any] = {
     "UNAUTHENTICATED_USER": None,
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["portal.parsers.JSONParser"],
-    "EXCEPTION_HANDLER": "portal.api.problem_exception_handler",
+    # portal.api's, which it calls, after recording frozen callers (docs/limits.md).
+    "EXCEPTION_HANDLER": "limits.api.problem_exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_THROTTLE_RATES": {
         "agent": os.environ.get("PORTAL_AGENT_RATE_LIMIT", "1200/min"),

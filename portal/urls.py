@@ -14,6 +14,7 @@ from drf_spectacular.views import (
 )
 
 from audit.api import AuditPublicKeyApi
+from limits import api as limits_api
 from portal import health
 from portal.api_root import ApiRootApi
 from portal.metrics_views import metrics_view
@@ -61,6 +62,16 @@ api_v1 = [
     path(
         "tenants/<slug:tenant_slug>/contracts/<slug:key>/versions/<int:version>/retire",
         staff_api.TenantContractRetireApi.as_view(),
+    ),
+    path("tenants/<slug:tenant_slug>/freeze", limits_api.TenantFreezeApi.as_view()),
+    path("tenants/<slug:tenant_slug>/unfreeze", limits_api.TenantUnfreezeApi.as_view()),
+    path(
+        "tenants/<slug:tenant_slug>/agents/<uuid:agent_id>/freeze",
+        limits_api.AgentFreezeApi.as_view(),
+    ),
+    path(
+        "tenants/<slug:tenant_slug>/agents/<uuid:agent_id>/unfreeze",
+        limits_api.AgentUnfreezeApi.as_view(),
     ),
     path("takeover/queue", staff_api.TakeoverQueueApi.as_view()),
     path("takeover/tasks/<uuid:task_id>/claim", staff_api.TakeoverClaimApi.as_view()),

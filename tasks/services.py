@@ -26,6 +26,7 @@ from django.db.models.functions import Now
 from audit import services as audit_services
 from audit.models import EventCode
 from audit.redaction import redact, refuse_sensitive
+from limits import services as limits_services
 from policies import engine as policy_engine
 from policies import selectors as policy_selectors
 from policies.exceptions import PolicyDenied, PolicyError
@@ -404,6 +405,7 @@ def _lease_ttl(ttl_s: float | None) -> dt.timedelta:
     return _seconds(seconds)
 
 
+@limits_services.refusals_recorded("lease")
 @portal_db.translate_integrity_errors
 @transaction.atomic(durable=True)
 def task_lease_acquire(
@@ -425,9 +427,12 @@ def task_lease_acquire(
         TaskNotLeasable: the task is not pending, running or waiting.
         LeaseHeld: someone else holds an unexpired lease.
         SensitiveValue: the owner name carries a secret or personal data.
+        AgentFrozen, TenantFrozen: the acting agent or its tenant is frozen.
     """
     refuse_sensitive(owner=owner)
     ttl = _lease_ttl(ttl_s)
+    if actor.type == ActorType.AGENT:
+        limits_services.agent_admit(tenant=tenant, agent_id=actor.id)
     row = _fetch(
         _LEASE_ACQUIRE,
         {
@@ -583,6 +588,7 @@ _CLAIM_NEXT: Final = TaskStateWrite(
 )
 
 
+@limits_services.refusals_recorded("lease")
 @portal_db.translate_integrity_errors
 @transaction.atomic(durable=True)
 def task_claim_next(
@@ -600,8 +606,11 @@ def task_claim_next(
 
     Raises:
         SensitiveValue: the owner name carries a secret or personal data.
+        AgentFrozen, TenantFrozen: the acting agent or its tenant is frozen.
     """
     refuse_sensitive(owner=owner)
+    if actor.type == ActorType.AGENT:
+        limits_services.agent_admit(tenant=tenant, agent_id=actor.id)
     rows = task_state_write(
         statement=_CLAIM_NEXT,
         moves=_CLAIM_NEXT_MOVES,
@@ -661,6 +670,7 @@ RETURNING {_OPERATION_COLUMNS}
 """
 
 
+@limits_services.refusals_recorded("reserve")
 @portal_db.translate_integrity_errors
 @transaction.atomic(durable=True)
 def operation_reserve(
@@ -695,6 +705,9 @@ def operation_reserve(
         SensitiveValue: the key, action or target carries a secret or personal data.
         PolicyDenied, PolicyError: the policy set in force refuses a new
             reservation, or cannot be evaluated; nothing was written.
+        AgentFrozen, TenantFrozen, RateLimited, BudgetExceeded: a new reservation
+            of a frozen agent or tenant, or over one of the agent's limits
+            (docs/limits.md); nothing was written, the denial is an event.
 
     The input is stored redacted (the pinned contract's ``sensitive_fields`` as
     keyed hashes, detected secrets and personal data cut out); the real input is
@@ -748,6 +761,14 @@ def operation_reserve(
     # After the insert, so a replay above is answered as stored; a refusal here
     # rolls the new row back.
     policy = _reserve_policy(tenant=tenant, operation=operation, actor=actor)
+    # Charged for a new reservation only: a replay above spends nothing.
+    charges = (
+        limits_services.reservation_admit(
+            tenant=tenant, agent_id=actor.id, action=action, target=target, input=input
+        )
+        if actor.type == ActorType.AGENT
+        else []
+    )
     audit_services.event_append(
         tenant_id=tenant.pk,
         code=EventCode.OPERATION_RESERVED,
@@ -762,6 +783,7 @@ def operation_reserve(
             "input_hash": digest,
             "lease_token": lease_token,
             **({"policy": policy.as_evidence()} if policy else {}),
+            **({"limits": charges} if charges else {}),
         },
     )
     return Reservation(operation=operation, created=True)

@@ -42,6 +42,7 @@ from audit.models import (
     RetentionPolicy,
     RetentionPurge,
 )
+from limits.models import Budget, LimitUsage, RateLimit
 from policies.models import PolicySet
 from portal import db as portal_db
 from portal.actors import Actor
@@ -49,6 +50,7 @@ from portal.models import (
     Agent,
     AgentGrant,
     AgentKey,
+    AgentRequestWindow,
     EventsOnDelete,
     IdempotentRequest,
     Membership,
@@ -96,6 +98,10 @@ DELETION_ORDER: Final[tuple[type[Model], ...]] = (
     Membership,
     AgentGrant,  # -> agent
     IdempotentRequest,  # -> agent; stored API answers of the tenant's agents
+    LimitUsage,  # -> rate limit, budget
+    RateLimit,  # -> agent
+    Budget,  # -> agent
+    AgentRequestWindow,  # -> agent
     AgentKey,  # -> agent
     Agent,
 )

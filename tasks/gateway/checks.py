@@ -5,6 +5,8 @@ a loop. Each returns ``Passed`` (its facts go in a ``gateway.checked`` event), a
 ``Refusal`` (the reason and the evidence), or None when it does not apply (no
 event). The first refusal hands the task to a person (``refuse``).
 
+0. ``frozen``: neither the executing agent nor its tenant is frozen
+   (``AGENT_FROZEN``, ``TENANT_FROZEN``; docs/limits.md);
 1. ``contract``: the pinned contract version is not retired (``CONTRACT_RETIRED``);
 2. ``fields``: every required field is present, from the contract's source and fresh
    enough (``FIELD_MISSING``, ``FIELD_SOURCE_MISMATCH``, ``FIELD_STALE``);
@@ -35,6 +37,7 @@ from django.contrib.auth.models import User
 from audit import services as audit_services
 from audit.models import EventCode
 from audit.redaction import redact
+from limits import selectors as limits_selectors
 from policies import engine as policy_engine
 from policies import selectors as policy_selectors
 from portal import metrics
@@ -240,6 +243,25 @@ def field_problems(
         if any(problem["problem"] == category for problem in problems):
             return category, problems
     return None, problems
+
+
+def check_frozen(context: CheckContext) -> Verdict:
+    """0. The kill switch: the executing agent (a queued run's too) and its tenant.
+
+    Read under a share lock held until the checks commit, so a freeze waits for an
+    authorisation already under way and none passes after it. A person's own
+    execution is not an agent call: only a frozen tenant stops the system actor.
+    """
+    actor = context.actor
+    if actor.type == ActorType.USER:
+        return None
+    reason = limits_selectors.frozen_reason(
+        tenant=context.tenant,
+        agent_id=actor.id if actor.type == ActorType.AGENT else None,
+    )
+    if reason is not None:
+        return Refusal(reason, {"actor_type": actor.type, "actor_id": actor.id})
+    return None
 
 
 def check_contract(context: CheckContext) -> Verdict:
@@ -460,6 +482,7 @@ def check_approval(context: CheckContext) -> Verdict:
 
 
 CHECKS: Final[tuple[tuple[str, Check], ...]] = (
+    ("frozen", check_frozen),
     ("contract", check_contract),
     ("fields", check_fields),
     ("target", check_target),

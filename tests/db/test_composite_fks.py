@@ -18,10 +18,11 @@ from django.db import connection, models, transaction
 
 from audit import services as audit_services
 from audit.models import Outbox
+from limits.models import Budget, LimitUsage, RateLimit
 from portal import idempotency
 from portal import services as portal_services
 from portal.actors import Actor
-from portal.models import Tenant
+from portal.models import AgentRequestWindow, Tenant
 from tasks.models import (
     Approval,
     Contract,
@@ -220,7 +221,55 @@ def _child_and_foreign_parent(
     if relation == "audit_outbox.event_id":
         outbox = _event_in(tenant)
         return "audit_outbox", outbox, _event_in(other).event_id
+    if relation in (
+        "limits_ratelimit.agent_id",
+        "limits_budget.agent_id",
+        "portal_agentrequestwindow.agent_id",
+        "limits_limitusage.rate_limit_id",
+        "limits_limitusage.budget_id",
+    ):
+        return _limits_child(relation, tenant, other)
     raise AssertionError(f"no attack written for {relation}: add one")
+
+
+def _limits_child(relation: str, tenant: Tenant, other: Tenant) -> tuple[str, Any, Any]:
+    """The kill switch's and the limits' rows (limits/, docs/limits.md)."""
+    agent = portal_services.agent_create(tenant=tenant, name="limited")
+    other_agent = portal_services.agent_create(tenant=other, name="b")
+    if relation == "portal_agentrequestwindow.agent_id":
+        window = AgentRequestWindow.objects.create(
+            tenant=tenant, agent=agent, window_start=dt.datetime.now(dt.UTC), requests=1
+        )
+        return "portal_agentrequestwindow", window, other_agent.pk
+    if relation == "limits_ratelimit.agent_id":
+        limit = RateLimit.objects.create(
+            tenant=tenant, agent=agent, action="a", max_calls=1
+        )
+        return "limits_ratelimit", limit, other_agent.pk
+    budget = Budget.objects.create(
+        tenant=tenant, agent=agent, action="a", argument="amount", max_total=10
+    )
+    if relation == "limits_budget.agent_id":
+        return "limits_budget", budget, other_agent.pk
+    now = dt.datetime.now(dt.UTC)
+    if relation == "limits_limitusage.budget_id":
+        usage = LimitUsage.objects.create(
+            tenant=tenant, budget=budget, window_start=now, used=0, allowed=10
+        )
+        other_budget = Budget.objects.create(
+            tenant=other, agent=other_agent, action="a", argument="x", max_total=1
+        )
+        return "limits_limitusage", usage, other_budget.pk
+    limit = RateLimit.objects.create(
+        tenant=tenant, agent=agent, action="a", max_calls=1
+    )
+    usage = LimitUsage.objects.create(
+        tenant=tenant, rate_limit=limit, window_start=now, used=0, allowed=1
+    )
+    other_limit = RateLimit.objects.create(
+        tenant=other, agent=other_agent, action="a", max_calls=1
+    )
+    return "limits_limitusage", usage, other_limit.pk
 
 
 @pytest.mark.django_db(transaction=True)

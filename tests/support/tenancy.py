@@ -8,7 +8,7 @@ from django.apps import apps
 from django.db import connection
 from django.db.models import Model
 
-OWNED_APPS = ("portal", "tasks", "audit")
+OWNED_APPS = ("portal", "tasks", "audit", "limits", "policies")
 
 
 def tenant_owned_models() -> list[type[Model]]:

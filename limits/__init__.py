@@ -1,0 +1,1 @@
+"""The kill switch and per-agent rate limits and budgets (docs/limits.md)."""

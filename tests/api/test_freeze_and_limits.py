@@ -1,0 +1,123 @@
+"""The kill switch and the per-agent limits through the API (docs/limits.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+
+from audit.models import Event, EventCode
+from limits import services as limits_services
+from limits.models import Budget, RateLimit
+from tasks.models import Task
+
+from .conftest import AgentClient, register_and_claim
+
+pytestmark = pytest.mark.django_db
+
+
+def _reserve(api: AgentClient, task: dict[str, Any], key: str, **input: Any) -> Any:
+    return api.post(
+        f"/api/v1/tasks/{task['id']}/operations",
+        {"idempotency_key": key, "action": "a", "target": "desk", "input": input},
+        **{"Lease-Token": str(task["lease"]["token"])},
+    )
+
+
+def _denials(api: AgentClient, reason: str) -> list[Event]:
+    return list(
+        Event.objects.filter(
+            tenant=api.tenant, code=EventCode.GATEWAY_CHECKED, reason_code=reason
+        )
+    )
+
+
+def test_a_frozen_agent_is_refused_with_403_and_each_refusal_is_an_event(api):
+    # given an agent with a running task under its lease
+    task = register_and_claim(api)
+    admin = User.objects.create_superuser("boss")
+    # when a person freezes it
+    limits_services.agent_freeze(tenant=api.tenant, agent_id=api.agent.pk, by=admin)
+    # then every call is refused as AGENT_FROZEN (the key is valid: 403, not 401)
+    for response in (api.get("/api/v1/tasks"), _reserve(api, task, "k-1")):
+        assert response.status_code == 403
+        assert response["Content-Type"] == "application/problem+json"
+        assert response.json()["code"] == "AGENT_FROZEN"
+    # and each refusal is a denial event naming the agent
+    denials = _denials(api, "AGENT_FROZEN")
+    assert len(denials) == 2
+    assert {d.actor_id for d in denials} == {str(api.agent.pk)}
+    assert {d.payload["phase"] for d in denials} == {"api"}
+    # and the lease it held is expired, in the freeze's one event naming the person
+    assert Task.objects.get(pk=task["id"]).lease_expires_at is not None
+    frozen = Event.objects.get(
+        tenant=api.tenant, code=EventCode.AGENT_CHANGED, reason_code="AGENT_FROZEN"
+    )
+    assert frozen.actor_type == "user" and frozen.actor_id == str(admin.pk)
+    assert frozen.payload["revoked_leases"] == 1
+    assert frozen.payload["revoked_lease_task_ids"] == [task["id"]]
+
+
+def test_unfreezing_lets_the_agent_call_again_and_is_audited(api):
+    admin = User.objects.create_superuser("boss")
+    limits_services.agent_freeze(tenant=api.tenant, agent_id=api.agent.pk, by=admin)
+    assert api.get("/api/v1/tasks").status_code == 403
+    limits_services.agent_freeze(
+        tenant=api.tenant, agent_id=api.agent.pk, by=admin, frozen=False
+    )
+    assert api.get("/api/v1/tasks").status_code == 200
+    changes = Event.objects.filter(tenant=api.tenant, code=EventCode.AGENT_CHANGED)
+    assert [e.payload["frozen"] for e in changes.order_by("id")] == [True, False]
+
+
+def test_a_frozen_tenant_refuses_every_agent_of_it_and_no_other(api, other_api):
+    limits_services.tenant_freeze(tenant=api.tenant)
+    response = api.get("/api/v1/tasks")
+    assert response.status_code == 403
+    assert response.json()["code"] == "TENANT_FROZEN"
+    assert other_api.get("/api/v1/tasks").status_code == 200
+    assert len(_denials(api, "TENANT_FROZEN")) == 1
+
+
+def test_a_rate_limit_refuses_the_call_past_the_window_with_429(api):
+    # given a limit of two reservations of "a" per minute on any target
+    RateLimit.objects.create(
+        tenant=api.tenant, agent=api.agent, action="a", max_calls=2, window_s=60
+    )
+    task = register_and_claim(api)
+    assert _reserve(api, task, "k-1").status_code == 201
+    # a replay of the same key is not a new reservation: it spends nothing
+    assert _reserve(api, task, "k-1").status_code == 200
+    assert _reserve(api, task, "k-2").status_code == 201
+    # when a third new reservation comes in the same window
+    refused = _reserve(api, task, "k-3")
+    # then it is refused with the window's end, and audited
+    assert refused.status_code == 429
+    assert refused.json()["code"] == "RATE_LIMITED"
+    assert 1 <= int(refused["Retry-After"]) <= 61
+    assert refused.json()["retry_after_s"] == int(refused["Retry-After"])
+    (denial,) = _denials(api, "RATE_LIMITED")
+    assert denial.payload["phase"] == "reserve"
+    assert denial.task_id is not None
+    # and nothing was reserved under the refused key
+    assert _reserve(api, task, "k-3").status_code == 429
+
+
+def test_a_budget_refuses_the_amount_that_would_overspend_it(api):
+    Budget.objects.create(
+        tenant=api.tenant, agent=api.agent, action="a", argument="amount",
+        max_total=100,
+    )  # fmt: skip
+    task = register_and_claim(api)
+    assert _reserve(api, task, "r-1", amount=60).status_code == 201
+    refused = _reserve(api, task, "r-2", amount=41)
+    assert refused.status_code == 422
+    assert refused.json()["code"] == "BUDGET_EXCEEDED"
+    assert refused.json()["used"] == "60.0000"
+    assert _reserve(api, task, "r-3", amount=40).status_code == 201
+    # an input without the amount is refused too: the budget fails closed
+    missing = _reserve(api, task, "r-4", note="no amount")
+    assert missing.status_code == 422
+    assert missing.json()["argument"] == "amount"
+    assert len(_denials(api, "BUDGET_EXCEEDED")) == 2
