@@ -16,6 +16,8 @@ from django.test import Client
 
 from audit import services as audit_services
 from audit.models import Event, Outbox, RetentionPolicy
+from policies import services as policy_services
+from policies.models import PolicySet
 from portal import services as portal_services
 from portal.actors import Actor
 from portal.models import Agent, AgentGrant, AgentKey, Membership, Role, Tenant
@@ -159,9 +161,14 @@ def fill(make_task: Callable[..., Task]) -> Callable[[Tenant], dict[type[Model],
         policy = RetentionPolicy.objects.create(
             tenant=tenant, event_months=24, payload_days=180
         )
+        # A draft: its page shows the problems and the what-if too.
+        policy_set = policy_services.policy_set_draft(
+            tenant=tenant, text="permit(principal, action, resource);"
+        )
         return {
             Tenant: tenant,
             RetentionPolicy: policy,
+            PolicySet: policy_set,
             Agent: agent,
             AgentKey: key,
             AgentGrant: grant,

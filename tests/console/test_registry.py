@@ -39,6 +39,8 @@ POLICY = {
     "audit.outbox": (OUT, OUT),  # retry/dismiss dead rows (audited actions)
     "audit.retentionpolicy": (V, M),
     "console.takeoveritem": (V, TenantPerm.WORK_TAKEOVER),
+    # Reviewers read the policies in force and their drafts; support does not.
+    "policies.policyset": (TenantPerm.EXPORT_TRAIL, M),
 }
 
 
