@@ -1,8 +1,9 @@
-"""``python -m ticketdesk --port PORT [--host 127.0.0.1] --keys JWKS_FILE``.
+"""``python -m ticketdesk --port PORT [--host 127.0.0.1] --keys JWKS_FILE
+[--tls-cert FILE --tls-key FILE]``.
 
-Prints ``ticketdesk listening on http://HOST:PORT`` once it accepts connections, then
-serves until SIGTERM or SIGINT (or, with ``--exit-on-stdin-eof``, until its standard
-input closes). POSIX only.
+Prints ``ticketdesk listening on http://HOST:PORT`` (``https://`` with TLS) once it
+accepts connections, then serves until SIGTERM or SIGINT (or, with
+``--exit-on-stdin-eof``, until its standard input closes). POSIX only.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import ssl
 import sys
 import threading
 from collections.abc import Sequence
@@ -52,11 +54,32 @@ def _parser() -> argparse.ArgumentParser:
         f"(default {DEFAULT_AUDIENCE})",
     )
     parser.add_argument(
+        "--tls-cert",
+        type=Path,
+        help="serve https with this PEM certificate chain (the server's first)",
+    )
+    parser.add_argument(
+        "--tls-key", type=Path, help="the PEM private key of --tls-cert"
+    )
+    parser.add_argument(
         "--exit-on-stdin-eof",
         action="store_true",
         help="stop when standard input closes (the launcher has gone)",
     )
     return parser
+
+
+def _tls_context(cert: Path, key: Path) -> ssl.SSLContext:
+    """A server-side context holding ``cert`` and ``key`` (TLS 1.2 or later).
+
+    Raises:
+        OSError: a file cannot be read, or (``ssl.SSLError``) is no certificate or
+            key, or the key does not match.
+    """
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(certfile=cert, keyfile=key)
+    return context
 
 
 def _stop_on_stdin_eof() -> None:
@@ -97,12 +120,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         _parser().error(f"give --keys or set ${KEYS_ENV}")
     if not is_loopback(args.host):
         _parser().error(f"--host must be a loopback address, not {args.host!r}")
+    if (args.tls_cert is None) != (args.tls_key is None):
+        _parser().error("--tls-cert and --tls-key go together")
+    tls = None
+    if args.tls_cert is not None:
+        try:
+            tls = _tls_context(args.tls_cert, args.tls_key)
+        except OSError as error:
+            print(
+                f"ticketdesk: cannot load the TLS certificate: {error}", file=sys.stderr
+            )
+            return 2
     # Blocked before any thread starts, so every thread inherits the mask and the
     # signals wait for sigwait below: no handler runs in the middle of a lock.
     signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     try:
         server = TicketDeskServer(
-            args.host, args.port, keys_path=Path(args.keys), audience=args.audience
+            args.host,
+            args.port,
+            keys_path=Path(args.keys),
+            audience=args.audience,
+            tls=tls,
         )
     except ValueError as error:
         print(f"ticketdesk: {error}", file=sys.stderr)

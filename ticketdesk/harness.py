@@ -10,7 +10,8 @@ For tests and launchers::
 
 The child listens on a free port (it binds port 0 and reports the real one), and
 stops when ``stop()`` is called or, whatever happens, when this process dies: it
-watches the pipe on its standard input.
+watches the pipe on its standard input. Given ``tls`` (a certificate and its key), it
+serves https, and the control calls trust ``ca_file``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import json
 import os
 import queue
 import re
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -33,7 +35,7 @@ from urllib.request import Request, urlopen
 START_TIMEOUT: Final = 15.0
 STOP_TIMEOUT: Final = 5.0
 CONTROL_TIMEOUT: Final = 10.0
-_LISTENING: Final = re.compile(r"ticketdesk listening on (?P<url>http://\S+)")
+_LISTENING: Final = re.compile(r"ticketdesk listening on (?P<url>https?://\S+)")
 # The folder holding the ticketdesk package: the child imports it from there,
 # whatever the caller's working directory.
 _IMPORT_ROOT: Final = Path(__file__).resolve().parent.parent
@@ -56,6 +58,7 @@ class TicketDesk:
         log_path: Path,
         owns_log: bool,
         stdout_pump: threading.Thread,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.process = process
         self.url = url
@@ -65,6 +68,7 @@ class TicketDesk:
         self.log_path = log_path
         self._owns_log = owns_log
         self._stdout_pump = stdout_pump
+        self._ssl_context = ssl_context
 
     def __enter__(self) -> TicketDesk:
         return self
@@ -79,7 +83,7 @@ class TicketDesk:
 
     def _control(self, method: str, path: str, payload: Any = None) -> Any:
         data = None if payload is None else json.dumps(payload).encode("utf-8")
-        # The URL is always the child's own http://127.0.0.1 address.
+        # The URL is always the child's own loopback http(s) address.
         request = Request(  # noqa: S310
             self.url + path,
             data=data,
@@ -87,7 +91,9 @@ class TicketDesk:
             headers={"Content-Type": "application/json"},
         )
         try:
-            with urlopen(request, timeout=CONTROL_TIMEOUT) as response:  # noqa: S310
+            with urlopen(  # noqa: S310
+                request, timeout=CONTROL_TIMEOUT, context=self._ssl_context
+            ) as response:
                 return json.load(response)
         except urllib.error.HTTPError as error:
             detail = error.read().decode("utf-8", "replace")
@@ -235,6 +241,8 @@ def start_ticketdesk(
     timeout: float = START_TIMEOUT,
     log_path: Path | None = None,
     audience: str | None = None,
+    tls: tuple[Path, Path] | None = None,
+    ca_file: Path | None = None,
 ) -> TicketDesk:
     """Start ``python -m ticketdesk`` and return it once it accepts connections.
 
@@ -248,6 +256,10 @@ def start_ticketdesk(
             temporary file, removed by ``stop()``.
         audience: the desk's target name (a credential's ``aud``); by default
             ``ticket-desk``.
+        tls: ``(certificate, key)`` PEM files: the desk serves https with them
+            (``--tls-cert``, ``--tls-key``) and its URL is ``https://``.
+        ca_file: the PEM file of the CA the control calls trust for an https desk;
+            by default the system's trust store.
 
     Raises:
         TicketDeskError: the child exited or stayed silent past ``timeout``; the
@@ -274,6 +286,10 @@ def start_ticketdesk(
     ]  # fmt: skip
     if audience is not None:
         command += ["--audience", audience]
+    ssl_context = None
+    if tls is not None:
+        command += ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])]
+        ssl_context = ssl.create_default_context(cafile=ca_file)
     with log_path.open("ab") as log:
         process = subprocess.Popen(  # noqa: S603 (this interpreter, fixed arguments)
             command,
@@ -297,6 +313,7 @@ def start_ticketdesk(
         log_path=log_path,
         owns_log=owns_log,
         stdout_pump=pump,
+        ssl_context=ssl_context,
     )
     if url is None:
         tail = _log_tail(log_path)

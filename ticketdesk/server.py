@@ -1,7 +1,9 @@
 """The ticket desk's HTTP interface: routes, validation, credentials and faults.
 
 HTTP/1.0, one request per connection: a dropped response then always means "this
-request", never a pooled connection that a client might silently retry.
+request", never a pooled connection that a client might silently retry. Given an
+``ssl.SSLContext``, the server speaks https: each connection's TLS handshake runs in
+its own thread, and a failed one ends that connection only.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ import ipaddress
 import json
 import re
 import socket
+import ssl
+import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -36,6 +40,8 @@ MAX_KEY_LENGTH: Final = 200
 MAX_DELAY_S: Final = 120.0
 # The target name the portal's connector uses for this desk: a credential's ``aud``.
 DEFAULT_AUDIENCE: Final = "ticket-desk"
+# Seconds a client has to finish the TLS handshake; a silent one then frees its thread.
+TLS_HANDSHAKE_TIMEOUT_S: Final = 10.0
 _TRACER: Final = trace.get_tracer("ticketdesk")
 _TICKET_PATH: Final = re.compile(r"/tickets/(?P<ticket_id>[^/]+)")
 _LOOKUP_ACTIONS: Final = (credentials.ACTION_CREATE, credentials.ACTION_LOOKUP)
@@ -72,7 +78,8 @@ def is_loopback(host: str) -> bool:
 
 
 class TicketDeskServer(ThreadingHTTPServer):
-    """A threaded HTTP server holding the desk's state and trusted public keys."""
+    """A threaded HTTP server holding the desk's state and trusted public keys;
+    https when given ``tls``, a server-side context holding the certificate chain."""
 
     daemon_threads = True  # a slow fault's sleeping thread must not delay exit
     # The default backlog of 5 drops a burst of concurrent connects, and each
@@ -86,6 +93,7 @@ class TicketDeskServer(ThreadingHTTPServer):
         *,
         keys_path: Path,
         audience: str = DEFAULT_AUDIENCE,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         if not is_loopback(host):
             raise ValueError(f"the ticket desk binds loopback only, not {host!r}")
@@ -95,13 +103,40 @@ class TicketDeskServer(ThreadingHTTPServer):
         self.desk = Desk()
         self.keys = credentials.KeyRing(keys_path)
         self.audience = audience
+        self.tls = tls
         super().__init__((host, port), Handler)
 
     @property
     def url(self) -> str:
         host, port = self.socket.getsockname()[:2]
         shown = f"[{host}]" if self.address_family == socket.AF_INET6 else str(host)
-        return f"http://{shown}:{port}"
+        scheme = "http" if self.tls is None else "https"
+        return f"{scheme}://{shown}:{port}"
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        """Accept a connection; with TLS, wrap it without the handshake, which
+        ``finish_request`` does in the connection's own thread: the accepting
+        loop never waits on one client."""
+        connection, address = super().get_request()
+        if self.tls is None:
+            return connection, address
+        wrapped = self.tls.wrap_socket(
+            connection, server_side=True, do_handshake_on_connect=False
+        )
+        return wrapped, address
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        """Serve one connection, after its TLS handshake when it has one; a failed
+        or timed-out handshake is logged in one line and ends this connection."""
+        if isinstance(request, ssl.SSLSocket):
+            request.settimeout(TLS_HANDSHAKE_TIMEOUT_S)
+            try:
+                request.do_handshake()
+            except OSError as error:  # ssl.SSLError, a reset, a timeout
+                sys.stderr.write(f"{client_address[0]} - - TLS handshake: {error}\n")
+                return
+            request.settimeout(None)  # as accepted: the handler reads blocking
+        super().finish_request(request, client_address)
 
 
 def _validated_body(raw: bytes) -> dict[str, Any]:
