@@ -127,9 +127,22 @@ def test_the_resource_is_the_object_inside_its_target():
 SCHEMA = schema_for(actions=["refund", "delete_ticket"], field_names=["plan"])
 
 
-def test_the_examples_fit_the_schema():
-    text = BASE + REFUND_NEEDS_FINANCE + NO_DELETES_ON_FRIDAYS
+CRM_BOT_STAYS_IN_THE_CRM = """
+forbid(principal, action, resource)
+when { principal.name == "crm-bot" && !(resource in Target::"crm") };
+"""
+
+
+def test_the_docs_examples_fit_the_schema_and_decide_as_documented():
+    text = (
+        BASE + REFUND_NEEDS_FINANCE + NO_DELETES_ON_FRIDAYS + CRM_BOT_STAYS_IN_THE_CRM
+    )
     assert policy_problems(text=text, schema=SCHEMA) == []
+    crm_bot = request(agent_name="crm-bot")
+    assert evaluate_text(text=text, request=crm_bot).verdict == Verdict.DENY
+    assert (
+        evaluate_text(text=text, request=request(agent_name="crm-bot", target="crm"))
+    ).verdict == Verdict.ALLOW
 
 
 @pytest.mark.parametrize(
