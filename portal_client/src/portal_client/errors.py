@@ -198,6 +198,15 @@ class ApprovalRequired(GatewayRefused):
     (``APPROVAL_REQUIRED``)."""
 
 
+class PolicyDenied(GatewayRefused):
+    """The tenant's policies do not permit the action (``POLICY_DENIED``)."""
+
+
+class PolicyError(GatewayRefused):
+    """The tenant's policies could not be evaluated, so the action was refused
+    (``POLICY_ERROR``)."""
+
+
 class MultipleReceipts(GatewayRefused):
     """The remote system holds several results for one key (``MULTIPLE_RECEIPTS``)."""
 
@@ -251,6 +260,9 @@ ERRORS_BY_CODE: Final[Mapping[str, type[PortalError]]] = {
     "ACTION_NOT_GRANTED": ActionNotGranted,
     "RATE_LIMITED": RateLimited,
     "CONTRACT_RETIRED": ContractRetired,
+    # A new reservation the tenant's policies refuse: nothing was stored (403).
+    "POLICY_DENIED": Forbidden,
+    "POLICY_ERROR": Forbidden,
     "INTERNAL": ServerError,
 }
 
@@ -268,6 +280,8 @@ REFUSALS_BY_CODE: Final[Mapping[str, type[GatewayRefused]]] = {
     "APPROVAL_REQUIRED": ApprovalRequired,
     "MULTIPLE_RECEIPTS": MultipleReceipts,
     "RESULT_UNKNOWN": ResultUnknown,
+    "POLICY_DENIED": PolicyDenied,
+    "POLICY_ERROR": PolicyError,
 }
 _REFUSAL_STATUS: Final = 422
 
