@@ -47,6 +47,7 @@ DISCOVERY_FUNCTIONS: Final = (
     "portal_agent_key_tenant(text,text)",
     "portal_person_tenants(integer)",
     "portal_tenants_with_expired_idempotency()",
+    "routing_tenants_with_due_work()",
     "tasks_tenants_with_due_operations()",
     "tasks_tenants_with_lapsed_leases()",
     "tasks_tenants_with_waking_tasks()",

@@ -78,6 +78,7 @@ INSTALLED_APPS = [
     "tasks",
     "policies",  # the tenants' Cedar policy sets (docs/policies.md)
     "limits",  # the kill switch, rate limits and budgets (docs/limits.md)
+    "routing",  # desk items' groups, SLAs and notifications (docs/routing.md)
     "audit",
     "tenant_deletion",  # above the apps: its migration holds the operator's purge
     "mcp_server",  # above the apps: the MCP server's `manage.py mcp` (docs/mcp.md)
@@ -340,6 +341,23 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_SOFT_TIME_LIMIT = 60
 CELERY_TASK_TIME_LIMIT = 90
 CELERY_TASK_IGNORE_RESULT = True
+# Routing and notifications (docs/routing.md). Mail goes through Django's SMTP
+# backend to PORTAL_EMAIL_HOST:PORTAL_EMAIL_PORT; links point at PORTAL_PUBLIC_URL.
+EMAIL_HOST = os.environ.get("PORTAL_EMAIL_HOST", "127.0.0.1")
+EMAIL_PORT = int(os.environ.get("PORTAL_EMAIL_PORT", "25"))
+EMAIL_HOST_USER = os.environ.get("PORTAL_EMAIL_USER", "")
+EMAIL_HOST_PASSWORD = os.environ.get("PORTAL_EMAIL_PASSWORD", "")
+EMAIL_USE_TLS = os.environ.get("PORTAL_EMAIL_USE_TLS", "") == "1"
+DEFAULT_FROM_EMAIL = os.environ.get("PORTAL_EMAIL_FROM", "portal@localhost")
+PORTAL_PUBLIC_URL = os.environ.get("PORTAL_PUBLIC_URL", "http://127.0.0.1:8000")
+PORTAL_SLA_REMIND_AFTER_S = 900  # items with no routing rule: remind after 15 min
+PORTAL_SLA_ESCALATE_AFTER_S = 3600  # and count a breach after an hour
+PORTAL_NOTIFY_TIMEOUT_S = 10.0
+PORTAL_NOTIFY_CLAIM_LEASE_S = 60
+PORTAL_NOTIFY_BACKOFF_BASE_S = 5
+PORTAL_NOTIFY_BACKOFF_CAP_S = 600
+PORTAL_NOTIFY_MAX_ATTEMPTS = 20
+
 CELERY_BEAT_SCHEDULE: dict[str, Any] = {
     "reap-leases": {"task": "tasks.jobs.reap_leases_job", "schedule": 5.0},
     "wake-tasks": {"task": "tasks.jobs.wake_tasks_job", "schedule": 5.0},
@@ -370,6 +388,17 @@ CELERY_BEAT_SCHEDULE: dict[str, Any] = {
     "purge-sent-outbox": {
         "task": "audit.jobs.purge_sent_outbox_job",
         "schedule": 3600.0,
+    },
+    # Desk items' SLA clocks and their notifications (docs/routing.md).
+    "sweep-sla": {
+        "task": "routing.jobs.sweep_sla_job",
+        "schedule": 60.0,
+        "options": {"expires": 60.0},
+    },
+    "deliver-notifications": {
+        "task": "routing.jobs.deliver_notifications_job",
+        "schedule": 5.0,
+        "options": {"expires": 5.0},
     },
     # The outbox relay's safety net; commits also nudge it (docs/outbox.md).
     "relay-outbox": {

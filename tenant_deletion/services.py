@@ -57,6 +57,14 @@ from portal.models import (
     Tenant,
 )
 from portal.selectors import TenantNotFound
+from routing.models import (
+    Assignment,
+    Group,
+    GroupMember,
+    Notification,
+    RoutingRule,
+    Webhook,
+)
 from tasks.models import (
     Approval,
     Connector,
@@ -87,6 +95,12 @@ DELETION_ORDER: Final[tuple[type[Model], ...]] = (
     Credential,  # -> operation
     Approval,  # -> operation
     Escalation,  # -> task, operation
+    Notification,  # routing: e-mails and webhook posts, sent or not
+    Assignment,  # -> group
+    RoutingRule,  # -> group
+    GroupMember,  # -> group
+    Webhook,
+    Group,
     Outbox,  # -> event
     RetentionPolicy,
     Operation,  # -> task

@@ -8,7 +8,10 @@ deploy/portal.env.example with its ``change-me`` values filled in (the audit
 signing key only in the worker's environment, as its unit's credential). RabbitMQ is the
 machine's (127.0.0.1:5672); a queue name and events exchange of this test keep it
 apart from anything else there. In front of gunicorn sits what production puts
-there: a proxy that says the request came over HTTPS (``X-Forwarded-Proto``).
+there: a proxy that says the request came over HTTPS (``X-Forwarded-Proto``). The
+ticket desk is reached as the outbound URL policy lets production reach a private
+address: over https (a test CA, trusted through ``SSL_CERT_FILE``) at a ``host:port``
+named in ``PORTAL_OUTBOUND_ALLOWED_HOSTS``.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from tests.support.broker import (
 )
 from tests.support.evidence import run_verifier
 from tests.support.net import free_port
+from tests.support.tls import make_certificates
 from ticketdesk.harness import TicketDesk, start_ticketdesk
 
 REPO = units.REPO
@@ -262,9 +266,15 @@ def test_the_production_layout_starts_and_serves_the_demo_agent(
         check.stdout + check.stderr
     )
 
+    # And: the desk over https, with a certificate of a test CA the portal's
+    # processes trust (httpx reads SSL_CERT_FILE), its host:port allowed.
+    certs = make_certificates(tmp_path / "tls")
+    desk: TicketDesk = start_ticketdesk(tls=(certs.cert, certs.key), ca_file=certs.ca)
+    assert desk.url.startswith("https://127.0.0.1:"), desk.url
+    env["SSL_CERT_FILE"] = str(certs.ca)
+    env["PORTAL_OUTBOUND_ALLOWED_HOSTS"] = desk.url.removeprefix("https://")
     # And: the demo's tenant, contract, connector and agent key (seed_demo refuses
     # production, so it runs with DEBUG on, the same secrets and database).
-    desk: TicketDesk = start_ticketdesk()
     events = EventQueue(url=SHARED_URL, exchange=env["PORTAL_EVENTS_EXCHANGE"])
     events.declare()
     processes: dict[str, subprocess.Popen[bytes]] = {}
@@ -323,6 +333,8 @@ def test_the_production_layout_starts_and_serves_the_demo_agent(
         assert agent.returncode == 0, agent.stdout + agent.stderr
         assert f"issue-{ISSUES}: handed to a person: FIELD_STALE" in agent.stdout
         assert len(desk.tickets()) == ISSUES - 1
+        # (over verified TLS: the desk saw no failed handshake)
+        assert "TLS handshake" not in desk.log_path.read_text()
         # And: the worker ran the relay (the commits' nudges): the events left.
         received = events.drain(expected=1, timeout=60)
         assert received, "no event published"
