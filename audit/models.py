@@ -77,6 +77,11 @@ class EventCode(models.TextChoices):
     POLICY_SET_CHANGED = "policy_set.changed"
     POLICY_SET_PUBLISHED = "policy_set.published"
     POLICY_SET_RETIRED = "policy_set.retired"
+    # Desk items' routing and SLA (routing/): who has an item, and its clock.
+    DESK_ITEM_ASSIGNED = "desk.item_assigned"
+    DESK_ITEM_REASSIGNED = "desk.item_reassigned"
+    DESK_ITEM_REMINDED = "desk.item_reminded"
+    DESK_ITEM_ESCALATED = "desk.item_escalated"
 
 
 class Event(models.Model):
@@ -276,6 +281,85 @@ class ChainHead(models.Model):
     def __str__(self) -> str:
         chain = f"task {self.task_id}" if self.task_id else "tenant"
         return f"head of {chain} at {self.head_seq}"
+
+
+class LogEntry(models.Model):
+    """One leaf of a tenant's transparency log: the event at ``position``.
+
+    The log (docs/audit-integrity.md, "Transparency log") is an RFC 9162 Merkle tree
+    per tenant whose leaves are the events' chain hashes in log order. Positions
+    are given by the checkpoint job, not by the append (off the transition's hot
+    path): each run appends the events no entry names yet, ordered by id. The
+    event's hash is copied here so the tree outlives a dropped partition or
+    payload. Append-only (trigger), except the tenant purge path.
+    """
+
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
+    tenant = models.ForeignKey(
+        "portal.Tenant", on_delete=models.PROTECT, db_index=False
+    )
+    position = models.BigIntegerField()  # 0-based leaf index
+    event_id = models.UUIDField()
+    event_hash = models.CharField(max_length=64)  # the leaf: 32 bytes, hex
+
+    class Meta:
+        constraints = [
+            # One leaf per place; the tree's leaves are read in this order.
+            models.UniqueConstraint(
+                fields=["tenant", "position"], name="audit_logentry_position_uniq"
+            ),
+            # An event is logged once.
+            models.UniqueConstraint(
+                fields=["tenant", "event_id"], name="audit_logentry_event_uniq"
+            ),
+            models.UniqueConstraint(
+                fields=["tenant", "id"], name="audit_logentry_tenant_id_uniq"
+            ),
+            models.CheckConstraint(
+                condition=Q(position__gte=0), name="audit_logentry_position_check"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"log entry {self.position}: event {self.event_id}"
+
+
+class TreeHead(models.Model):
+    """A signed head of a tenant's transparency log: a C2SP ``tlog-checkpoint`` note.
+
+    ``note`` is the whole signed note (body and signature lines, audit/tlog.py);
+    ``size`` and ``root_hash`` repeat its body for queries. Written by the
+    checkpoint job (audit/checkpoints.py, the one signer), append-only (trigger),
+    except the tenant purge path.
+    """
+
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
+    tenant = models.ForeignKey(
+        "portal.Tenant", on_delete=models.PROTECT, db_index=False
+    )
+    size = models.BigIntegerField()
+    root_hash = models.CharField(max_length=64)  # hex
+    # The tree's compact range (audit/merkle.py ``compact_extend``): the next run
+    # extends it with the new leaves alone. Not evidence: verify_audit recomputes
+    # the root from the leaves.
+    peaks = models.TextField(blank=True)  # hex hashes, space-separated
+    note = models.TextField()
+    signed_at = models.DateTimeField()
+    key_id = models.CharField(max_length=16)
+
+    class Meta:
+        constraints = [
+            # One head per size: a run with nothing new signs nothing.
+            models.UniqueConstraint(
+                fields=["tenant", "size"], name="audit_treehead_size_uniq"
+            ),
+            models.UniqueConstraint(
+                fields=["tenant", "id"], name="audit_treehead_tenant_id_uniq"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"tree head of {self.size} events"
 
 
 class RetentionPolicy(models.Model):

@@ -52,6 +52,11 @@ LEASE_EXPIRIES: Final = Counter(
     "agent's lease; human_claimed: a person's claim).",
     ["state"],
 )
+SLA_BREACHES: Final = Counter(
+    "portal_sla_breaches",
+    "Desk items escalated for passing their SLA (routing/), by reason code.",
+    ["reason_code"],
+)
 CELERY_JOB_OUTCOMES: Final = Counter(
     "portal_celery_job_outcomes",
     "Celery jobs finished, by job name and outcome (success, failure, retry, "
@@ -77,6 +82,11 @@ def lease_expiries_counted(*, states: list[str]) -> None:
 
     if states:
         transaction.on_commit(count)
+
+
+def sla_breach_counted(*, reason_code: str) -> None:
+    """Count one SLA breach when the transaction that escalated the item commits."""
+    transaction.on_commit(lambda: SLA_BREACHES.labels(reason_code).inc())
 
 
 def job_outcome_counted(*, job: str, outcome: str) -> None:

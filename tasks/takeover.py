@@ -33,6 +33,8 @@ from portal.exceptions import IllegalTransition, PortalError, ValidationFailed
 from portal.models import Tenant, TenantPerm
 from portal.roles import Person, has_tenant_perm, tenant_ids_with_perm
 from portal.tracing import NO_TRACE, Trace
+from routing import services as routing_services
+from routing.models import ItemKind
 
 from . import keyset, services
 from .exceptions import OperationNotFound, TaskNotFound
@@ -208,6 +210,15 @@ def escalate(
             "lease_token": moved.lease_token if moved else None,
             "evidence": record.evidence,
         },
+    )
+    # Who works it and by when; notifications commit with the escalation.
+    routing_services.item_assign(
+        tenant=tenant,
+        item_kind=ItemKind.ESCALATION,
+        item_id=record.pk,
+        reason_code=reason,
+        task_id=task.pk,
+        actor=actor,
     )
     return record
 

@@ -1,0 +1,19 @@
+"""Routing's Celery jobs: thin, idempotent, across the tenants that have work."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from . import delivery, services
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def deliver_notifications_job(*, limit: int = 50) -> dict[str, int]:
+    """Send one batch of due e-mails and webhook posts; safe on many workers."""
+    return delivery.notifications_deliver_once(limit=limit)
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def sweep_sla_job(*, limit: int = 200) -> tuple[int, int]:
+    """Remind and escalate desk items past their SLA; (reminded, escalated)."""
+    return services.sla_sweep(limit=limit)

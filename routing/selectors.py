@@ -1,0 +1,119 @@
+"""Reads of routing: the desk's assignments and their SLA clocks."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from django.db.models import QuerySet
+
+from portal.models import Tenant
+
+from .models import Assignment, Group, GroupMember, ItemKind, RoutingRule, Webhook
+
+
+def rule_for(*, tenant: Tenant, reason_code: str) -> RoutingRule | None:
+    """The reason code's rule, else the tenant's default rule (empty code), or None."""
+    rules = {
+        rule.reason_code: rule
+        for rule in RoutingRule.objects.filter(
+            tenant=tenant, reason_code__in=[reason_code, ""]
+        )
+    }
+    return rules.get(reason_code) or rules.get("")
+
+
+def group_members(*, tenant: Tenant, group_id: uuid.UUID) -> QuerySet[GroupMember]:
+    return GroupMember.objects.filter(tenant=tenant, group_id=group_id).select_related(
+        "user"
+    )
+
+
+def group_has_member(
+    *, tenant: Tenant, group_ids: Iterable[uuid.UUID], user_id: int
+) -> bool:
+    return GroupMember.objects.filter(
+        tenant=tenant, group_id__in=list(group_ids), user_id=user_id
+    ).exists()
+
+
+def webhooks_enabled(*, tenant: Tenant) -> QuerySet[Webhook]:
+    return Webhook.objects.filter(tenant=tenant, enabled=True).order_by("id")
+
+
+def assignment_of_task(*, tenant: Tenant, task_id: uuid.UUID) -> Assignment | None:
+    """The latest escalation assignment of a task (a task escalated twice has two)."""
+    return (
+        Assignment.objects.filter(
+            tenant=tenant, item_kind=ItemKind.ESCALATION, task_id=task_id
+        )
+        .select_related("person")
+        .order_by("-assigned_at")
+        .first()
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlaClock:
+    """An item's deadline as a person reads it."""
+
+    group: str
+    person: str
+    due_at: dt.datetime
+    seconds_left: int  # negative: overdue
+    reminded: bool
+    escalated: bool
+    closed: bool
+
+    @property
+    def overdue(self) -> bool:
+        return self.seconds_left < 0 and not self.closed
+
+    @property
+    def text(self) -> str:
+        """Reads "due in 12 min", "overdue by 5 min", or "closed"."""
+        if self.closed:
+            return "closed"
+        minutes = max(1, round(abs(self.seconds_left) / 60))
+        span = f"{minutes} min" if minutes < 120 else f"{round(minutes / 60)} h"
+        return f"overdue by {span}" if self.overdue else f"due in {span}"
+
+    @property
+    def marks(self) -> str:
+        return ", ".join(
+            mark
+            for mark, on in (("reminded", self.reminded), ("escalated", self.escalated))
+            if on
+        )
+
+
+def sla_clock(*, assignment: Assignment, now: dt.datetime) -> SlaClock:
+    """The clock of one assignment at ``now`` (the database clock, ``app_now()``).
+
+    Before the escalation the item is due at ``escalate_at``; once escalated it has
+    no later deadline and shows how long it is overdue.
+    """
+    group = (
+        Group.objects.filter(tenant_id=assignment.tenant_id, pk=assignment.group_id)
+        .values_list("name", flat=True)
+        .first()
+        or ""
+    )
+    return SlaClock(
+        group=group,
+        person=assignment.person.get_username() if assignment.person else "",
+        due_at=assignment.escalate_at,
+        seconds_left=int((assignment.escalate_at - now).total_seconds()),
+        reminded=assignment.reminded_at is not None,
+        escalated=assignment.escalated_at is not None,
+        closed=assignment.closed_at is not None,
+    )
+
+
+def overdue_count(*, tenants: Iterable[Tenant], now: dt.datetime) -> int:
+    """Open items past their deadline, in these tenants (the dashboard's figure)."""
+    return Assignment.objects.filter(
+        tenant__in=list(tenants), closed_at__isnull=True, escalate_at__lte=now
+    ).count()
