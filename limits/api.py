@@ -64,7 +64,6 @@ class _FreezeApi(StaffApi):
 
 class AgentFreezeApi(_FreezeApi):
     @extend_schema(
-        operation_id="tenant_agent_freeze",
         request=None,
         responses={200: FrozenOutputSerializer, **problem_responses(403, 404)},
         description="Freeze one agent (tenant administrators): from the commit on "
@@ -90,7 +89,6 @@ class AgentUnfreezeApi(AgentFreezeApi):
 
 class TenantFreezeApi(_FreezeApi):
     @extend_schema(
-        operation_id="tenant_freeze",
         request=None,
         responses={200: FrozenOutputSerializer, **problem_responses(403, 404)},
         description="Freeze a tenant (tenant administrators): every call of each of "

@@ -308,7 +308,9 @@ PORTAL_IDEMPOTENCY_WINDOW_S = int(
 # How long a first delivery may run before a duplicate may take its key over.
 PORTAL_IDEMPOTENCY_LOCK_S = 60
 
-# Throttle counters: shared Redis when configured, per-process memory otherwise.
+# Django's cache: Redis when configured, per-process memory otherwise. Nothing in
+# the portal relies on it: the API throttle counts in PostgreSQL (portal/api.py,
+# docs/limits.md), the one counter every process shares.
 if os.environ.get("REDIS_URL"):
     CACHES = {
         "default": {

@@ -15,6 +15,7 @@ from django.template.response import TemplateResponse
 from django.utils import timezone
 
 from console import services
+from limits import services as limits_services
 from portal import services as portal_services
 from portal.exceptions import PortalError
 from portal.models import (
@@ -74,14 +75,42 @@ class TenantAdmin(TenantScopedAdmin):
     tenant_field = ""
     view_perm = TenantPerm.VIEW_TRAIL
     manage_perm = TenantPerm.MANAGE_TENANT
-    list_display = ["slug", "name", "events_on_delete", "created_at"]
+    list_display = ["slug", "name", "events_on_delete", "frozen_at", "created_at"]
     search_fields = ["slug", "name"]
-    fields = ["slug", "name", "events_on_delete", "created_at", "deleted_at"]
+    fields = [
+        "slug", "name", "events_on_delete", "created_at", "deleted_at", "frozen_at",
+    ]  # fmt: skip
+    actions = ["freeze", "unfreeze"]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         if obj is None:
-            return ["created_at", "deleted_at"]
-        return ["slug", "events_on_delete", "created_at", "deleted_at"]
+            return ["created_at", "deleted_at", "frozen_at"]
+        return ["slug", "events_on_delete", "created_at", "deleted_at", "frozen_at"]
+
+    # The kill switch (docs/limits.md): every call of the tenant's agents refused.
+    @admin.action(
+        description="Freeze: refuse every call of its agents", permissions=["manage"]
+    )
+    def freeze(self, request: HttpRequest, queryset: QuerySet[Tenant]) -> None:
+        self.run_service(
+            request,
+            queryset,
+            lambda tenant: limits_services.tenant_freeze(
+                tenant=tenant, by=request.user
+            ),
+            "frozen",
+        )
+
+    @admin.action(description="Unfreeze", permissions=["manage"])
+    def unfreeze(self, request: HttpRequest, queryset: QuerySet[Tenant]) -> None:
+        self.run_service(
+            request,
+            queryset,
+            lambda tenant: limits_services.tenant_freeze(
+                tenant=tenant, by=request.user, frozen=False
+            ),
+            "unfrozen",
+        )
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return bool(request.user.is_superuser)  # the platform operator makes tenants
@@ -126,18 +155,46 @@ class AgentAdmin(TenantScopedAdmin):
 
     manage_perm = TenantPerm.MANAGE_TENANT
     allow_add = True
-    list_display = ["name", "tenant", "is_active", "created_at"]
+    list_display = ["name", "tenant", "is_active", "frozen_at", "created_at"]
     list_filter = ["is_active", "tenant"]
     search_fields = ["name"]
     list_select_related = ["tenant"]
     inlines = [AgentKeyInline]
-    actions = ["issue_key"]
+    actions = ["issue_key", "freeze", "unfreeze"]
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
-        return ["tenant", "name"] if obj is None else ["tenant", "name", "is_active"]
+        if obj is None:
+            return ["tenant", "name"]
+        return ["tenant", "name", "is_active", "frozen_at"]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
-        return [] if obj is None else ["tenant", "name"]
+        return [] if obj is None else ["tenant", "name", "frozen_at"]
+
+    # The kill switch (docs/limits.md): every call refused from the commit on.
+    @admin.action(
+        description="Freeze: refuse every call, expire its leases",
+        permissions=["manage"],
+    )
+    def freeze(self, request: HttpRequest, queryset: QuerySet[Agent]) -> None:
+        self.run_service(
+            request,
+            queryset.select_related("tenant"),
+            lambda agent: limits_services.agent_freeze(
+                tenant=agent.tenant, agent_id=agent.pk, by=request.user
+            ),
+            "frozen",
+        )
+
+    @admin.action(description="Unfreeze", permissions=["manage"])
+    def unfreeze(self, request: HttpRequest, queryset: QuerySet[Agent]) -> None:
+        self.run_service(
+            request,
+            queryset.select_related("tenant"),
+            lambda agent: limits_services.agent_freeze(
+                tenant=agent.tenant, agent_id=agent.pk, by=request.user, frozen=False
+            ),
+            "unfrozen",
+        )
 
     def save_model(
         self, request: HttpRequest, obj: Agent, form: Any, change: bool

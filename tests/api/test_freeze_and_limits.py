@@ -2,19 +2,42 @@
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable
+from io import StringIO
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.core.management import call_command
+from rest_framework.test import APIClient
 
 from audit.models import Event, EventCode
 from limits import services as limits_services
 from limits.models import Budget, RateLimit
+from portal import services as portal_services
+from portal.models import Role, Tenant
 from tasks.models import Task
 
 from .conftest import AgentClient, register_and_claim
 
 pytestmark = pytest.mark.django_db
+
+_people = itertools.count(1)
+
+
+@pytest.fixture
+def make_person_client() -> Callable[[Tenant, str], APIClient]:
+    """A session client of a person with ``role`` in the tenant."""
+
+    def make(tenant: Tenant, role: str) -> APIClient:
+        user = User.objects.create_user(f"{role}-{next(_people)}", is_staff=True)
+        portal_services.membership_grant(tenant=tenant, user=user, role=Role(role))
+        client = APIClient()
+        client.force_login(user)
+        return client
+
+    return make
 
 
 def _reserve(api: AgentClient, task: dict[str, Any], key: str, **input: Any) -> Any:
@@ -121,3 +144,41 @@ def test_a_budget_refuses_the_amount_that_would_overspend_it(api):
     assert missing.status_code == 422
     assert missing.json()["argument"] == "amount"
     assert len(_denials(api, "BUDGET_EXCEEDED")) == 2
+
+
+def test_the_staff_api_freezes_for_a_tenant_admin_only(api, make_person_client):
+    admin = make_person_client(api.tenant, "admin")
+    reviewer = make_person_client(api.tenant, "reviewer")
+    url = f"/api/v1/tenants/{api.tenant.slug}/agents/{api.agent.pk}/freeze"
+    refused = reviewer.post(url)
+    assert refused.status_code == 404  # the reviewer cannot manage the tenant
+    assert api.get("/api/v1/tasks").status_code == 200
+    frozen = admin.post(url)
+    assert frozen.status_code == 200
+    assert frozen.json()["frozen"] is True
+    assert api.get("/api/v1/tasks").json()["code"] == "AGENT_FROZEN"
+    unfrozen = admin.post(url.replace("/freeze", "/unfreeze"))
+    assert unfrozen.json() == {**unfrozen.json(), "frozen": False, "frozen_at": None}
+    assert api.get("/api/v1/tasks").status_code == 200
+    tenant_url = f"/api/v1/tenants/{api.tenant.slug}/freeze"
+    assert admin.post(tenant_url).json()["frozen"] is True
+    assert api.get("/api/v1/tasks").json()["code"] == "TENANT_FROZEN"
+
+
+def test_manage_py_freeze_and_unfreeze(api):
+    out = StringIO()
+    call_command("freeze", tenant=api.tenant.slug, agent=api.agent.name, stdout=out)
+    assert "frozen" in out.getvalue()
+    assert api.get("/api/v1/tasks").json()["code"] == "AGENT_FROZEN"
+    call_command(
+        "freeze", tenant=api.tenant.slug, agent=str(api.agent.pk), unfreeze=True,
+        stdout=out,
+    )  # fmt: skip
+    assert api.get("/api/v1/tasks").status_code == 200
+    event = Event.objects.filter(
+        tenant=api.tenant, code=EventCode.AGENT_CHANGED
+    ).first()
+    assert event is not None and (event.actor_type, event.actor_id) == (
+        "system",
+        "freeze",
+    )

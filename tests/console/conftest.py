@@ -16,6 +16,7 @@ from django.test import Client
 
 from audit import services as audit_services
 from audit.models import Event, Outbox, RetentionPolicy
+from limits.models import Budget, RateLimit
 from policies import services as policy_services
 from policies.models import PolicySet
 from portal import services as portal_services
@@ -165,7 +166,16 @@ def fill(make_task: Callable[..., Task]) -> Callable[[Tenant], dict[type[Model],
         policy_set = policy_services.policy_set_draft(
             tenant=tenant, text="permit(principal, action, resource);"
         )
+        rate_limit = RateLimit.objects.create(
+            tenant=tenant, agent=agent, action="create_ticket", max_calls=5
+        )
+        budget = Budget.objects.create(
+            tenant=tenant, agent=agent, action="refund", argument="amount",
+            max_total=100,
+        )  # fmt: skip
         return {
+            RateLimit: rate_limit,
+            Budget: budget,
             Tenant: tenant,
             RetentionPolicy: policy,
             PolicySet: policy_set,

@@ -39,6 +39,9 @@ POLICY = {
     "audit.outbox": (OUT, OUT),  # retry/dismiss dead rows (audited actions)
     "audit.retentionpolicy": (V, M),
     "console.takeoveritem": (V, TenantPerm.WORK_TAKEOVER),
+    # Reviewers read the agents' limits and budgets; support does not (limits/).
+    "limits.ratelimit": (TenantPerm.EXPORT_TRAIL, M),
+    "limits.budget": (TenantPerm.EXPORT_TRAIL, M),
     # Reviewers read the policies in force and their drafts; support does not.
     "policies.policyset": (TenantPerm.EXPORT_TRAIL, M),
 }

@@ -34,6 +34,7 @@ from audit.models import (
     RetentionAnchor,
     RetentionPolicy,
 )
+from limits.models import Budget, RateLimit
 from policies import services as policy_services
 from portal import db_roles
 from portal import selectors as portal_selectors
@@ -41,6 +42,7 @@ from portal import services as portal_services
 from portal.actors import Actor, ActorType
 from portal.models import (
     AgentGrant,
+    AgentRequestWindow,
     EventsOnDelete,
     IdempotentRequest,
     IdempotentRequestState,
@@ -167,6 +169,17 @@ def populate(
             tenant=tenant, owner="worker-1", actor=actor
         )
         assert task is not None
+        # The agent's limits: the reservation below charges both (limits/).
+        RateLimit.objects.create(
+            tenant=tenant, agent=agent, action="create_ticket", max_calls=10
+        )
+        Budget.objects.create(
+            tenant=tenant, agent=agent, action="create_ticket", argument="n",
+            max_total=10**6,
+        )  # fmt: skip
+        AgentRequestWindow.objects.create(
+            tenant=tenant, agent=agent, window_start=db_now(), requests=1
+        )
         reservation = tasks_services.operation_reserve(
             tenant=tenant,
             task_id=task.pk,
