@@ -219,6 +219,7 @@ def test_the_privileged_functions_are_not_executable_by_public(db):
         ("portal_reset_clock_offset", OWNER, False),
         ("portal_set_clock_offset", OWNER, False),
         ("portal_tenants_with_expired_idempotency", discovery, False),
+        ("routing_tenants_with_due_work", discovery, False),
         ("tasks_tenants_with_due_operations", discovery, False),
         ("tasks_tenants_with_lapsed_leases", discovery, False),
         ("tasks_tenants_with_waking_tasks", discovery, False),

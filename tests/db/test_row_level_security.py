@@ -522,6 +522,8 @@ def test_the_discovery_role_can_do_nothing_but_own_them(db):
             "portal_idempotentrequest",
             "portal_membership",
             "portal_test_clock",
+            "routing_assignment",
+            "routing_notification",
             "tasks_operation",
             "tasks_task",
         ]

@@ -103,7 +103,7 @@ def receiver(settings: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Receive
     state = Receiver()
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers["Content-Length"]))
             status = state.handle(self.headers, body)
             self.send_response(status)

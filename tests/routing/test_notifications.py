@@ -75,9 +75,7 @@ def test_the_same_event_written_twice_makes_one_email(
     # given an escalation's assignment event
     _, record = escalate_with_canary(make_task, make_operation, desk.tenant)
     assignment = Assignment.objects.get(tenant=desk.tenant, item_id=record.pk)
-    event_id = Notification.objects.get(
-        tenant=desk.tenant, channel="email"
-    ).event_id
+    event_id = Notification.objects.get(tenant=desk.tenant, channel="email").event_id
 
     # when its notifications are written again (a redelivered event)
     from django.db import transaction
