@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,8 +17,12 @@ from audit.models import Event
 from portal.exceptions import ValidationFailed
 from tasks import outbound
 from tasks import services as task_services
+from tasks.credentials import public_jwk
 from tasks.models import Connector, Credential, Operation, Task
 from tests.gateway.conftest import World
+from tests.support.outbound import allow as outbound_allow
+from tests.support.tls import make_certificates
+from ticketdesk.harness import start_ticketdesk
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -371,3 +376,50 @@ def test_a_refused_address_is_never_connected_to(listener: Listener, monkeypatch
 )
 def test_address_classification(address: str, refused: bool):
     assert (outbound.address_problem(address) is not None) is refused
+
+
+# --- production: https to an allowed private address --------------------------------
+
+
+def test_production_calls_an_allowed_https_desk_and_verifies_its_certificate(
+    world: World, settings, monkeypatch, tmp_path: Path
+):
+    """Outside development a private desk is reached over https only, at its
+    allow-listed host:port, and its certificate must chain to a CA the portal
+    trusts (``SSL_CERT_FILE``, read by the policy transport's SSL context)."""
+    # Given: production, the portal trusting a test CA, and a desk serving https
+    # with that CA's certificate at an allow-listed host:port.
+    settings.DEV_MODE = False
+    trusted = make_certificates(tmp_path / "trusted")
+    monkeypatch.setenv("SSL_CERT_FILE", str(trusted.ca))
+    with start_ticketdesk(tls=(trusted.cert, trusted.key), ca_file=trusted.ca) as desk:
+        desk.trust(public_jwk(world.connector.public_key), tenant=str(world.tenant.pk))
+        outbound_allow(settings, monkeypatch, desk.url)
+        save(world, base_url=desk.url)
+        # When: the agent executes.
+        answer = world.execute(world.start_task())
+        # Then: the call is made over verified TLS and the ticket is made.
+        assert answer.json()["outcome"] == "verified", answer.text
+        assert len(desk.tickets()) == 1
+
+    # Given: the same host:port, now served with a certificate of another CA.
+    other = make_certificates(tmp_path / "other", label="other")
+    port = httpx.URL(desk.url).port
+    with start_ticketdesk(
+        port=port, tls=(other.cert, other.key), ca_file=other.ca
+    ) as impostor:
+        impostor.trust(
+            public_jwk(world.connector.public_key), tenant=str(world.tenant.pk)
+        )
+        # When: the agent executes again.
+        started = world.start_task(1043)
+        answer = world.execute(started)
+        # Then: TLS verification refuses the connection: no request reaches the
+        # desk, no ticket is made, and the call's error names the certificate.
+        assert answer.json()["outcome"] != "verified", answer.text  # now: unknown
+        assert impostor.effects()["requests"] == 0
+        assert impostor.tickets() == []
+        errors = Event.objects.filter(
+            operation_id=started["operation"]["id"], code="connector.called"
+        ).values_list("payload", flat=True)
+        assert any("CERTIFICATE_VERIFY_FAILED" in str(e) for e in errors), errors
