@@ -32,6 +32,7 @@ from portal.actors import ActorType
 from portal.codes import ReasonCode
 from portal.models import TenantPerm
 from portal.roles import Person, require_tenant_perm
+from routing import selectors as routing_selectors
 from tasks import takeover
 from tasks.gateway import FieldValue
 from tasks.gateway.common import db_now
@@ -141,6 +142,8 @@ class DeskEvidence:
     operations: list[OperationEvidence]
     timeline: list[TimelineEntry]
     names: dict[str, str] = field(default_factory=dict)
+    # Who has the item and its SLA clock (routing/), when it was routed.
+    sla: routing_selectors.SlaClock | None = None
 
     @property
     def responsible(self) -> str:
@@ -244,6 +247,28 @@ def desk_evidence(*, task: Task) -> DeskEvidence:
         operations=operations,
         timeline=timeline,
         names=names,
+        sla=desk_clock(task=task),
+    )
+
+
+def desk_clock(*, task: Task) -> routing_selectors.SlaClock | None:
+    """The task's latest desk assignment and its SLA clock on ``app_now()``."""
+    assignment = routing_selectors.assignment_of_task(
+        tenant=task.tenant, task_id=task.pk
+    )
+    if assignment is None:
+        return None
+    return routing_selectors.sla_clock(assignment=assignment, now=db_now())
+
+
+def desk_clocks(
+    *, tasks: Sequence[Task]
+) -> dict[uuid.UUID, routing_selectors.SlaClock]:
+    """The SLA clocks of a page of tasks, by task id, in a fixed number of queries."""
+    return routing_selectors.sla_clocks_of_tasks(
+        task_ids=[task.pk for task in tasks],
+        tenant_ids={task.tenant_id for task in tasks},
+        now=db_now(),
     )
 
 

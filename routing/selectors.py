@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from django.db.models import QuerySet
@@ -89,6 +89,47 @@ class SlaClock:
         )
 
 
+def sla_clocks_of_tasks(
+    *, task_ids: Sequence[uuid.UUID], tenant_ids: Iterable[uuid.UUID], now: dt.datetime
+) -> dict[uuid.UUID, SlaClock]:
+    """The latest escalation assignment's clock of each task, by task id (two
+    queries, whatever the number of tasks)."""
+    tenants = list(tenant_ids)
+    assignments: dict[uuid.UUID, Assignment] = {}
+    for assignment in (
+        Assignment.objects.filter(
+            tenant_id__in=tenants,
+            item_kind=ItemKind.ESCALATION,
+            task_id__in=list(task_ids),
+        )
+        .select_related("person")
+        .order_by("assigned_at")
+    ):
+        assert assignment.task_id is not None
+        assignments[assignment.task_id] = assignment  # the latest wins
+    groups = dict(
+        Group.objects.filter(
+            tenant_id__in=tenants, pk__in={a.group_id for a in assignments.values()}
+        ).values_list("pk", "name")
+    )
+    return {
+        task_id: _clock(assignment, group=groups.get(assignment.group_id, ""), now=now)
+        for task_id, assignment in assignments.items()
+    }
+
+
+def _clock(assignment: Assignment, *, group: str, now: dt.datetime) -> SlaClock:
+    return SlaClock(
+        group=group,
+        person=assignment.person.get_username() if assignment.person else "",
+        due_at=assignment.escalate_at,
+        seconds_left=int((assignment.escalate_at - now).total_seconds()),
+        reminded=assignment.reminded_at is not None,
+        escalated=assignment.escalated_at is not None,
+        closed=assignment.closed_at is not None,
+    )
+
+
 def sla_clock(*, assignment: Assignment, now: dt.datetime) -> SlaClock:
     """The clock of one assignment at ``now`` (the database clock, ``app_now()``).
 
@@ -99,17 +140,8 @@ def sla_clock(*, assignment: Assignment, now: dt.datetime) -> SlaClock:
         Group.objects.filter(tenant_id=assignment.tenant_id, pk=assignment.group_id)
         .values_list("name", flat=True)
         .first()
-        or ""
     )
-    return SlaClock(
-        group=group,
-        person=assignment.person.get_username() if assignment.person else "",
-        due_at=assignment.escalate_at,
-        seconds_left=int((assignment.escalate_at - now).total_seconds()),
-        reminded=assignment.reminded_at is not None,
-        escalated=assignment.escalated_at is not None,
-        closed=assignment.closed_at is not None,
-    )
+    return _clock(assignment, group=group or "", now=now)
 
 
 def overdue_count(*, tenants: Iterable[Tenant], now: dt.datetime) -> int:

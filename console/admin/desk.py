@@ -113,8 +113,10 @@ class DeskChangeList(ChangeList):
             + [row.desk_owner for row in page.items],
             tenant_ids={row.tenant_id for row in page.items},
         )
+        clocks = desk.desk_clocks(tasks=page.items)
         for row in page.items:
             row.desk_names = names
+            row.desk_sla = clocks.get(row.pk)
         self.result_list = page.items
         self.result_count = len(page.items)
         self.full_result_count = None
@@ -201,6 +203,7 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
         "desk_object",
         "desk_responsible",
         "desk_claimed_by",
+        "desk_sla",
         "tenant",
     ]
     list_display_links = ["desk_task"]
@@ -285,6 +288,14 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
             return "—"
         names = getattr(task, "desk_names", {})
         return names.get(task.lease_owner, task.lease_owner)
+
+    @admin.display(description="group / SLA")
+    def desk_sla(self, task: TakeoverItem) -> str:
+        clock = getattr(task, "desk_sla", None)
+        if clock is None:
+            return "—"
+        marks = f" ({clock.marks})" if clock.marks else ""
+        return f"{clock.group}: {clock.text}{marks}"
 
     @admin.display(description="lease owner")
     def desk_lease_owner(self, task: TakeoverItem) -> str:
