@@ -37,8 +37,8 @@ from portal import process, scope
 from portal.exceptions import PortalError
 from portal.models import Tenant
 
-from . import chain
-from .models import Checkpoint
+from . import chain, merkle, tlog
+from .models import Checkpoint, TreeHead
 
 SIGNATURE_FORMAT_VERSION: Final = 1
 
@@ -367,9 +367,13 @@ def tenant_checkpoint(*, tenant_id: uuid.UUID, key: SigningKey) -> int:
     below, or altered at, its signed head is never signed over, so ``verify_audit``
     keeps reporting the break instead of a fresh checkpoint hiding it.
 
+    The same run gives the tenant's new events their places in its transparency
+    log and signs the new tree head (``tree_head_sign``).
+
     Guarantee: one run per tenant at a time (a second one returns 0 at once); all
     rows of a run carry the same snapshot's event count and ``signed_at``. Idempotent:
-    a run with nothing new writes nothing. Returns the number of rows written.
+    a run with nothing new writes nothing. Returns the number of checkpoint rows
+    written.
     """
     with connection.cursor() as cursor:
         cursor.execute(
@@ -395,7 +399,52 @@ def tenant_checkpoint(*, tenant_id: uuid.UUID, key: SigningKey) -> int:
         signature = key.private.sign(signed_message(**fields)).hex()
         checkpoints.append(Checkpoint(signature=signature, **fields))
     Checkpoint.objects.bulk_create(checkpoints)
+    tree_head_sign(tenant_id=tenant_id, key=key)
     return len(checkpoints)
+
+
+def tree_note_sign(*, body: str, key: SigningKey) -> str:
+    """A C2SP signed note of ``body`` (a checkpoint body): the body, a blank line
+    and this key's signature line, named by the body's origin (audit/tlog.py)."""
+    origin = tlog.checkpoint_parse(body).origin
+    signature = key.private.sign(body.encode("utf-8"))
+    return f"{body}\n{tlog.signature_line(origin, key.public, signature)}"
+
+
+def tree_head_sign(*, tenant_id: uuid.UUID, key: SigningKey) -> TreeHead | None:
+    """Append the tenant's unplaced events to its log and sign the new head.
+
+    A helper of ``tenant_checkpoint`` (its transaction and tenant lock). The head
+    extends the previous one by construction: the new leaves are added to the
+    previous head's compact range. Returns the new head, or None with nothing new.
+    """
+    previous = TreeHead.objects.filter(tenant_id=tenant_id).order_by("-size").first()
+    since = (
+        previous.signed_at - tlog.IN_FLIGHT_GRACE
+        if previous is not None
+        else dt.datetime.min.replace(tzinfo=dt.UTC)
+    )
+    leaves = tlog.log_append(tenant_id=tenant_id, since=since)
+    if not leaves:
+        return None
+    peaks = [bytes.fromhex(p) for p in previous.peaks.split()] if previous else []
+    peaks, size = merkle.compact_extend(
+        peaks, previous.size if previous else 0, map(merkle.leaf_hash, leaves)
+    )
+    root = merkle.compact_root(peaks)
+    body = tlog.checkpoint_body(origin=tlog.origin_of(tenant_id), size=size, root=root)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT clock_timestamp()")
+        signed_at = cursor.fetchone()[0]
+    return TreeHead.objects.create(
+        tenant_id=tenant_id,
+        size=size,
+        root_hash=root.hex(),
+        peaks=" ".join(peak.hex() for peak in peaks),
+        note=tree_note_sign(body=body, key=key),
+        signed_at=signed_at,
+        key_id=key.key_id,
+    )
 
 
 def tenant_checkpoint_scoped(

@@ -20,7 +20,7 @@ costs ``n - 1`` node hashes and, after it, each proof about ``log2 n`` lookups.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 EMPTY_ROOT = hashlib.sha256(b"").digest()
 
@@ -198,3 +198,35 @@ def verify_consistency(
         raise ProofError("the consistency proof does not give the old root")
     if sr != new_root:
         raise ProofError("the consistency proof does not give the new root")
+
+
+def compact_extend(
+    peaks: Sequence[bytes], size: int, leaf_hashes: Iterable[bytes]
+) -> tuple[list[bytes], int]:
+    """Append leaves to a tree known only by its compact range.
+
+    ``peaks`` are the roots of the complete subtrees that ``size`` decomposes into
+    (one per set bit, largest first): all a writer needs to extend the tree and
+    take its root, without its leaves. Returns the new peaks and size.
+    """
+    stack = list(peaks)
+    if len(stack) != size.bit_count():
+        raise ValueError(f"{len(stack)} peaks cannot describe a tree of {size}")
+    for leaf in leaf_hashes:
+        node, carry = leaf, size
+        while carry & 1:
+            node = node_hash(stack.pop(), node)
+            carry >>= 1
+        stack.append(node)
+        size += 1
+    return stack, size
+
+
+def compact_root(peaks: Sequence[bytes]) -> bytes:
+    """The RFC 9162 root of the tree whose compact range is ``peaks``."""
+    if not peaks:
+        return EMPTY_ROOT
+    root = peaks[-1]
+    for peak in reversed(peaks[:-1]):
+        root = node_hash(peak, root)
+    return root

@@ -16,17 +16,21 @@ key hash is the first 4 bytes of ``SHA-256(key name || 0x0A || 0x01 || public ke
 (``c2sp.org/signed-note``, algorithm 0x01 = Ed25519); the key name is the origin.
 Witnesses add their own signature lines to the same note.
 
-This module is the format only: building a body, reading one, and checking a
-note's signature with a public key. Signing is ``audit.checkpoints`` (the one
-place that holds the private key). ``tests/unit/audit/test_tlog_note.py`` checks
-the format against golang.org/x/mod/sumdb/note's known-good note.
+This module holds the format (building a body, reading one, checking a note's
+signature with a public key) and the log itself: ``log_append`` gives positions
+to the events no entry names yet, ``log_tree`` reads a tenant's leaves back.
+Signing is ``audit.checkpoints`` (the one place that holds the private key).
+``tests/unit/audit/test_tlog_note.py`` checks the format against
+golang.org/x/mod/sumdb/note's known-good note.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import datetime as dt
 import hashlib
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
@@ -34,8 +38,20 @@ from typing import Final
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from django.db import connection
+
+from portal import db as portal_db
+
+from . import merkle
 
 ALG_ED25519: Final = b"\x01"
+# An event that a checkpoint run could not see yet: its transaction began (its
+# created_at) before the run but committed after it. The log looks this far back
+# for events it has not placed; verify_audit reports older unplaced or unsigned
+# events.
+IN_FLIGHT_GRACE: Final = dt.timedelta(minutes=10)
+# The origin line of a tenant's log, and its signing key's name in the notes.
+ORIGIN_PREFIX: Final = "agent-governance-portal/tenants/"
 SIGNATURE_DASH: Final = "\N{EM DASH} "
 # The extension line a purged tenant's last head carries (docs/audit-integrity.md).
 TOMBSTONE_LINE: Final = "tombstone: tenant purged"
@@ -152,3 +168,64 @@ def note_open(note: str, *, name: str, public: Ed25519PublicKey) -> str:
     if not found:
         raise NoteError(f"no signature by key {name}")
     return body
+
+
+def origin_of(tenant_id: uuid.UUID) -> str:
+    return f"{ORIGIN_PREFIX}{tenant_id}"
+
+
+# The events no log entry names yet, in id order (UUIDv7: the order they were
+# made in), placed after the log's last position. Only events made since
+# ``since`` are looked at: an event whose transaction stays open longer than the
+# grace before that is left out, and verify_audit reports it (``not logged``).
+_LOG_APPEND: Final = """
+WITH last AS (
+    SELECT coalesce(max(position), -1) AS position FROM audit_logentry
+    WHERE tenant_id = %(tenant_id)s
+), fresh AS (
+    SELECT e.id, e.hash FROM audit_event e
+    WHERE e.tenant_id = %(tenant_id)s AND e.chain_seq IS NOT NULL
+      AND e.created_at >= %(since)s
+      AND NOT EXISTS (SELECT 1 FROM audit_logentry l
+                      WHERE l.tenant_id = %(tenant_id)s AND l.event_id = e.id)
+)
+INSERT INTO audit_logentry (id, tenant_id, position, event_id, event_hash)
+SELECT gen_random_uuid(), %(tenant_id)s,
+    last.position + row_number() OVER (ORDER BY fresh.id), fresh.id, fresh.hash
+FROM fresh CROSS JOIN last
+RETURNING position, event_hash
+"""
+
+
+def log_append(*, tenant_id: uuid.UUID, since: dt.datetime) -> list[bytes]:
+    """Give the next positions of a tenant's log to its events that have none.
+
+    Call inside the checkpoint run's transaction, which holds the tenant's lock
+    (one writer per log). Returns the new leaves' event hashes in log order.
+    """
+    portal_db.require_transaction()
+    with connection.cursor() as cursor:
+        cursor.execute(_LOG_APPEND, {"tenant_id": tenant_id, "since": since})
+        rows = sorted(cursor.fetchall())
+    return [bytes.fromhex(event_hash) for _, event_hash in rows]
+
+
+def log_tree(*, tenant_id: uuid.UUID, size: int | None = None) -> merkle.Tree:
+    """The tenant's log as a Merkle tree, its leaves read in position order.
+
+    Cost: one index scan and 32 bytes per leaf in memory (docs/audit-integrity.md).
+    Raises ``ValueError`` when a position is missing (the log was cut).
+    """
+    sql = "SELECT position, event_hash FROM audit_logentry WHERE tenant_id = %s"
+    params: list[uuid.UUID | int] = [tenant_id]
+    if size is not None:
+        sql += " AND position < %s"
+        params.append(size)
+    leaves: list[bytes] = []
+    with connection.cursor() as cursor:
+        cursor.execute(sql + " ORDER BY position", params)
+        for position, event_hash in cursor:
+            if position != len(leaves):
+                raise ValueError(f"the log has no leaf {len(leaves)}")
+            leaves.append(merkle.leaf_hash(bytes.fromhex(event_hash)))
+    return merkle.Tree(leaves)

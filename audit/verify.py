@@ -51,11 +51,7 @@ from portal import ids
 from . import chain
 from .checkpoints import signature_valid
 from .models import ChainHead, Checkpoint, EventCode, RetentionAnchor, RetentionPurge
-
-# An event that a checkpoint run could not see yet: its transaction began (its
-# created_at) before the run but committed after it. Older uncovered events are
-# reported as inserted.
-IN_FLIGHT_GRACE: Final = dt.timedelta(minutes=10)
+from .tlog import IN_FLIGHT_GRACE  # older uncovered events are reported as inserted
 
 ALTERED: Final = "altered"
 DELETED: Final = "deleted"

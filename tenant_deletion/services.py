@@ -37,10 +37,12 @@ from audit.models import (
     Checkpoint,
     Event,
     EventCode,
+    LogEntry,
     Outbox,
     RetentionAnchor,
     RetentionPolicy,
     RetentionPurge,
+    TreeHead,
 )
 from limits.models import Budget, LimitUsage, RateLimit
 from policies.models import PolicySet
@@ -121,16 +123,28 @@ DELETION_ORDER: Final[tuple[type[Model], ...]] = (
 )
 # What only the owner's ``tenant_deletion_purge`` deletes (the operator runs it).
 _PRIVILEGED: Final[frozenset[type[Model]]] = frozenset(
-    {Contract, Event, Checkpoint, RetentionPurge, RetentionAnchor, ChainHead, Tenant}
+    {
+        Contract,
+        Event,
+        Checkpoint,
+        RetentionPurge,
+        RetentionAnchor,
+        ChainHead,
+        LogEntry,
+        TreeHead,
+        Tenant,
+    }
 )
-# What vouches for the events (checkpoints, retention's purge records and anchors)
-# goes or stays with them, and so do the chains' head rows (a kept tenant's chain
-# goes on with ``tenant.deleted``).
+# What vouches for the events (checkpoints, retention's purge records and anchors,
+# the transparency log's leaves and signed heads) goes or stays with them, and so
+# do the chains' head rows (a kept tenant's chain goes on with ``tenant.deleted``).
 _WITH_EVENTS: Final[tuple[type[Model], ...]] = (
     ChainHead,
     Checkpoint,
     RetentionAnchor,
     RetentionPurge,
+    LogEntry,
+    TreeHead,
 )
 
 

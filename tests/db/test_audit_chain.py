@@ -480,8 +480,11 @@ def test_the_migration_backfill_chains_old_events(
     trail: dict[str, Any], superuser: Any
 ) -> None:
     # given events from before the chain (no links, no payload digests: format v1)
-    # and no checkpoints, nor head rows (audit migration 0014 made them later)
+    # and no checkpoints, nor head rows (audit migration 0014 made them later), nor
+    # transparency log (0021)
     superuser(
+        ("DELETE FROM audit_treehead", []),
+        ("DELETE FROM audit_logentry", []),
         ("DELETE FROM audit_checkpoint", []),
         ("DELETE FROM audit_chainhead", []),
         (

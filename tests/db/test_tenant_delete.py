@@ -30,9 +30,11 @@ from audit.models import (
     Checkpoint,
     Event,
     EventCode,
+    LogEntry,
     Outbox,
     RetentionAnchor,
     RetentionPolicy,
+    TreeHead,
 )
 from limits.models import Budget, RateLimit
 from policies import services as policy_services
@@ -300,13 +302,20 @@ def test_keep_policy_empties_every_table_but_events_and_leaves_a_tombstone(
     tenant_chain_new = not ChainHead.objects.filter(
         tenant=keep_tenant, task_id=None
     ).exists()
+    logged = LogEntry.objects.filter(tenant=keep_tenant).count()
+    tree_heads = TreeHead.objects.filter(tenant=keep_tenant).count()
 
     # when it is deleted
     report = tenant_delete(tenant=keep_tenant, actor=SYSTEM)
 
     # then every tenant-owned table is empty for it, except the kept events and
-    # the checkpoints and retention records that vouch for them
-    vouching = {"audit_retentionpurge": 1, "audit_retentionanchor": 1}
+    # the checkpoints, retention records and transparency log that vouch for them
+    vouching = {
+        "audit_retentionpurge": 1,
+        "audit_retentionanchor": 1,
+        "audit_logentry": logged,
+        "audit_treehead": tree_heads,
+    }
     left = {table: n for table, n in rows_of(keep_tenant.pk).items() if n}
     assert left == {
         "audit_event": events_before + 1,

@@ -1,7 +1,9 @@
 """``manage.py verify_audit [--tenant SLUG] [--public-key PEM]``: check the trail.
 
 Recomputes every event chain and compares it with the signed checkpoints
-(audit/verify.py). Exit 0 when intact; 1 with the first break and its kind.
+(audit/verify.py), then each tenant's transparency log with its events and signed
+tree heads (audit/verify_log.py). Exit 0 when intact; 1 with the first break and
+its kind.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from audit import checkpoints, verify
+from audit import checkpoints, verify, verify_log
 from portal import scope
 from portal.models import Tenant
 
@@ -68,8 +70,13 @@ class Command(BaseCommand):
                 report = verify.verify_tenant(
                     tenant_id=tenant.pk, public_keys=public_keys, progress=progress
                 )
-            if report.broken is not None:
-                self.stdout.write(f"BROKEN tenant {tenant.slug}: {report.broken}")
+                broken = report.broken
+                if broken is None:
+                    leaves, heads, broken = verify_log.log_verify(
+                        tenant_id=tenant.pk, public_keys=public_keys
+                    )
+            if broken is not None:
+                self.stdout.write(f"BROKEN tenant {tenant.slug}: {broken}")
                 sys.exit(1)
             total += report.events
             signed = (
@@ -81,6 +88,7 @@ class Command(BaseCommand):
                 f"ok tenant {tenant.slug}: {report.events} events in "
                 f"{report.chains} chains, {report.checkpoints} checkpoints, last "
                 f"signed {signed}; {report.unsigned_tail} events after the last "
-                "checkpoint (a cut there shows only after the next one)"
+                "checkpoint (a cut there shows only after the next one); log of "
+                f"{leaves} events under {heads} signed tree heads"
             )
         self.stdout.write(f"intact: {total} events")

@@ -199,3 +199,18 @@ def test_a_tree_that_does_not_extend_the_old_one_has_no_proof():
                 new_root=rewritten.root(),
                 proof=rewritten.consistency_proof(old),
             )
+
+
+def test_the_compact_range_gives_the_trees_root_at_every_size():
+    # given leaves appended in uneven batches
+    rng = random.Random(1)
+    tree = _random_tree(rng, 300)
+    peaks: list[bytes] = []
+    size = 0
+    while size < 300:
+        batch = tree.leaf_hashes[size : size + rng.randint(1, 17)]
+        peaks, size = merkle.compact_extend(peaks, size, batch)
+        # then the root from the peaks alone is the full tree's
+        assert merkle.compact_root(peaks) == tree.root(size)
+    with pytest.raises(ValueError, match="peaks"):
+        merkle.compact_extend(peaks[:-1], size, [])
