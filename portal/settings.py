@@ -351,7 +351,9 @@ EMAIL_HOST_USER = os.environ.get("PORTAL_EMAIL_USER", "")
 EMAIL_HOST_PASSWORD = os.environ.get("PORTAL_EMAIL_PASSWORD", "")
 EMAIL_USE_TLS = os.environ.get("PORTAL_EMAIL_USE_TLS", "") == "1"
 DEFAULT_FROM_EMAIL = os.environ.get("PORTAL_EMAIL_FROM", "portal@localhost")
-PORTAL_PUBLIC_URL = os.environ.get("PORTAL_PUBLIC_URL", "http://127.0.0.1:8000")
+PORTAL_PUBLIC_URL = os.environ.get(
+    "PORTAL_PUBLIC_URL", f"http://127.0.0.1:{os.environ.get('PORTAL_PORT', '8000')}"
+)
 PORTAL_SLA_REMIND_AFTER_S = 900  # items with no routing rule: remind after 15 min
 PORTAL_SLA_ESCALATE_AFTER_S = 3600  # and count a breach after an hour
 PORTAL_NOTIFY_TIMEOUT_S = 10.0
