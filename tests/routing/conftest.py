@@ -26,6 +26,7 @@ from routing import services as routing_services
 from routing.models import Group, RoutingRule, Webhook
 from tasks import takeover
 from tasks.models import Escalation, Task, TaskState
+from tests.support import broker
 from tests.support import outbound as outbound_support
 from tests.support.net import free_port
 
@@ -203,3 +204,8 @@ def escalate_with_canary(
             actor=Actor.system("test"),
         )
     return task, record
+
+
+# The shared broker fixtures (tests/support/broker.py), for the real worker's test.
+amqp_url = broker.amqp_url
+celery_test_queue = broker.celery_test_queue
