@@ -76,8 +76,14 @@ class SlaClock:
         """Reads "due in 12 min", "overdue by 5 min", or "closed"."""
         if self.closed:
             return "closed"
-        minutes = max(1, round(abs(self.seconds_left) / 60))
-        span = f"{minutes} min" if minutes < 120 else f"{round(minutes / 60)} h"
+        seconds = abs(self.seconds_left)
+        minutes = round(seconds / 60)
+        if seconds < 60:
+            span = f"{seconds} s"
+        elif minutes < 120:
+            span = f"{minutes} min"
+        else:
+            span = f"{round(minutes / 60)} h"
         return f"overdue by {span}" if self.overdue else f"due in {span}"
 
     @property
