@@ -5,6 +5,7 @@ the ORM is refused by name."""
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import pytest
 from django.db import IntegrityError, connection, transaction
@@ -25,7 +26,7 @@ VALUES (%s, %s, %s, %s, 'someone', '{}', 'pending', 0, now(), '', now())
 """
 
 
-def refused(sql: str, params: list[object]) -> str:
+def refused(sql: str, params: list[Any]) -> str:
     with (
         pytest.raises(IntegrityError) as caught,
         transaction.atomic(),
