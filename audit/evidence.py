@@ -30,6 +30,12 @@ first event links to the anchor's hash and is numbered ``anchor.seq`` + 1; the
 bundle carries the anchor, which only ``manage.py verify_audit`` can prove (by its
 ``audit.purged`` tombstone in the tenant's chain), so the offline verifier checks
 everything after it and then says it cannot vouch for the anchor.
+
+The bundle also carries the tenant's transparency log's newest signed tree head
+(a C2SP checkpoint note, audit/tlog.py) and, for each exported event in the log,
+its leaf index and RFC 9162 inclusion proof in that head (``log``): a third party
+checks one event against the signed head without the rest of the trail, and a
+witness that saw later heads can check that they extend it.
 """
 
 from __future__ import annotations
@@ -45,8 +51,8 @@ from django.db import connection, transaction
 
 from portal import process
 
-from . import chain, checkpoints, jobs
-from .models import Checkpoint, RetentionAnchor
+from . import chain, checkpoints, jobs, tlog
+from .models import Checkpoint, LogEntry, RetentionAnchor, TreeHead
 from .verify import EVENT_COLUMNS, row_content
 
 logger = logging.getLogger(__name__)
@@ -71,6 +77,9 @@ class ChainEvidence:
     events: list[dict[str, Any]]
     checkpoint: dict[str, Any] | None
     anchor: dict[str, Any] | None = None
+    # The newest signed tree head and each logged event's inclusion proof in it;
+    # None when no head was signed yet.
+    log: dict[str, Any] | None = None
 
     @property
     def first_seq(self) -> int:
@@ -158,6 +167,7 @@ def _read(*, tenant_id: uuid.UUID, task_id: uuid.UUID) -> ChainEvidence:
         .order_by("-signed_at", "-head_seq")
         .first()
     )
+    head = TreeHead.objects.filter(tenant_id=tenant_id).order_by("-size").first()
     with connection.cursor() as cursor:
         cursor.execute(_CHAIN_EVENTS, [tenant_id, task_id])
         events = [_event_json(row, tenant_id) for row in cursor.fetchall()]
@@ -170,7 +180,38 @@ def _read(*, tenant_id: uuid.UUID, task_id: uuid.UUID) -> ChainEvidence:
         events=events,
         checkpoint=checkpoint_json(latest) if latest else None,
         anchor=anchor_json(anchor) if anchor else None,
+        log=_log_json(tenant_id=tenant_id, head=head, events=events) if head else None,
     )
+
+
+def _log_json(
+    *, tenant_id: uuid.UUID, head: TreeHead, events: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The signed head's note and an inclusion proof for each exported event it
+    covers (events placed after the head, or never, have none: the verifier names
+    them). Reads the log's leaves up to the head: 32 bytes each."""
+    ids = [event["content"]["id"] for event in events]
+    positions = dict(
+        LogEntry.objects.filter(
+            tenant_id=tenant_id, event_id__in=ids, position__lt=head.size
+        ).values_list("event_id", "position")
+    )
+    tree = tlog.log_tree(tenant_id=tenant_id, size=head.size)
+    proofs = [
+        {
+            "event_id": str(event_id),
+            "index": index,
+            "proof": [node.hex() for node in tree.inclusion_proof(index, head.size)],
+        }
+        for event_id, index in sorted(positions.items(), key=lambda item: item[1])
+    ]
+    return {
+        "format": "c2sp.org/tlog-checkpoint, c2sp.org/signed-note (Ed25519)",
+        "tree": "RFC 9162 2.1: leaf = SHA-256(0x00 || event hash bytes), "
+        "node = SHA-256(0x01 || left || right)",
+        "checkpoint": head.note,
+        "inclusion": proofs,
+    }
 
 
 def _event_json(row: Any, tenant_id: uuid.UUID) -> dict[str, Any]:

@@ -348,6 +348,7 @@ def task_evidence_bundle(*, task: Task, by: Actor) -> dict[str, Any]:
             "events": chain.events,
         },
         "checkpoint": chain.checkpoint,
+        "log": chain.log,  # the signed tree head and inclusion proofs (audit)
         "coverage": _coverage(chain),
     }
     _export_record(task=task, by=by, chain=chain)

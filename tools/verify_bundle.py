@@ -27,6 +27,16 @@ What is checked, in this order, stopping at the first failure:
    anchor is checked as above, but that the anchor stands for a recorded purge (its
    ``audit.purged`` tombstone in the tenant's chain) only ``manage.py verify_audit``
    can prove, so such a bundle is never reported intact.
+5. the sections made from the chain's events: ``altered`` when ``chain.length``,
+   ``chain.head_hash`` or ``takeover_decisions`` do not say what the events say;
+6. the transparency log (``log``, when the bundle has one): ``forged checkpoint``
+   when no given key signed its tree head (a C2SP checkpoint note for the tenant's
+   origin), ``forged proof`` when an event's RFC 9162 inclusion proof does not lead
+   to the signed root, ``inserted`` for a proof of no event of the chain.
+
+Every other section (the task row beyond its id, operations, receipts,
+escalations, the tenant, the export's own fields, coverage) no signature covers:
+the output names each of them as not checked, so "intact" never stands for them.
 
 Events in chain format v2 (content ``"v": 2``) hash the payload's digest
 (``payload_digest``: SHA-256 of its RFC 8785 JSON, integers beyond 2^53-1 as decimal
@@ -45,6 +55,7 @@ tests/unit/audit/test_verify_bundle_canonical.py compares the two.
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
 import json
 import math
@@ -86,6 +97,28 @@ FORGED_CHECKPOINT: Final = "forged checkpoint"
 NOT_COVERED: Final = "not covered"
 MALFORMED: Final = "malformed"
 UNPROVEN_ANCHOR: Final = "unproven anchor"
+FORGED_PROOF: Final = "forged proof"  # an inclusion proof that does not verify
+
+# The transparency log (audit/tlog.py): a tenant's origin, and the takeover
+# decisions' event codes (tasks/evidence.py DECISION_CODES), which a test pins.
+LOG_ORIGIN_PREFIX: Final = "agent-governance-portal/tenants/"
+DECISION_CODES: Final = frozenset(
+    {
+        "task.human_claimed",
+        "task.human_released",
+        "task.resolved",
+        "operation.approved",
+        "operation.fields_edited",
+    }
+)
+# What the checks below cover; every other member of the bundle (or of its chain)
+# is named in the output as not checked.
+CHECKED_SECTIONS: Final = frozenset(
+    {"format", "version", "chain", "checkpoint", "log", "takeover_decisions"}
+)
+CHECKED_CHAIN_MEMBERS: Final = frozenset(
+    {"tenant_id", "task_id", "anchor", "events", "length", "head_hash"}
+)
 
 EXIT_INTACT: Final = 0
 EXIT_BROKEN: Final = 1
@@ -308,13 +341,29 @@ class Intact:
     head_hash: str
     signed_at: str
     key_id: str
+    log_size: int | None = None  # the signed tree head's size; None: no log proof
+    logged: int = 0  # events proven included in it
+    not_checked: tuple[str, ...] = ()
 
     def __str__(self) -> str:
-        return (
+        text = (
             f"intact: task {self.task_id} of tenant {self.tenant_id}: "
             f"{self.events} events, head {self.head_hash[:16]}…, signed "
             f"{self.signed_at} with key {self.key_id}"
         )
+        if self.log_size is None:
+            text += "\nlog: no signed tree head in the bundle (no inclusion proofs)"
+        else:
+            text += (
+                f"\nlog: {self.logged} of the {self.events} events included in the "
+                f"signed tree head of {self.log_size} events"
+            )
+        if self.not_checked:
+            text += (
+                "\nnot covered (no signature vouches for them, not checked): "
+                + ", ".join(self.not_checked)
+            )
+        return text
 
 
 def _malformed(detail: str) -> Failure:
@@ -478,6 +527,174 @@ def _check_coverage(
         raise Failure(NOT_COVERED, detail, signed + 1, nxt)
 
 
+# --- RFC 9162 inclusion proofs in a C2SP signed tree head ---------------------------
+# A second, standard-library copy of audit/merkle.py's verify_inclusion and
+# audit/tlog.py's note reading, which this file cannot import;
+# tests/unit/audit/test_tlog_trials.py runs both on the same proofs.
+
+
+def _node_hash(left: bytes, right: bytes) -> bytes:
+    return hashlib.sha256(b"\x01" + left + right).digest()
+
+
+def leaf_hash(leaf: bytes) -> bytes:
+    return hashlib.sha256(b"\x00" + leaf).digest()
+
+
+def inclusion_root(
+    *, leaf: bytes, index: int, size: int, proof: Sequence[bytes]
+) -> bytes | None:
+    """RFC 9162 2.1.3.2: the root ``proof`` leads ``leaf`` at ``index`` to, in a
+    tree of ``size`` leaves; None when the proof cannot be one."""
+    if not 0 <= index < size:
+        return None
+    fn, sn, r = index, size - 1, leaf
+    for p in proof:
+        if len(p) != 32 or sn == 0:
+            return None
+        if fn & 1 or fn == sn:
+            r = _node_hash(p, r)
+            if not fn & 1:
+                while fn and not fn & 1:
+                    fn >>= 1
+                    sn >>= 1
+        else:
+            r = _node_hash(r, p)
+        fn >>= 1
+        sn >>= 1
+    return r if sn == 0 else None
+
+
+def _note_key_hash(name: str, public: Ed25519PublicKey) -> bytes:
+    raw = public.public_bytes(
+        encoding=serialization.Encoding.Raw, format=serialization.PublicFormat.Raw
+    )
+    return hashlib.sha256(name.encode() + b"\n\x01" + raw).digest()[:4]
+
+
+def _open_checkpoint(
+    note: str, *, origin: str, public_keys: Mapping[str, Ed25519PublicKey]
+) -> tuple[int, bytes]:
+    """The size and root of a C2SP checkpoint note signed by a given key under
+    ``origin``."""
+    body, sep, lines = note.rpartition("\n\n")
+    if not sep or not lines.endswith("\n"):
+        raise _malformed("log.checkpoint is not a signed note")
+    body += "\n"
+    text = body[:-1].split("\n")
+    if len(text) < 3 or text[0] != origin:
+        raise Failure(NOT_COVERED, "the tree head is not this tenant's log")
+    if not text[1].isdigit():
+        raise _malformed("log.checkpoint has no tree size")
+    size, root = int(text[1]), base64.b64decode(text[2], validate=True)
+    for line in lines[:-1].split("\n"):
+        name, _, blob = line.removeprefix("\N{EM DASH} ").partition(" ")
+        raw = base64.b64decode(blob, validate=True)
+        for public in public_keys.values():
+            if name != origin or raw[:4] != _note_key_hash(origin, public):
+                continue
+            try:
+                public.verify(raw[4:], body.encode())
+            except InvalidSignature:
+                continue
+            if len(root) != 32:
+                raise _malformed("log.checkpoint's root is not 32 bytes")
+            return size, root
+    raise Failure(FORGED_CHECKPOINT, "no given key signed the tree head")
+
+
+def _check_log(
+    log: Any,
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    tenant_id: str,
+    public_keys: Mapping[str, Ed25519PublicKey],
+) -> tuple[int, int]:
+    """The tree head's signature and each inclusion proof; (head size, events
+    proven included)."""
+    log = _object(log, "log")
+    origin = LOG_ORIGIN_PREFIX + tenant_id
+    size, root = _open_checkpoint(
+        str(log["checkpoint"]), origin=origin, public_keys=public_keys
+    )
+    by_id = {row["content"]["id"]: row for row in rows}
+    proven: set[str] = set()
+    for entry in log["inclusion"]:
+        entry = _object(entry, "log.inclusion entry")
+        row = by_id.get(entry["event_id"])
+        if row is None or entry["event_id"] in proven:
+            raise Failure(INSERTED, "an inclusion proof of no event of this chain")
+        leaf = leaf_hash(bytes.fromhex(row["hash"]))
+        proof = [bytes.fromhex(node) for node in entry["proof"]]
+        index = entry["index"]
+        if (
+            not isinstance(index, int)
+            or inclusion_root(leaf=leaf, index=index, size=size, proof=proof) != root
+        ):
+            detail = "its inclusion proof does not lead to the signed tree head"
+            raise Failure(FORGED_PROOF, detail, row.get("seq"), entry["event_id"])
+        proven.add(entry["event_id"])
+    return size, len(proven)
+
+
+def _check_derived(
+    bundle: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]
+) -> list[str]:
+    """The sections made from the chain's (checked) events must say what they do.
+
+    Returns what could not be checked: a decision's resolution and note once
+    retention dropped its event's payload."""
+    chain = bundle["chain"]
+    if chain.get("length") != len(rows) or chain.get("head_hash") != (
+        rows[-1]["hash"] if rows else None
+    ):
+        raise Failure(ALTERED, "chain.length or chain.head_hash is not the chain's")
+    given = bundle.get("takeover_decisions")
+    expected: list[Any] = []
+    unchecked: list[str] = []
+    for row in (row for row in rows if row["content"]["code"] in DECISION_CODES):
+        content, i = row["content"], len(expected)
+        dropped = content["v"] == CHAIN_FORMAT_V2 and row.get("payload") is None
+        payload = (
+            content["payload"]
+            if content["v"] != CHAIN_FORMAT_V2
+            else row.get("payload")
+        )
+        payload = payload if isinstance(payload, Mapping) else {}
+        decision = {
+            "seq": row["seq"],
+            "event_id": content["id"],
+            "code": content["code"],
+            "by": {
+                "actor_type": content["actor_type"],
+                "actor_id": content["actor_id"],
+            },
+            "at": content["created_at"],
+            "operation_id": content["operation_id"],
+            "reason_code": content["reason_code"],
+            "resolution": payload.get("resolution"),
+            "note": payload.get("note"),
+        }
+        if dropped and isinstance(given, list) and i < len(given):
+            theirs = _object(given[i], "a takeover decision")
+            decision["resolution"] = theirs.get("resolution")
+            decision["note"] = theirs.get("note")
+            unchecked.append(f"takeover_decisions[{i}].resolution/note (payload gone)")
+        expected.append(decision)
+    if given is not None and given != expected:
+        detail = "takeover_decisions does not say what the chain's events say"
+        raise Failure(ALTERED, detail)
+    return unchecked
+
+
+def _not_checked(bundle: Mapping[str, Any]) -> tuple[str, ...]:
+    names = [name for name in bundle if name not in CHECKED_SECTIONS]
+    names += [
+        f"chain.{name}" for name in bundle["chain"] if name not in CHECKED_CHAIN_MEMBERS
+    ]
+    return tuple(sorted(names))
+
+
 def verify_bundle(bundle: Any, public_keys: Mapping[str, Ed25519PublicKey]) -> Intact:
     """Check a parsed bundle; returns what was verified.
 
@@ -527,6 +744,13 @@ def _verify(bundle: Any, public_keys: Mapping[str, Ed25519PublicKey]) -> Intact:
             "verify_audit can prove (the purge's audit.purged tombstone)"
         )
         raise Failure(UNPROVEN_ANCHOR, detail, base, anchor.get("event_id"))
+    unchecked = _check_derived(bundle, rows)
+    log_size: int | None = None
+    logged = 0
+    if bundle.get("log") is not None:
+        log_size, logged = _check_log(
+            bundle["log"], rows, tenant_id=tenant_id, public_keys=public_keys
+        )
     return Intact(
         tenant_id=tenant_id,
         task_id=task_id,
@@ -534,6 +758,9 @@ def _verify(bundle: Any, public_keys: Mapping[str, Ed25519PublicKey]) -> Intact:
         head_hash=rows[-1]["hash"],
         signed_at=str(checkpoint["signed_at"]),
         key_id=str(checkpoint["key_id"]),
+        log_size=log_size,
+        logged=logged,
+        not_checked=(*_not_checked(bundle), *unchecked),
     )
 
 
