@@ -221,16 +221,29 @@ def tenant_freeze(
 
 # --- Admission at reservation ----------------------------------------------------
 
-_APPLICABLE = """
-SELECT 'rate', id, max_calls::numeric, window_s, NULL
-FROM limits_ratelimit
-WHERE tenant_id = %(tenant_id)s AND agent_id = %(agent_id)s
-  AND action = %(action)s AND target IN (%(target)s, '*')
-UNION ALL
-SELECT 'budget', id, max_total, window_s, argument
-FROM limits_budget
-WHERE tenant_id = %(tenant_id)s AND agent_id = %(agent_id)s
-  AND action = %(action)s AND target IN (%(target)s, '*')
+# The flags and the agent's limits for the action and target, in one statement. The
+# flags are read FOR SHARE (limits.selectors): a freeze waits for the reservation,
+# and one admitted after the freeze sees it. One row per limit, or one with no
+# limit.
+_ADMIT = """
+SELECT a.frozen_at IS NOT NULL, t.frozen_at IS NOT NULL,
+       l.kind, l.id, l.allowed, l.window_s, l.argument
+FROM portal_agent a
+JOIN portal_tenant t ON t.id = a.tenant_id
+LEFT JOIN LATERAL (
+    SELECT 'rate' AS kind, r.id, r.max_calls::numeric AS allowed, r.window_s,
+           NULL::text AS argument
+    FROM limits_ratelimit r
+    WHERE r.tenant_id = a.tenant_id AND r.agent_id = a.id
+      AND r.action = %(action)s AND r.target IN (%(target)s, '*')
+    UNION ALL
+    SELECT 'budget', b.id, b.max_total, b.window_s, b.argument
+    FROM limits_budget b
+    WHERE b.tenant_id = a.tenant_id AND b.agent_id = a.id
+      AND b.action = %(action)s AND b.target IN (%(target)s, '*')
+) l ON true
+WHERE a.tenant_id = %(tenant_id)s AND a.id = %(agent_id)s
+FOR SHARE OF a, t
 """
 
 _WINDOW = (
@@ -312,7 +325,7 @@ def reservation_admit(
         BudgetExceeded: the amount would take a budget's window over its total,
             or the input holds no amount at the budget's argument.
     """
-    agent_admit(tenant=tenant, agent_id=agent_id)
+    portal_db.require_transaction()
     params: dict[str, Any] = {
         "tenant_id": tenant.pk,
         "agent_id": str(agent_id),
@@ -320,8 +333,13 @@ def reservation_admit(
         "target": target,
     }
     with connection.cursor() as cursor:
-        cursor.execute(_APPLICABLE, params)
-        limits = cursor.fetchall()
+        cursor.execute(_ADMIT, params)
+        rows = cursor.fetchall()
+        if rows and rows[0][0]:
+            raise AgentFrozen(tenant_id=tenant.pk, agent_id=str(agent_id))
+        if rows and rows[0][1]:
+            raise TenantFrozen(tenant_id=tenant.pk, agent_id=str(agent_id))
+        limits = [row[2:] for row in rows if row[2] is not None]
         charges = []
         for kind, limit_id, allowed, window_s, argument in limits:
             amount = Decimal(1) if kind == "rate" else amount_of(input, argument)

@@ -367,10 +367,11 @@ class ProblemSerializer(serializers.Serializer):
 def problem_responses(*statuses: int, post: bool = False) -> dict[tuple[int, str], Any]:
     """drf-spectacular ``responses`` entries for the problem answers of an endpoint.
 
-    Every endpoint can answer 400, 401 and 429; a POST also 409 (its Idempotency-Key
-    is in flight) and 422 (the key belongs to another request). Pass the others.
+    Every endpoint can answer 400, 401, 403 (a frozen agent or tenant,
+    docs/limits.md) and 429; a POST also 409 (its Idempotency-Key is in flight) and
+    422 (the key belongs to another request). Pass the others.
     """
-    always = {400, 401, 429} | ({409, 422} if post else set())
+    always = {400, 401, 403, 429} | ({409, 422} if post else set())
     return {
         (status, PROBLEM_CONTENT_TYPE): ProblemSerializer
         for status in sorted(always | set(statuses))

@@ -57,7 +57,8 @@ DISCOVERY_FUNCTIONS: Final = (
 # owner's: no TRUNCATE, no DDL, no trigger switches, no UPDATE or DELETE on events
 # and checkpoints (append-only; only the owner's purge function deletes them, run by
 # the operator), and the migration history and the test clock are read-only. Of a
-# tenant row the app role updates the slug and name only: ``events_on_delete`` and
+# tenant row the app role updates the slug, the name and the freeze (``frozen_at``,
+# ``frozen_by``: docs/limits.md) only: ``events_on_delete`` and
 # ``deleted_at`` are what the purge decides by (chosen at creation, an INSERT; changed
 # by the operator). Chain head rows it moves forward but never deletes (verify_audit
 # compares them with the events). Retention's purge records

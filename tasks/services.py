@@ -183,6 +183,7 @@ RETURNING {TASK_COLUMNS}
 """
 
 
+@limits_services.refusals_recorded("register")
 @portal_db.translate_integrity_errors
 @transaction.atomic(durable=True)
 def task_register(
@@ -210,7 +211,10 @@ def task_register(
         ContractNotFound: no such published contract version.
         ContractRetired: the pinned version is retired.
         SensitiveValue: an identifier carries a secret or personal data.
+        AgentFrozen, TenantFrozen: the acting agent or its tenant is frozen.
     """
+    if actor.type == ActorType.AGENT:
+        limits_services.agent_admit(tenant=tenant, agent_id=actor.id)
     refuse_sensitive(
         client_task_id=client_task_id,
         workflow_key=workflow_key,

@@ -10,14 +10,18 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 from django.core.management import call_command
+from django.db.models.functions import Now
 from rest_framework.test import APIClient
 
 from audit.models import Event, EventCode
 from limits import services as limits_services
 from limits.models import Budget, RateLimit
 from portal import services as portal_services
-from portal.models import Role, Tenant
-from tasks.models import Task
+from portal.actors import Actor
+from portal.exceptions import AgentFrozen
+from portal.models import Agent, Role, Tenant
+from tasks import services as tasks_services
+from tasks.models import Operation, Task
 
 from .conftest import AgentClient, register_and_claim
 
@@ -182,3 +186,30 @@ def test_manage_py_freeze_and_unfreeze(api):
         "system",
         "freeze",
     )
+
+
+def test_the_services_refuse_a_frozen_agent_without_the_api(api):
+    """What the MCP server reaches: register, lease, claim, reserve."""
+    task = register_and_claim(api)
+    actor = Actor.of_agent(api.agent)
+    # the flag alone (a freeze would also expire the lease the reservation needs)
+    Agent.objects.filter(pk=api.agent.pk).update(frozen_at=Now())
+    with pytest.raises(AgentFrozen):
+        tasks_services.operation_reserve(
+            tenant=api.tenant, task_id=task["id"], lease_token=task["lease"]["token"],
+            idempotency_key="k-9", action="a", target="desk", input={}, actor=actor,
+        )  # fmt: skip
+    with pytest.raises(AgentFrozen):
+        tasks_services.task_lease_acquire(
+            tenant=api.tenant, task_id=task["id"], owner="w", actor=actor
+        )
+    with pytest.raises(AgentFrozen):
+        tasks_services.task_claim_next(tenant=api.tenant, owner="w", actor=actor)
+    with pytest.raises(AgentFrozen):
+        tasks_services.task_register(
+            tenant=api.tenant, actor=actor, client_task_id="t-9", workflow_key="w",
+            workflow_version="1", object_type="o", object_id="9", object_version="1",
+        )  # fmt: skip
+    phases = sorted(d.payload["phase"] for d in _denials(api, "AGENT_FROZEN"))
+    assert phases == ["lease", "lease", "register", "reserve"]
+    assert not Operation.objects.filter(tenant=api.tenant, idempotency_key="k-9")
