@@ -11,7 +11,9 @@ page says "10,000+":
   are counted whole; finished ones (succeeded, failed, cancelled) only for the last
   24 hours, a range on ``updated_at`` (when the task finished): all-time totals of
   finished tasks grow for ever and are what the task list is for.
-- the takeover queue: the same index, ``human_required`` / ``human_claimed``.
+- the takeover queue: the same index, ``human_required`` / ``human_claimed``; the
+  desk items past their SLA deadline: ``routing_assignment_due_idx`` (tenant,
+  escalate_at) over open items (``routing.selectors.overdue_counts``).
 - events per hour: ``audit_event_created_idx`` (tenant, created_at, id), the event
   browser's time-range index.
 - the outbox: ``audit_outbox_unsent_state_idx`` (pending and dead rows only) and
@@ -32,6 +34,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
 from portal.models import Tenant
+from routing import selectors as routing_selectors
 from tasks.models import TaskState
 
 # A count that reaches this is shown as "10,000+": the page never walks further.
@@ -116,6 +119,8 @@ class TenantTasks:
     takeover_waiting: Count
     takeover_claimed: Count
     takeover_oldest_at: dt.datetime | None
+    # Open desk items past their SLA deadline (routing/, docs/routing.md).
+    sla_overdue: Count = field(default_factory=lambda: Count(value=0))
     reasons: list[tuple[str, int]] = field(default_factory=list)
 
     @property
@@ -147,6 +152,9 @@ def task_figures(*, tenants: Sequence[Tenant]) -> list[TenantTasks]:
         )
         for tenant_id, reason, n in cursor.fetchall():
             reasons.setdefault(tenant_id, []).append((reason, n))
+    overdue = routing_selectors.overdue_counts(
+        tenant_ids=params["tenants"], cap=COUNT_CAP
+    )
     figures = []
     for tenant in tenants:
         by_state = {
@@ -160,6 +168,7 @@ def task_figures(*, tenants: Sequence[Tenant]) -> list[TenantTasks]:
                 takeover_claimed=by_state[TaskState.HUMAN_CLAIMED],
                 # When the longest-waiting task entered the queue (its last change).
                 takeover_oldest_at=counts[(tenant.pk, TaskState.HUMAN_REQUIRED)][1],
+                sla_overdue=Count.of(overdue.get(tenant.pk, 0)),
                 reasons=reasons.get(tenant.pk, []),
             )
         )
@@ -396,8 +405,8 @@ def dashboard_get(
     """The dashboard of a person who reads ``view_tenant_ids`` and manages the
     outboxes of ``outbox_tenant_ids`` (both already scoped to their roles).
 
-    Guarantee: a fixed number of statements (tenants, two for tasks, one for the
-    outbox, one for events), whatever the number of tenants or rows.
+    Guarantee: a fixed number of statements (tenants, three for tasks and the desk's
+    SLA, one for the outbox, one for events), whatever the number of tenants or rows.
     """
     view_ids, outbox_ids = set(view_tenant_ids), set(outbox_tenant_ids)
     tenants = list(Tenant.objects.filter(pk__in=view_ids | outbox_ids).order_by("slug"))

@@ -190,6 +190,12 @@ class Assignment(models.Model):
                 condition=Q(closed_at__isnull=True),
                 name="routing_assignment_open_idx",
             ),
+            # The dashboard's overdue count per tenant: a capped range of it.
+            models.Index(
+                fields=["tenant", "escalate_at"],
+                condition=Q(closed_at__isnull=True),
+                name="routing_assignment_due_idx",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -7,6 +7,7 @@ import hashlib
 import hmac
 import json
 import threading
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from email import message_from_bytes
@@ -186,7 +187,7 @@ def escalate_with_canary(
         tenant=tenant,
         state=TaskState.RUNNING,
         leased=True,
-        client_task_id=f"issue-{CANARY}",
+        client_task_id=f"issue-{CANARY}-{uuid.uuid4().hex[:8]}",
         object_id=CANARY,
     )
     operation = make_operation(

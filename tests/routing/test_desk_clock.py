@@ -78,3 +78,25 @@ def test_another_tenants_member_sees_neither_the_item_nor_its_clock(
 
     assert page.status_code in (302, 404)
     assert "Billing" not in listing
+
+
+def test_the_dashboard_counts_the_items_past_their_sla(
+    desk, make_task, make_operation, other_tenant
+):
+    # given two items of the tenant, and a reviewer of it and of another tenant
+    for _ in range(2):
+        escalate_with_canary(make_task, make_operation, desk.tenant)
+    client = client_of(
+        "rita", {desk.tenant: Role.REVIEWER, other_tenant: Role.REVIEWER}
+    )
+    cell = f'id="dash-sla-overdue-{desk.tenant.slug}">'
+
+    # when the front page is read before and after the 5-minute deadline
+    before = client.get("/admin/").content.decode()
+    with db_clock_offset(301):
+        after = client.get("/admin/").content.decode()
+
+    # then the tenant's "past SLA" figure goes from 0 to 2; the other stays 0
+    assert f"{cell}0<" in before
+    assert f"{cell}2<" in after
+    assert f'id="dash-sla-overdue-{other_tenant.slug}">0<' in after
