@@ -158,14 +158,22 @@ def test_a_refused_change_changes_nothing(world, persona):
         client.post(_url(model, "change", row.pk), {"name": "renamed-by-post"})
     assert tenant_fingerprint(cast.b.pk) == before_b
     # The task page's evidence export is an action that changes nothing but the
-    # trail's record of it (an audit.exported event, and the checkpoint it signs).
+    # trail's record of it (an audit.exported event, and the checkpoint and
+    # transparency log head it signs).
     added = Event.objects.filter(tenant=cast.a).exclude(pk__in=events_a)
     exported = added.filter(code=EventCode.AUDIT_EXPORTED)
     assert exported.exists() == person.may(TenantPerm.EXPORT_TRAIL, cast.a)
     if not managed_a:
         assert {event.code for event in added} <= {EventCode.AUDIT_EXPORTED}
         # (a chain's head row moves with each event)
-        trail = ("audit_event", "audit_outbox", "audit_checkpoint", "audit_chainhead")
+        trail = (
+            "audit_event",
+            "audit_outbox",
+            "audit_checkpoint",
+            "audit_chainhead",
+            "audit_logentry",
+            "audit_treehead",
+        )
         after_a = tenant_fingerprint(cast.a.pk)
         for table in trail:
             before_a.pop(table), after_a.pop(table)
