@@ -82,6 +82,14 @@ class EventCode(models.TextChoices):
     DESK_ITEM_REASSIGNED = "desk.item_reassigned"
     DESK_ITEM_REMINDED = "desk.item_reminded"
     DESK_ITEM_ESCALATED = "desk.item_escalated"
+    # Approvals (tasks/approvals.py): asked, each person's decision, the outcome.
+    APPROVAL_REQUESTED = "approval.requested"
+    APPROVAL_DECIDED = "approval.decided"
+    APPROVAL_APPROVED = "approval.approved"
+    APPROVAL_REJECTED = "approval.rejected"
+    APPROVAL_EXPIRED = "approval.expired"
+    APPROVAL_CONSUMED = "approval.consumed"
+    APPROVAL_SUPERSEDED = "approval.superseded"
 
 
 class Event(models.Model):

@@ -136,6 +136,10 @@ _IDENTIFIER_KEYS: Final = frozenset(
         "digest",
         "_digest",
         "anchors_digest",  # a purge tombstone's (audit/retention.py)
+        # An approval's bindings and what an approver saw (tasks/approvals.py).
+        "field_digest",
+        "seen_field_digest",
+        "saw_digest",
         "_reference",
     }
 )

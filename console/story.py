@@ -1,8 +1,9 @@
 """A task's whole story, read for its admin page: events, operations, escalations.
 
 One query per section whatever the task's size: the events (bounded by
-``EVENT_LIMIT``, oldest first), the operations, their credentials, the escalations
-with the person who resolved each, then at most two for the actors' names.
+``EVENT_LIMIT``, oldest first), the operations, their credentials, their approvals
+and the approvers' decisions, the escalations with the person who resolved each,
+then at most two for the actors' names.
 """
 
 from __future__ import annotations
@@ -10,11 +11,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from django.db.models import Prefetch
 from django.urls import reverse
 from django.utils.html import format_html
 
 from audit.models import Event
-from tasks.models import Credential, Escalation, Operation, Task
+from tasks.models import (
+    Approval,
+    ApprovalDecision,
+    Credential,
+    Escalation,
+    Operation,
+    Task,
+)
 
 from .display import (
     ActorNames,
@@ -63,6 +72,7 @@ _CREDENTIAL_COLUMNS: Final = (
 class OperationStory:
     operation: Operation
     credentials: list[Credential] = field(default_factory=list)
+    approvals: list[Approval] = field(default_factory=list)
 
 
 @dataclass(kw_only=True)
@@ -110,6 +120,22 @@ def task_story(*, task: Task, event_limit: int = EVENT_LIMIT) -> TaskStory:
         )
         for credential in credentials:
             by_operation[credential.operation_id].credentials.append(credential)
+        approvals = (
+            Approval.objects.filter(
+                tenant_id=task.tenant_id, operation_id__in=list(by_operation)
+            )
+            .prefetch_related(
+                Prefetch(
+                    "decisions",
+                    ApprovalDecision.objects.select_related("person").order_by(
+                        "decided_at", "id"
+                    ),
+                )
+            )
+            .order_by("requested_at", "id")
+        )
+        for approval in approvals:
+            by_operation[approval.operation_id].approvals.append(approval)
     escalations = list(
         Escalation.objects.filter(tenant_id=task.tenant_id, task_id=task.pk)
         .select_related("resolved_by")
@@ -171,6 +197,26 @@ def story_context(story: TaskStory) -> dict[str, Any]:
                     "fields": ", ".join(str(f) for f in c.fields or []),
                 }
                 for c in item.credentials
+            ],
+            "approvals": [
+                {
+                    "id": model_link("tasks.approval", a.pk),
+                    "approval": a,
+                    "groups": ", ".join(str(g) for g in a.groups) or "the desk",
+                    "requested": when(a.requested_at),
+                    "expires": when(a.expires_at) if a.expires_at else "",
+                    "decisions": [
+                        {
+                            "who": d.person.get_username(),
+                            "verdict": d.verdict,
+                            "reason": d.reason,
+                            "when": when(d.decided_at),
+                            "saw_digest": d.saw_digest,
+                        }
+                        for d in a.decisions.all()
+                    ],
+                }
+                for a in item.approvals
             ],
         }
         for item in story.operations

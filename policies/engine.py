@@ -6,7 +6,8 @@ which could let a ``permit`` through that a broken ``forbid`` should have stoppe
 and anything cedarpy raises all give ``POLICY_ERROR``, never an allow.
 
 An allow whose determining ``permit`` policies carry ``@approval("<group>")`` (and
-``@quorum("<n>")``) asks for a person first; ``@credential_ttl_s("<s>")`` lowers the
+``@quorum("<n>")``, ``@approval_ttl_s("<s>")``, ``@separate_from_sponsor("true")``)
+asks for people first (tasks/approvals.py); ``@credential_ttl_s("<s>")`` lowers the
 credential's lifetime. Annotations are read from the parsed set (policy id ->
 annotations), so the ids Cedar reports map back to them.
 """
@@ -258,12 +259,19 @@ def _allowed(
     groups: list[str] = []
     quorum = 0
     ttls: list[int] = []
+    approval_ttls: list[int] = []
+    separate = False
     try:
         for policy_id in reasons:
             notes = annotations.get(policy_id, {})
             if "approval" in notes:
                 groups.append(notes["approval"])
                 quorum = max(quorum, int(notes.get("quorum") or 1))
+                if "approval_ttl_s" in notes:
+                    approval_ttls.append(int(notes["approval_ttl_s"]))
+                separate = separate or (
+                    notes.get("separate_from_sponsor", "").lower() == "true"
+                )
             if "credential_ttl_s" in notes:
                 ttls.append(int(notes["credential_ttl_s"]))
     except ValueError as error:
@@ -276,7 +284,13 @@ def _allowed(
         return Decision(
             verdict=Verdict.APPROVAL,
             determining=determining,
-            approval={"groups": sorted(set(groups)), "quorum": quorum},
+            approval={
+                "groups": sorted(set(groups)),
+                "quorum": quorum,
+                # The tightest window and the strictest separation of the permits.
+                **({"ttl_s": min(approval_ttls)} if approval_ttls else {}),
+                **({"separate_from_sponsor": True} if separate else {}),
+            },
             credential_ttl_s=ttl,
         )
     return Decision(

@@ -92,6 +92,15 @@ class Agent(models.Model):
         on_delete=models.SET_NULL,
         related_name="+",
     )
+    # The person answerable for the agent; a policy's @separate_from_sponsor keeps
+    # them out of approving its operations (docs/approvals.md).
+    sponsor = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+    )
 
     class Meta:
         constraints = [

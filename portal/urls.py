@@ -82,6 +82,12 @@ api_v1 = [
         "takeover/tasks/<uuid:task_id>/resolve", staff_api.TakeoverResolveApi.as_view()
     ),
     path("takeover/tasks/<uuid:task_id>/edit", staff_api.TakeoverEditApi.as_view()),
+    path("approvals", staff_api.ApprovalListApi.as_view()),
+    path(
+        "approvals/<uuid:approval_id>/approve",
+        staff_api.ApprovalApproveApi.as_view(),
+    ),
+    path("approvals/<uuid:approval_id>/reject", staff_api.ApprovalRejectApi.as_view()),
     path(
         "object-versions/<str:object_type>/<str:object_id>",
         agent_api.ObjectVersionApi.as_view(),

@@ -190,19 +190,45 @@ def _operations_json(
             }
         )
     approvals: dict[uuid.UUID, list[dict[str, Any]]] = {pk: [] for pk in ids}
-    for approval in Approval.objects.filter(
-        tenant_id=task.tenant_id, operation_id__in=ids
-    ).order_by("approved_at", "id"):
+    for approval in (
+        Approval.objects.filter(tenant_id=task.tenant_id, operation_id__in=ids)
+        .prefetch_related("decisions")
+        .order_by("requested_at", "id")
+    ):
         approvals[approval.operation_id].append(
-            {
+            {  # the whole record: what was asked, who decided, what they saw
                 "id": str(approval.pk),
+                "state": approval.state,
                 "input_hash": approval.input_hash,
+                "field_digest": approval.field_digest,
+                "groups": list(approval.groups),
+                "quorum": approval.quorum,
+                "sponsor_excluded": approval.sponsor_excluded,
+                "asked": _redacted(approval.asked, tenant_id=approval.tenant_id),
+                "requested_at": _when(approval.requested_at),
+                "expires_at": _when(approval.expires_at),
+                "decided_at": _when(approval.decided_at),
                 "approved_by": {
                     "actor_type": "user",
                     "actor_id": _id(approval.approved_by_id),
                 },
-                "approved_at": _when(approval.approved_at),
                 "used_at": _when(approval.used_at),
+                "decisions": [
+                    {
+                        "person": {
+                            "actor_type": "user",
+                            "actor_id": _id(decision.person_id),
+                        },
+                        "verdict": decision.verdict,
+                        "reason": decision.reason,
+                        "decided_at": _when(decision.decided_at),
+                        "saw": _redacted(decision.saw, tenant_id=approval.tenant_id),
+                        "saw_digest": decision.saw_digest,
+                    }
+                    for decision in sorted(
+                        approval.decisions.all(), key=lambda d: (d.decided_at, d.pk)
+                    )
+                ],
             }
         )
     rows = []

@@ -522,8 +522,35 @@ class Escalation(models.Model):
         return f"{self.reason_code} on {self.task_id}"
 
 
+class ApprovalState(models.TextChoices):
+    WAITING = "waiting"  # asked; fewer approvals than the quorum so far
+    APPROVED = "approved"  # the quorum approved; the next execute may use it
+    REJECTED = "rejected"  # one approver rejected it, with a reason
+    EXPIRED = "expired"  # its validity window passed first: not a rejection
+    CONSUMED = "consumed"  # an execution used it; it answers nothing else
+    # The gateway saw other field values than it was asked for: a new one is asked.
+    SUPERSEDED = "superseded"
+
+
+APPROVAL_TRANSITIONS: Final[frozenset[tuple[str, str]]] = frozenset(
+    {
+        (ApprovalState.WAITING, ApprovalState.APPROVED),
+        (ApprovalState.WAITING, ApprovalState.REJECTED),
+        (ApprovalState.WAITING, ApprovalState.EXPIRED),
+        (ApprovalState.APPROVED, ApprovalState.CONSUMED),
+        (ApprovalState.APPROVED, ApprovalState.EXPIRED),
+        (ApprovalState.WAITING, ApprovalState.SUPERSEDED),
+        (ApprovalState.APPROVED, ApprovalState.SUPERSEDED),
+    }
+)
+"""Mirrored by ``tasks_approval_guard`` (migration 0021); consumed is final."""
+
+
 class Approval(models.Model):
-    """A person's permission to execute one operation's exact input, once."""
+    """A request for people's permission to execute one operation's exact input
+    (``input_hash``) with the exact field values the gateway saw (``field_digest``),
+    once, within a validity window; decided by ``quorum`` distinct approvers
+    (tasks/approvals.py, docs/approvals.md)."""
 
     id = models.UUIDField(primary_key=True, default=new_id, editable=False)
     tenant = models.ForeignKey("portal.Tenant", on_delete=models.PROTECT)
@@ -534,10 +561,28 @@ class Approval(models.Model):
         related_name="approvals",
     )
     input_hash = models.CharField(max_length=64)
-    approved_by = models.ForeignKey(
-        "auth.User", on_delete=models.PROTECT, related_name="+"
+    # SHA-256 of the RFC 8785 list of (name, source, value digest) of the checked
+    # fields; empty for an approval a person gave at the desk without a request
+    # (a retry after RESULT_UNKNOWN), which binds to the input alone.
+    field_digest = models.CharField(max_length=64, blank=True, default="")
+    # The groups (routing.Group names) an approver must belong to (any of them);
+    # empty: anyone with the desk role.
+    groups = models.JSONField(default=list, blank=True)
+    quorum = models.PositiveSmallIntegerField(default=1)
+    sponsor_excluded = models.BooleanField(default=False)
+    # What is asked, as the approvers see it: action, target, redacted arguments,
+    # the policy that asked.
+    asked = models.JSONField(default=dict, blank=True)
+    state = models.CharField(
+        max_length=10, choices=ApprovalState, default=ApprovalState.APPROVED
     )
-    approved_at = models.DateTimeField(db_default=Now(), editable=False)
+    # The person whose decision settled it (the last approver, or the rejecter).
+    approved_by = models.ForeignKey(
+        "auth.User", on_delete=models.PROTECT, related_name="+", null=True, blank=True
+    )
+    requested_at = models.DateTimeField(db_default=Now(), editable=False)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    decided_at = models.DateTimeField(null=True, blank=True)
     used_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
@@ -545,13 +590,81 @@ class Approval(models.Model):
             models.UniqueConstraint(
                 fields=["tenant", "id"], name="tasks_approval_tenant_id_uniq"
             ),
-            # At most one unused approval per operation: approving twice adds nothing.
+            # At most one open approval per operation: asking twice adds nothing.
             models.UniqueConstraint(
                 fields=["tenant", "operation"],
-                condition=Q(used_at__isnull=True),
+                condition=Q(state__in=["waiting", "approved"]),
                 name="tasks_approval_one_open_uniq",
+            ),
+            models.CheckConstraint(
+                condition=Q(state__in=ApprovalState.values),
+                name="tasks_approval_state_check",
+            ),
+            # Consumed exactly when used; a quorum of at least one.
+            models.CheckConstraint(
+                condition=Q(state="consumed", used_at__isnull=False)
+                | (~Q(state="consumed") & Q(used_at__isnull=True)),
+                name="tasks_approval_used_iff_consumed",
+            ),
+            models.CheckConstraint(
+                condition=Q(quorum__gte=1), name="tasks_approval_quorum_min"
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["tenant", "state", "requested_at"],
+                name="tasks_approval_waiting_idx",
+                condition=Q(state="waiting"),
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"approval of {self.operation_id} ({self.state})"
+
+
+class ApprovalVerdict(models.TextChoices):
+    APPROVE = "approve"
+    REJECT = "reject"
+
+
+class ApprovalDecision(models.Model):
+    """One person's decision on an approval, with what they saw. Append only."""
+
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
+    tenant = models.ForeignKey("portal.Tenant", on_delete=models.PROTECT)
+    approval = models.ForeignKey(
+        Approval,
+        on_delete=models.PROTECT,
+        db_constraint=False,
+        related_name="decisions",
+    )
+    person = models.ForeignKey("auth.User", on_delete=models.PROTECT, related_name="+")
+    verdict = models.CharField(max_length=10, choices=ApprovalVerdict)
+    reason = models.TextField(blank=True, default="")
+    decided_at = models.DateTimeField(db_default=Now(), editable=False)
+    # What the person was shown (redacted) and its SHA-256 (RFC 8785).
+    saw = models.JSONField(default=dict)
+    saw_digest = models.CharField(max_length=64)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "id"], name="tasks_approvaldecision_tenant_id_uniq"
+            ),
+            # Distinct people: one decision per person per approval.
+            models.UniqueConstraint(
+                fields=["tenant", "approval", "person"],
+                name="tasks_approvaldecision_once_uniq",
+            ),
+            models.CheckConstraint(
+                condition=Q(verdict__in=ApprovalVerdict.values),
+                name="tasks_approvaldecision_verdict_check",
+            ),
+            models.CheckConstraint(
+                condition=Q(verdict="approve") | ~Q(reason=""),
+                name="tasks_approvaldecision_reject_reason",
             ),
         ]
 
     def __str__(self) -> str:
-        return f"approval of {self.operation_id} ({'used' if self.used_at else 'open'})"
+        return f"{self.verdict} of {self.approval_id} by {self.person_id}"

@@ -36,11 +36,12 @@ from portal.tracing import NO_TRACE, Trace
 from routing import services as routing_services
 from routing.models import ItemKind
 
-from . import keyset, services
+from . import approvals, keyset, services
 from .exceptions import OperationNotFound, TaskNotFound
 from .models import (
     OPERATION_TRANSITIONS,
     Approval,
+    ApprovalState,
     Escalation,
     Operation,
     OperationState,
@@ -99,15 +100,12 @@ class NotYourClaim(PortalError):
     status = 409
 
 
-class ApprovalNotAllowed(PortalError):
+class ApprovalNotAllowed(approvals.ApprovalNotAllowed):
     """Approving the same input again would repeat what was refused.
 
     Edit the field values (with their source and read time) or hand the task back
     for a fresh read instead.
     """
-
-    code = "APPROVAL_NOT_ALLOWED"
-    status = 409
 
 
 # Reasons where running the operation's exact input again, once, is what a person
@@ -681,14 +679,16 @@ def _edit_record(
     return current
 
 
-def _approve(*, operation: Operation, user: Person, trace: Trace) -> Approval:
-    portal_db.require_transaction()
-    approval, _ = Approval.objects.get_or_create(
-        tenant_id=operation.tenant_id,
-        operation=operation,
-        used_at=None,
-        defaults={"input_hash": operation.input_hash, "approved_by_id": user.pk},
+def _approve(*, operation: Operation, user: Person, trace: Trace) -> None:
+    """The person's approval at the desk (tasks/approvals.py: its quorum and groups
+    hold), and the ``operation.approved`` event of the resolution."""
+    approvals.approval_desk_decide(operation=operation, user=user, trace=trace)
+    current = (
+        Approval.objects.filter(tenant_id=operation.tenant_id, operation=operation)
+        .order_by("-requested_at", "-id")
+        .first()
     )
+    assert current is not None
     audit_services.event_append(
         tenant_id=operation.tenant_id,
         code=EventCode.OPERATION_APPROVED,
@@ -697,9 +697,58 @@ def _approve(*, operation: Operation, user: Person, trace: Trace) -> Approval:
         operation_id=operation.pk,
         trace=trace,
         data={
-            "approval_id": str(approval.pk),
-            "input_hash": approval.input_hash,
+            "approval_id": str(current.pk),
+            "approval_state": current.state,
+            "input_hash": current.input_hash,
             "idempotency_key": operation.idempotency_key,
         },
+    )
+
+
+def approval_decide(
+    *,
+    approval_id: uuid.UUID,
+    user: Person,
+    verdict: str,
+    reason: str = "",
+    trace: Trace = NO_TRACE,
+) -> Approval:
+    """``approvals.approval_decide``; once that makes it approved, the task waiting
+    for it at the desk (unclaimed, ``APPROVAL_REQUIRED``) goes back to automation:
+    claimed and handed back by this approver when they work the desk, so the
+    agent's next execute under the same key uses the approval. Otherwise the task
+    stays at the desk for a person to hand back (or ``approve``).
+
+    Raises: see ``approvals.approval_decide``.
+    """
+    approval = approvals.approval_decide(
+        approval_id=approval_id, user=user, verdict=verdict, reason=reason, trace=trace
+    )
+    if approval.state != ApprovalState.APPROVED:
+        return approval
+    task = Task.objects.get(
+        tenant_id=approval.tenant_id,
+        pk=Operation.objects.filter(
+            tenant_id=approval.tenant_id, pk=approval.operation_id
+        ).values("task_id")[:1],
+    )
+    if (
+        task.state != TaskState.HUMAN_REQUIRED
+        or task.reason_code != ReasonCode.APPROVAL_REQUIRED
+        or not has_tenant_perm(
+            user=user, perm=TenantPerm.WORK_TAKEOVER, tenant=task.tenant
+        )
+    ):
+        return approval
+    try:
+        claimed = task_human_claim(task=task, user=user, trace=trace)
+    except IllegalTransition:
+        return approval  # someone at the desk took it meanwhile: theirs to settle
+    task_human_resolve(
+        task=claimed,
+        user=user,
+        resolution="hand_back",
+        note=f"approved by {approval.quorum} of {approval.quorum}",
+        trace=trace,
     )
     return approval

@@ -69,6 +69,7 @@ from routing.models import (
 )
 from tasks.models import (
     Approval,
+    ApprovalDecision,
     Connector,
     Contract,
     Credential,
@@ -86,6 +87,11 @@ from .exceptions import TenantAlreadyDeleted, TenantDeletionPolicyIncomplete
 # (model, SET clause, "still live" predicate); the predicate also counts for reports.
 REVOCATIONS: Final[tuple[tuple[type[Model], str, str], ...]] = (
     (Credential, "revoked_at = app_now()", "revoked_at IS NULL"),
+    (
+        Approval,
+        "state = 'expired', decided_at = app_now()",
+        "state IN ('waiting', 'approved')",
+    ),
     (AgentKey, "revoked_at = app_now()", "revoked_at IS NULL"),
     (Agent, "is_active = false", "is_active"),
 )
@@ -95,6 +101,7 @@ REVOCATIONS: Final[tuple[tuple[type[Model], str, str], ...]] = (
 # transaction. Events are not here: step c decides about them.
 DELETION_ORDER: Final[tuple[type[Model], ...]] = (
     Credential,  # -> operation
+    ApprovalDecision,  # -> approval
     Approval,  # -> operation
     Escalation,  # -> task, operation
     Notification,  # routing: e-mails and webhook posts, sent or not

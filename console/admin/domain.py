@@ -546,5 +546,15 @@ class EscalationAdmin(TenantScopedAdmin):
 
 @admin.register(Approval)
 class ApprovalAdmin(TenantScopedAdmin):
-    list_display = ["operation", "tenant", "approved_by", "approved_at", "used_at"]
+    list_display = [
+        "operation",
+        "tenant",
+        "state",
+        "quorum",
+        "requested_at",
+        "expires_at",
+        "approved_by",
+        "used_at",
+    ]
+    list_filter = ["state"]
     list_select_related = ["tenant", "operation", "approved_by"]

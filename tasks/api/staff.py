@@ -26,7 +26,7 @@ from portal.api_input import QueryInput, StrictInput
 from portal.codes import ReasonCode
 from portal.models import TenantPerm
 
-from .. import contracts, gateway, keyset, services, takeover
+from .. import approvals, contracts, gateway, keyset, services, takeover
 from .serializers import (
     ContractOutputSerializer,
     FieldValueSerializer,
@@ -201,6 +201,88 @@ class TakeoverEditApi(StaffApi):
                 }
             ).data
         )
+
+
+# --- Approvals (issue 21 §2, docs/approvals.md) ---------------------------------------
+
+
+class ApprovalOutputSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    tenant = serializers.CharField(source="tenant.slug")
+    operation_id = serializers.UUIDField()
+    state = serializers.CharField()
+    quorum = serializers.IntegerField()
+    approvals = serializers.SerializerMethodField()
+    groups = serializers.ListField(child=serializers.CharField())
+    sponsor_excluded = serializers.BooleanField()
+    asked = serializers.JSONField(help_text="What is asked, redacted.")
+    requested_at = serializers.DateTimeField()
+    expires_at = serializers.DateTimeField(allow_null=True)
+    decided_at = serializers.DateTimeField(allow_null=True)
+
+    def get_approvals(self, approval: Any) -> int:
+        return approval.decisions.filter(verdict="approve").count()
+
+
+class ApprovalListApi(StaffApi):
+    @extend_schema(
+        operation_id="approvals_waiting",
+        responses={200: ApprovalOutputSerializer(many=True), **problem_responses(403)},
+        description="Waiting approvals in your tenants, oldest first (at most 200). "
+        "Also sets the CSRF cookie that the POSTs below must echo in X-CSRFToken.",
+    )
+    @method_decorator(ensure_csrf_cookie)
+    def get(self, request: Request) -> Response:
+        for tenant in takeover.takeover_tenants(user=request.user):
+            approvals.approvals_expire(tenant=tenant)
+        waiting = approvals.approvals_waiting_for(user=request.user)[:200]
+        return Response(ApprovalOutputSerializer(waiting, many=True).data)
+
+
+class ApprovalDecideApi(StaffApi):
+    """Approve or reject; the verdict comes from the URL."""
+
+    verdict: str = ""
+
+    @extend_schema_serializer(component_name="ApprovalDecisionInput")
+    class InputSerializer(StrictInput):
+        reason = serializers.CharField(
+            max_length=2000,
+            required=False,
+            default="",
+            help_text="Why (required to reject).",
+        )
+
+    @extend_schema(
+        request=InputSerializer,
+        responses={
+            200: ApprovalOutputSerializer,
+            **problem_responses(400, 403, 404, 409),
+        },
+        description="Your decision on a waiting approval. 409 APPROVAL_NOT_ALLOWED: "
+        "not in the group the policy names, the agent's sponsor where the policy "
+        "separates them, decided by you already, or not waiting; 409 "
+        "APPROVAL_EXPIRED: its window passed (recorded as expired). The quorum's "
+        "last approval makes it approved and hands the task back to the agent.",
+    )
+    def post(self, request: Request, approval_id: Any) -> Response:
+        data = self.validated(self.InputSerializer, request.data)
+        approval = takeover.approval_decide(
+            approval_id=approval_id,
+            user=request.user,
+            verdict=self.verdict,
+            reason=data["reason"],
+            trace=self.trace,
+        )
+        return Response(ApprovalOutputSerializer(approval).data)
+
+
+class ApprovalApproveApi(ApprovalDecideApi):
+    verdict = "approve"
+
+
+class ApprovalRejectApi(ApprovalDecideApi):
+    verdict = "reject"
 
 
 # --- Contracts (tenant administrators) ------------------------------------------------

@@ -18,8 +18,8 @@ event). The first refusal hands the task to a person (``refuse``).
    (``APPROVAL_REQUIRED``); grants stay the coarse layer (docs/policies.md);
 6. ``version``: the object version the task read is current (``VERSION_CONFLICT``);
 7. ``approval``: a connector without idempotency keys and lookup, or a policy's
-   ``@approval``, needs a person's one-time approval of this exact input
-   (``APPROVAL_REQUIRED``).
+   ``@approval``, needs people's approval of this exact input and these field
+   values, used once (``APPROVAL_REQUIRED``; tasks/approvals.py).
 
 The credential (step 8) is issued after the loop and checked right before the call
 (``call.begin_call``).
@@ -49,10 +49,9 @@ from portal.models import Tenant, TenantPerm
 from portal.roles import has_tenant_perm
 from portal.tracing import Trace
 
-from .. import takeover
+from .. import approvals, takeover
 from ..contracts import contract_sensitive_fields
 from ..models import (
-    Approval,
     Connector,
     Contract,
     ContractStatus,
@@ -344,13 +343,33 @@ def check_permission(context: CheckContext) -> Verdict:
     return Passed({"executed_by": {"type": actor.type, "id": actor.id}})
 
 
-def _open_approval(context: CheckContext) -> bool:
-    return Approval.objects.filter(
+def _approval_wanted(
+    context: CheckContext, requested: Mapping[str, Any], evidence: Mapping[str, Any]
+) -> approvals.Wanted:
+    """The operation's approval of this input and these field values, or a new
+    request for one (what the approvers see: the redacted arguments, the evidence)."""
+    operation = context.operation
+    return approvals.approval_for_execution(
         tenant=context.tenant,
-        operation=context.operation,
-        input_hash=context.operation.input_hash,
-        used_at__isnull=True,
-    ).exists()
+        operation=operation,
+        digest=approvals.field_digest(context.fields),
+        requested=requested,
+        asked={
+            "action": operation.action,
+            "target": operation.target,
+            "idempotency_key": operation.idempotency_key,
+            "arguments": operation.input,  # stored redacted
+            "fields": redact(
+                {field.name: field.value for field in context.fields},
+                tenant_id=context.tenant.pk,
+                sensitive=contract_sensitive_fields(context.spec),
+            ),
+            **evidence,
+        },
+        now=context.now,
+        actor=context.actor,
+        trace=context.trace,
+    )
 
 
 def check_policy(context: CheckContext) -> Verdict:
@@ -358,7 +377,8 @@ def check_policy(context: CheckContext) -> Verdict:
 
     None when the tenant has no policy set in force (grants alone decide) and for a
     person's own execution (their role governs it). An ``@approval`` passes only
-    with a person's approval of this input waiting; the approval check uses it up.
+    with an approved approval of this input and these field values (its quorum of
+    distinct approvers reached, in its window); the approval check uses it up.
     """
     operation = context.operation
     actor = context.actor
@@ -391,8 +411,12 @@ def check_policy(context: CheckContext) -> Verdict:
     decision = policy_engine.evaluate(policy_set=policy_set, request=request)
     evidence = {"policy": decision.as_evidence()}
     if decision.verdict == policy_engine.Verdict.APPROVAL:
-        if not _open_approval(context):
-            return Refusal(ReasonCode.APPROVAL_REQUIRED, evidence)
+        assert decision.approval is not None
+        wanted = _approval_wanted(context, decision.approval, evidence)
+        if not wanted.usable:
+            return Refusal(
+                ReasonCode.APPROVAL_REQUIRED, {**evidence, **wanted.evidence}
+            )
         context.approval_requested = decision.approval
     elif decision.reason is not None:
         return Refusal(decision.reason, evidence)
@@ -449,36 +473,36 @@ def check_version(context: CheckContext) -> Verdict:
 
 
 def check_approval(context: CheckContext) -> Verdict:
-    """7. A connector that cannot settle doubt, or a policy's ``@approval``, needs a
-    person's one-time approval.
+    """7. A connector that cannot settle doubt, or a policy's ``@approval``, needs
+    people's approval of this exact input and these field values, used once.
 
     Uses the approval up (in the checks' transaction) when there is one: one
-    approval of this input answers both.
+    approval of this input answers both. Without one, a request is asked (quorum 1,
+    anyone at the desk, for the connector's case) and the evidence says why.
     """
     connector = context.connector
     assert connector is not None  # the target check ran first
     if connector.automatic_writes and context.approval_requested is None:
         return None
-    used = Approval.objects.filter(
+    digest = approvals.field_digest(context.fields)
+    used = approvals.approval_consume(
         tenant=context.tenant,
         operation=context.operation,
-        input_hash=context.operation.input_hash,
-        used_at__isnull=True,
-    ).update(used_at=context.now)
-    if not used:
-        return Refusal(
-            ReasonCode.APPROVAL_REQUIRED,
-            {
-                "supports_idempotency_keys": connector.supports_idempotency_keys,
-                "supports_lookup": connector.supports_lookup,
-                **(
-                    {"policy_approval": context.approval_requested}
-                    if context.approval_requested is not None
-                    else {}
-                ),
-            },
-        )
-    return Passed()
+        digest=digest,
+        now=context.now,
+        actor=context.actor,
+        trace=context.trace,
+    )
+    if used is None:
+        evidence: dict[str, Any] = {
+            "supports_idempotency_keys": connector.supports_idempotency_keys,
+            "supports_lookup": connector.supports_lookup,
+        }
+        if context.approval_requested is not None:
+            evidence["policy_approval"] = context.approval_requested
+        wanted = _approval_wanted(context, context.approval_requested or {}, evidence)
+        return Refusal(ReasonCode.APPROVAL_REQUIRED, {**evidence, **wanted.evidence})
+    return Passed({"approval_id": str(used.pk), "field_digest": digest})
 
 
 CHECKS: Final[tuple[tuple[str, Check], ...]] = (

@@ -17,8 +17,10 @@ from audit.models import Event, EventCode
 from policies import services as policy_services
 from portal import services as portal_services
 from portal.models import Role
+from routing.models import Group
+from routing.services import group_member_add
 from tasks import takeover
-from tasks.models import Escalation, Operation, Task
+from tasks.models import Approval, Escalation, Operation, Task
 from tests.gateway import conftest as gateway_world
 from tests.gateway.conftest import SPEC, World
 from tests.support.db import connect_as
@@ -167,9 +169,19 @@ def test_an_approval_policy_makes_the_operation_wait_for_a_person(world):
         "quorum": 2,
     }
     assert world.desk.effects()["create_requests"] == 0
-    # A person approves this input; the agent's next execute uses the approval.
-    sam = User.objects.create_user("sam", password="pw-for-tests-only-1")
-    portal_services.membership_grant(tenant=world.tenant, user=sam, role=Role.SUPPORT)
+    # Two people of finance approve this input (quorum 2, tests/api/test_approvals
+    # has the rest): one at the desk, one on the approvals page; the agent's next
+    # execute uses the approval.
+    finance = Group.objects.create(tenant=world.tenant, name="finance")
+    sam, kim = (
+        User.objects.create_user(name, password="pw-for-tests-only-1")
+        for name in ("sam", "kim")
+    )
+    for person in (sam, kim):
+        portal_services.membership_grant(
+            tenant=world.tenant, user=person, role=Role.SUPPORT
+        )
+        group_member_add(tenant=world.tenant, group=finance, user=person)
     task = Task.objects.get(pk=started["task"]["id"])
     takeover.task_human_claim(task=task, user=sam)
     takeover.task_human_resolve(
@@ -178,6 +190,9 @@ def test_an_approval_policy_makes_the_operation_wait_for_a_person(world):
         resolution="approve",
         operation_id=started["operation"]["id"],
     )
+    approval = Approval.objects.get(operation_id=started["operation"]["id"])
+    assert approval.state == "waiting"  # one of two
+    takeover.approval_decide(approval_id=approval.pk, user=kim, verdict="approve")
     lease = world.http.post(
         f"/api/v1/tasks/{task.pk}/lease", json={"owner": "w2"}
     ).json()

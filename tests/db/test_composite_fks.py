@@ -25,6 +25,7 @@ from portal.actors import Actor
 from portal.models import AgentRequestWindow, Tenant
 from tasks.models import (
     Approval,
+    ApprovalDecision,
     Contract,
     ContractStatus,
     Credential,
@@ -214,6 +215,26 @@ def _child_and_foreign_parent(
         )
         other_operation = make_operation(task=make_task(tenant=other))
         return "tasks_approval", approval, other_operation.pk
+    if relation == "tasks_approvaldecision.approval_id":
+        operation = make_operation()
+        user = User.objects.create_user(username=f"approver-{operation.pk}")
+        approval = Approval.objects.create(
+            tenant=tenant, operation=operation, input_hash="h", state="waiting"
+        )
+        decision = ApprovalDecision.objects.create(
+            tenant=tenant,
+            approval=approval,
+            person=user,
+            verdict="approve",
+            saw_digest="d",
+        )
+        other_approval = Approval.objects.create(
+            tenant=other,
+            operation=make_operation(task=make_task(tenant=other)),
+            input_hash="h",
+            state="waiting",
+        )
+        return "tasks_approvaldecision", decision, other_approval.pk
     if relation in ("tasks_operation.agent_id", "tasks_operation.executed_by_agent_id"):
         operation = make_operation()
         other_agent = portal_services.agent_create(tenant=other, name="b")

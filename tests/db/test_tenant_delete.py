@@ -56,6 +56,7 @@ from portal.selectors import TenantNotFound
 from tasks import services as tasks_services
 from tasks.models import (
     Approval,
+    ApprovalDecision,
     Credential,
     Escalation,
     ObjectVersion,
@@ -237,11 +238,21 @@ def populate(
             reason_code="FIELD_STALE",
             evidence={"fields": ["email"]},
         )
-        Approval.objects.create(
+        # A waiting approval with one person's decision: the deletion expires it
+        # (a revocation) before the decision and the approval can go.
+        approval = Approval.objects.create(
             tenant=tenant,
             operation=reservation.operation,
             input_hash=reservation.operation.input_hash,
-            approved_by=user,
+            quorum=2,
+            state="waiting",
+        )
+        ApprovalDecision.objects.create(
+            tenant=tenant,
+            approval=approval,
+            person=user,
+            verdict="approve",
+            saw_digest="d" * 64,
         )
         group = Group.objects.create(name=f"reviewers-{n}")
         assign_perm("tasks.view_task", user, task)
@@ -414,6 +425,7 @@ def test_revocation_comes_first_and_counts_only_live_grants(keep_tenant, populat
 
     assert report.revoked == {
         "tasks_credential": 1,
+        "tasks_approval": 1,
         "portal_agentkey": 1,
         "portal_agent": 1,
     }
