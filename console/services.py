@@ -173,6 +173,45 @@ def agent_set_active(*, agent: Agent, by: Person, is_active: bool) -> Agent:
 
 
 @transaction.atomic(durable=True)
+def agent_set_sponsor(*, agent: Agent, by: Person, sponsor_id: int | None) -> Agent:
+    """Name the person answerable for the agent (a member of its tenant), or none;
+    a policy's ``@separate_from_sponsor`` keeps them out of approving its calls.
+
+    Raises:
+        PermissionDenied, TenantNotVisible: ``by`` may not manage the tenant.
+        ValidationFailed: the sponsor is not a member of the tenant.
+    """
+    actor = _manage(tenant=agent.tenant, by=by)
+    if (
+        sponsor_id is not None
+        and not Membership.objects.filter(
+            tenant_id=agent.tenant_id, user_id=sponsor_id
+        ).exists()
+    ):
+        raise ValidationFailed(
+            "The sponsor must be a member of the tenant.", field="sponsor"
+        )
+    moved = (
+        Agent.objects.filter(tenant_id=agent.tenant_id, pk=agent.pk)
+        .exclude(sponsor_id=sponsor_id)
+        .update(sponsor_id=sponsor_id)
+    )
+    if moved:
+        _event(
+            tenant=agent.tenant,
+            code=EventCode.AGENT_CHANGED,
+            actor=actor,
+            data={
+                "agent_id": str(agent.pk),
+                "name": agent.name,
+                "sponsor_id": sponsor_id,
+            },
+        )
+    agent.refresh_from_db()
+    return agent
+
+
+@transaction.atomic(durable=True)
 def agent_key_issue(*, agent: Agent, by: Person) -> portal_services.IssuedKey:
     """Issue a key for the agent; its secret is returned once and stored nowhere.
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from functools import partial
 from typing import Any
 
 from django import forms
@@ -14,6 +15,7 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
+from django.views.decorators.http import require_POST
 
 from portal import roles
 from portal.actors import Actor
@@ -36,6 +38,7 @@ from tasks.models import (
     Task,
 )
 
+from .. import approvals as approvals_page
 from .. import display, search, story
 from ..paginator import CappedPaginator
 from .base import TenantScopedAdmin, tenant_ids
@@ -558,3 +561,20 @@ class ApprovalAdmin(TenantScopedAdmin):
     ]
     list_filter = ["state"]
     list_select_related = ["tenant", "operation", "approved_by"]
+
+    def get_urls(self) -> list[URLPattern]:
+        """The approvals page (waiting, with Approve / Reject): console/approvals.py."""
+        wrap = self.admin_site.admin_view
+        return [
+            path(
+                "waiting/",
+                wrap(partial(approvals_page.waiting_page, self)),
+                name="tasks_approval_waiting",
+            ),
+            path(
+                "<uuid:approval_id>/decide/",
+                wrap(require_POST(partial(approvals_page.decide_view, self))),
+                name="tasks_approval_decide",
+            ),
+            *super().get_urls(),
+        ]

@@ -9,6 +9,7 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ActionForm
+from django.contrib.auth import get_user_model
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
@@ -165,7 +166,24 @@ class AgentAdmin(TenantScopedAdmin):
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         if obj is None:
             return ["tenant", "name"]
-        return ["tenant", "name", "is_active", "frozen_at"]
+        return ["tenant", "name", "is_active", "sponsor", "frozen_at"]
+
+    def formfield_for_foreignkey(
+        self, db_field: Any, request: HttpRequest, **kwargs: Any
+    ) -> Any:
+        """A sponsor is picked among the members of the person's tenants."""
+        if db_field.name == "sponsor":
+            kwargs["queryset"] = (
+                get_user_model()
+                .objects.filter(
+                    memberships__tenant_id__in=tenant_ids(
+                        request, TenantPerm.MANAGE_TENANT
+                    )
+                )
+                .distinct()
+                .order_by("username")
+            )
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         return [] if obj is None else ["tenant", "name", "frozen_at"]
@@ -204,6 +222,12 @@ class AgentAdmin(TenantScopedAdmin):
                 agent=Agent.objects.get(tenant_id=obj.tenant_id, pk=obj.pk),
                 by=request.user,
                 is_active=form.cleaned_data["is_active"],
+            )
+            sponsor = form.cleaned_data.get("sponsor")
+            services.agent_set_sponsor(
+                agent=Agent.objects.get(tenant_id=obj.tenant_id, pk=obj.pk),
+                by=request.user,
+                sponsor_id=sponsor.pk if sponsor is not None else None,
             )
             return
         created = services.agent_create(
