@@ -15,3 +15,10 @@ class NotAGroupMember(PortalError):
 
     code = "NOT_A_GROUP_MEMBER"
     status = 403
+
+
+class SetupRowInUse(PortalError):
+    """A rule or an assignment still names this group; move them first."""
+
+    code = "IN_USE"
+    status = 409

@@ -15,6 +15,7 @@ from typing import Final
 from django.conf import settings
 from django.core.exceptions import PermissionDenied
 from django.db import connection, transaction
+from django.db.models import ProtectedError
 
 from audit import services as audit_services
 from audit.models import EventCode
@@ -25,8 +26,17 @@ from portal.models import Tenant, TenantPerm
 from portal.roles import Person, has_tenant_perm
 
 from . import selectors
-from .exceptions import AssignmentNotFound, NotAGroupMember
-from .models import Assignment, Channel, Group, GroupMember, ItemKind, Notification
+from .exceptions import AssignmentNotFound, NotAGroupMember, SetupRowInUse
+from .models import (
+    Assignment,
+    Channel,
+    Group,
+    GroupMember,
+    ItemKind,
+    Notification,
+    RoutingRule,
+    Webhook,
+)
 
 SLA: Final = Actor.system("sla")
 # The group an item goes to when the tenant has no rule for it (made on first use).
@@ -348,3 +358,64 @@ def group_member_add(
         defaults={"email_enabled": email_enabled},
     )
     return member
+
+
+# --- The tenant administrator's set-up (console/admin/routing.py) -------------------
+
+SetupRow = Group | GroupMember | RoutingRule | Webhook
+
+
+def _require_admin(*, tenant: Tenant, user: Person) -> None:
+    if not has_tenant_perm(user=user, tenant=tenant, perm=TenantPerm.MANAGE_TENANT):
+        raise PermissionDenied("manage_tenant is needed to change routing")
+
+
+@portal_db.translate_integrity_errors
+@transaction.atomic(durable=True)
+def setup_save(*, tenant: Tenant, row: SetupRow, user: Person) -> SetupRow:
+    """Save a group, member, rule or webhook of the tenant; one ``tenant.changed``
+    event names the person and the row (ids and kinds only).
+
+    Raises:
+        PermissionDenied: the user is not an administrator of the tenant.
+        IntegrityError: a constraint refused the row (e.g. a group of another
+            tenant, a reminder not before the escalation).
+    """
+    _require_admin(tenant=tenant, user=user)
+    created = row._state.adding
+    row.tenant = tenant
+    row.save()
+    audit_services.event_append(
+        tenant_id=tenant.pk,
+        code=EventCode.TENANT_CHANGED,
+        actor=Actor.of_user(user),
+        data={
+            "routing": row._meta.model_name,
+            "id": str(row.pk),
+            "change": "created" if created else "changed",
+        },
+    )
+    return row
+
+
+@transaction.atomic(durable=True)
+def setup_delete(*, tenant: Tenant, row: SetupRow, user: Person) -> None:
+    """Delete a group, member, rule or webhook of the tenant (audited like
+    ``setup_save``).
+
+    Raises:
+        PermissionDenied: the user is not an administrator of the tenant.
+        SetupRowInUse: a group still named by a rule or an assignment.
+    """
+    _require_admin(tenant=tenant, user=user)
+    kind, pk = row._meta.model_name, str(row.pk)
+    try:
+        row.delete()
+    except ProtectedError:
+        raise SetupRowInUse(row=pk) from None
+    audit_services.event_append(
+        tenant_id=tenant.pk,
+        code=EventCode.TENANT_CHANGED,
+        actor=Actor.of_user(user),
+        data={"routing": kind, "id": pk, "change": "deleted"},
+    )

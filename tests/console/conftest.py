@@ -23,6 +23,7 @@ from portal import services as portal_services
 from portal.actors import Actor
 from portal.models import Agent, AgentGrant, AgentKey, Membership, Role, Tenant
 from portal.roles import ROLE_PERMISSIONS
+from routing.models import Group, GroupMember, RoutingRule, Webhook
 from tasks import services as task_services
 from tasks.models import (
     Approval,
@@ -173,7 +174,19 @@ def fill(make_task: Callable[..., Task]) -> Callable[[Tenant], dict[type[Model],
             tenant=tenant, agent=agent, action="refund", argument="amount",
             max_total=100,
         )  # fmt: skip
+        group = Group.objects.create(tenant=tenant, name=f"Billing {n}")
+        member = GroupMember.objects.create(tenant=tenant, group=group, user=owner)
+        rule = RoutingRule.objects.create(
+            tenant=tenant, reason_code="FIELD_STALE", group=group
+        )
+        webhook = Webhook.objects.create(
+            tenant=tenant, url=f"https://hooks-{n}.example/desk"
+        )
         return {
+            Group: group,
+            GroupMember: member,
+            RoutingRule: rule,
+            Webhook: webhook,
             RateLimit: rate_limit,
             Budget: budget,
             Tenant: tenant,

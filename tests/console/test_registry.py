@@ -44,6 +44,12 @@ POLICY = {
     "limits.budget": (TenantPerm.EXPORT_TRAIL, M),
     # Reviewers read the policies in force and their drafts; support does not.
     "policies.policyset": (TenantPerm.EXPORT_TRAIL, M),
+    # Desk routing (docs/routing.md): reviewers read who gets what; a webhook's
+    # page shows its signing secret, so only administrators open it.
+    "routing.group": (V, M),
+    "routing.groupmember": (V, M),
+    "routing.routingrule": (V, M),
+    "routing.webhook": (M, M),
 }
 
 
