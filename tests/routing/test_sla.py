@@ -120,3 +120,27 @@ def test_another_tenants_items_are_out_of_the_sweeps_reach(
         found = {str(row[0]) for row in cursor.fetchall()}
     assert str(desk.tenant.pk) in found
     assert str(other_tenant.pk) not in found
+
+
+def test_an_item_resolved_after_its_escalation_is_closed(
+    desk, make_task, make_operation
+):
+    # given an item escalated past its deadline, then resolved by a person
+    _, record = escalate_with_canary(make_task, make_operation, desk.tenant)
+    with db_clock_offset(301):
+        assert routing_services.sla_sweep() == (0, 1)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE tasks_escalation SET resolved_at = now(), resolution = 'fail'"
+            " WHERE id = %s",
+            [record.pk],
+        )
+        # (its notifications went out: they bring no sweep to the tenant)
+        cursor.execute("UPDATE routing_notification SET state = 'sent'")
+
+    # when the next sweep runs
+    with db_clock_offset(400):
+        routing_services.sla_sweep()
+
+    # then the item is closed and no longer counts as past its SLA
+    assert Assignment.objects.get(item_id=record.pk).closed_at is not None
