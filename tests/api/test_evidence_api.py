@@ -141,6 +141,34 @@ def test_the_agent_gets_a_bundle_that_verifies_offline(
     assert recorded.payload["events"] == 7
 
 
+def test_the_bundle_proves_each_event_in_the_tenants_signed_tree_head(
+    story: Task, api: AgentClient, tmp_path: Path
+) -> None:
+    """Issue 19 §2: every exported event has an inclusion proof in the tenant's
+    signed log head, and what no signature covers is named, never passed over."""
+    # when the bundle is exported (the on-demand run also extends the log)
+    response = api.get(url(story))
+    bundle = json.loads(response.content)
+    # then every event of the chain is proven in the signed tree head
+    assert len(bundle["log"]["inclusion"]) == 7
+    (tmp_path / "key.pem").write_text(public_pem())
+    (tmp_path / "bundle.json").write_bytes(response.content)
+    done = run_verifier(tmp_path / "bundle.json", tmp_path / "key.pem")
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[1].startswith("log: 7 of the 7 events included in the signed tree")
+    assert lines[2].startswith("not covered (no signature vouches for them")
+    assert "operations" in lines[2] and "escalations" in lines[2]
+    # and a proof node changed, or a decision edited, is caught with its kind
+    forged = json.loads(response.content)
+    entry = next(e for e in forged["log"]["inclusion"] if e["proof"])
+    entry["proof"][0] = "00" * 32
+    assert verdict(forged, public_pem()) == tool.FORGED_PROOF
+    edited = json.loads(response.content)
+    edited["chain"]["length"] = 6
+    assert verdict(edited, public_pem()) == tool.ALTERED
+
+
 def test_the_bundle_holds_every_section_redacted(story: Task, api: AgentClient) -> None:
     bundle = api.get(url(story)).json()
     assert bundle["task"]["id"] == str(story.pk)
