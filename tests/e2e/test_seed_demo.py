@@ -83,9 +83,9 @@ def test_seed_demo_makes_the_customer_issue_world_once_and_repoints_the_desk(
     assert list(grants.values_list("action", "target")) == [
         ("create_ticket", "ticket-desk")
     ]
-    keys = AgentKey.objects.filter(tenant=tenant, agent__name="demo-agent")
-    assert keys.count() == 2
-    assert keys.filter(revoked_at__isnull=True).count() == 1
+    agent_keys = AgentKey.objects.filter(tenant=tenant, agent__name="demo-agent")
+    assert agent_keys.count() == 2
+    assert agent_keys.filter(revoked_at__isnull=True).count() == 1
     assert "revoked the previous demo key(s) of 'demo-agent'" in second
 
 
