@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import hashlib
 import json
 import re
 from collections import Counter
@@ -36,8 +37,12 @@ from . import deep, selectors
 # A tool call's arguments, all of them, as JSON: an action's facts are a ticket's,
 # not a file's (the REST API's whole-body limit is the web server's, far larger).
 MAX_ARGUMENTS_BYTES: Final = 64 * 1024
-_NAME_UNSAFE: Final = re.compile(r"[^A-Za-z0-9_.-]")
-_TOOL_NAME_MAX: Final = 128
+# What model APIs accept as a function's name: OpenAI's and Anthropic's both demand
+# ^[a-zA-Z0-9_-]{1,64}$, and an MCP client hands the tool's name to the model as is
+# (the OpenAI Agents SDK does), so a dot in a name breaks the agent's first request.
+_NAME_UNSAFE: Final = re.compile(r"[^A-Za-z0-9_-]")
+_NAME_SEPARATOR: Final = "__"
+_TOOL_NAME_MAX: Final = 64
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -75,15 +80,27 @@ def _pinned_contracts(*, agent: Agent) -> list[Contract]:
     return list(newest.values())
 
 
-def _safe(name: str) -> str:
-    return _NAME_UNSAFE.sub("_", name)[:_TOOL_NAME_MAX]
+def _tool_name(*parts: str) -> str:
+    """``<action>__<target>[__<contract>]``, safe for every model API.
+
+    A character outside ``[A-Za-z0-9_-]`` becomes ``_``; a name longer than 64
+    keeps its first 55 characters and ends in ``-`` and 8 hex digits of the
+    SHA-256 of the parts as given, so two long names stay two names, the same in
+    every listing.
+    """
+    name = _NAME_SEPARATOR.join(_NAME_UNSAFE.sub("_", part) for part in parts)
+    if len(name) <= _TOOL_NAME_MAX:
+        return name
+    digest = hashlib.sha256(_NAME_SEPARATOR.join(parts).encode()).hexdigest()[:8]
+    return f"{name[: _TOOL_NAME_MAX - 9]}-{digest}"
 
 
 def tool_list(*, agent: Agent) -> list[GovernedTool]:
     """The agent's tools, by name; run in the agent's tenant scope.
 
-    The name is ``<action>.<target>``; where several contracts name the same
-    target for one action, each tool's name ends in ``.<contract key>``.
+    The name is ``<action>__<target>`` (``_tool_name``); where several contracts
+    name the same target for one action, each tool's name ends in
+    ``__<contract key>``.
     """
     contracts = _pinned_contracts(agent=agent)
     pairs: list[tuple[str, str, Contract]] = []
@@ -99,12 +116,12 @@ def tool_list(*, agent: Agent) -> list[GovernedTool]:
     per_pair = Counter((a, t) for a, t, _ in unique)
     tools = []
     for action, target, contract in unique:
-        name = f"{action}.{target}"
+        parts: tuple[str, ...] = (action, target)
         if per_pair[(action, target)] > 1:
-            name = f"{name}.{contract.key}"
+            parts = (action, target, contract.key)
         tools.append(
             GovernedTool(
-                name=_safe(name), action=action, target=target, contract=contract
+                name=_tool_name(*parts), action=action, target=target, contract=contract
             )
         )
     return tools
@@ -113,8 +130,9 @@ def tool_list(*, agent: Agent) -> list[GovernedTool]:
 # The one tool that is no governed action: it tells the portal an object's current
 # version, as ``PUT /api/v1/object-versions/{type}/{id}`` does over REST, so that an
 # MCP-only agent can feed the version fence (a call whose object version the portal
-# does not know is refused with VERSION_CONFLICT). A governed tool's name is
-# ``<action>.<target>[.<contract>]`` and always has a dot; this one has none.
+# does not know is refused with VERSION_CONFLICT). The server looks this name up
+# first: a governed tool for the action ``portal`` on the target
+# ``record_object_version`` would be hidden behind it.
 RECORD_VERSION_TOOL: Final = "portal__record_object_version"
 RECORD_VERSION_SCHEMA: Final[dict[str, Any]] = {
     "type": "object",

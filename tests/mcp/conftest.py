@@ -43,7 +43,7 @@ __all__ = ["desk", "ticketdesk_server"]
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 60.0
-TOOL = "create_ticket.ticket-desk"
+TOOL = "create_ticket__ticket-desk"
 # Every agent also has the object-version tool; TOOLS is what a granted agent lists.
 VERSION_TOOL = RECORD_VERSION_TOOL
 TOOLS = [TOOL, VERSION_TOOL]

@@ -111,7 +111,7 @@ def test_an_unknown_tool_is_a_tool_error(agents: Agents, mcp_http: McpServer) ->
 
     async def scenario() -> Any:
         async with http_session(mcp_http.url, agents.secret) as session:
-            unknown = await session.call_tool("delete_everything.ticket-desk", call)
+            unknown = await session.call_tool("delete_everything__ticket-desk", call)
             good = await session.call_tool(TOOL, call)
             return unknown, good
 
@@ -120,5 +120,5 @@ def test_an_unknown_tool_is_a_tool_error(agents: Agents, mcp_http: McpServer) ->
     assert unknown.is_error
     assert unknown.structured_content["code"] == "UNKNOWN_TOOL"
     assert unknown.structured_content["argument"] == "name"
-    assert "delete_everything.ticket-desk" in unknown.content[0].text
+    assert "delete_everything__ticket-desk" in unknown.content[0].text
     assert good.structured_content["status"] == "verified", good.content

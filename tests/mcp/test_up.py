@@ -35,7 +35,7 @@ from tests.support.otlp import Receiver, otlp_receiver
 __all__ = ["scratch_database_url"]  # the fixture, from the demo's test
 
 MCP_URL = re.compile(r"MCP:\s+(http://\S+)")
-DEMO_TOOL = "create_ticket.ticket-desk"
+DEMO_TOOL = "create_ticket__ticket-desk"
 
 
 def _demo_call() -> dict[str, Any]:
