@@ -23,9 +23,12 @@ before any byte is sent.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
+import os
 import re
 import socket
+import ssl
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 from urllib.parse import SplitResult, urlsplit
@@ -338,10 +341,8 @@ class PolicyTransport(httpx.HTTPTransport):
     def __init__(self) -> None:
         # httpx's own __init__ only builds this pool, with no way to pass a network
         # backend (httpcore's extension point): the same pool, with the pinning one.
-        # Certificates as httpx verifies them (certifi, or SSL_CERT_FILE/_DIR).
         self._pool = httpcore.ConnectionPool(
-            ssl_context=httpx.create_ssl_context(),
-            network_backend=PinnedBackend(),
+            ssl_context=ssl_context(), network_backend=PinnedBackend()
         )
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
@@ -350,6 +351,27 @@ class PolicyTransport(httpx.HTTPTransport):
         if problem:
             raise OutboundRefused(problem, host=url.host, port=url.port)
         return super().handle_request(request)
+
+
+def ssl_context() -> ssl.SSLContext:
+    """The verifying SSL context of the gateway's connections, shared in the process.
+
+    Certificates as httpx verifies them: ``SSL_CERT_FILE`` or ``SSL_CERT_DIR`` as the
+    environment names them now, else certifi's bundle. Loading a bundle costs about
+    20 ms (docs/performance.md, issue 20), once per transport before; now once per
+    process and setting. A context holds no per-connection state (SNI and the
+    certificate check are per connection, on the URL's host), so sharing it weakens
+    no check; a bundle file changed in place is read on the next process start.
+    """
+    return _ssl_context_for(
+        os.environ.get("SSL_CERT_FILE") or None, os.environ.get("SSL_CERT_DIR") or None
+    )
+
+
+@functools.cache
+def _ssl_context_for(cert_file: str | None, cert_dir: str | None) -> ssl.SSLContext:
+    # httpx.create_ssl_context reads the same two variables, in this order.
+    return httpx.create_ssl_context()
 
 
 def transport() -> httpx.BaseTransport:
