@@ -50,7 +50,7 @@ class Figures:
         return self.one_call_per_s / self.six_calls_per_s
 
 
-def _reads(now: dt.datetime) -> dict[str, FieldRead]:
+def field_reads(now: dt.datetime) -> dict[str, FieldRead]:
     return {
         "email": FieldRead(value="bench@example.com", source="crm", read_at=now),
         "plan": FieldRead(value="pro", source="billing", read_at=now),
@@ -59,13 +59,19 @@ def _reads(now: dt.datetime) -> dict[str, FieldRead]:
 
 def one_call(client: PortalClient, name: str) -> None:
     client.record_object_version(OBJECT_TYPE, name, version="1")
+    take_action(client, name)
+
+
+def take_action(client: PortalClient, name: str) -> None:
+    """The one call alone (the object's version recorded before); verified or
+    an error."""
     answer = client.take_action(
         action=ACTION,
         target=TARGET,
         object_type=OBJECT_TYPE,
         object_id=name,
         object_version="1",
-        fields=_reads(dt.datetime.now(dt.UTC)),
+        fields=field_reads(dt.datetime.now(dt.UTC)),
         arguments={"queue": "bench", "summary": name},
         idempotency_key=f"ticket-{name}",
         contract_key=CONTRACT_KEY,
@@ -109,7 +115,7 @@ def six_calls(client: PortalClient, name: str) -> None:
             FieldValue(
                 name=field, value=read.value, source=read.source, observed_at=now
             )
-            for field, read in _reads(now).items()
+            for field, read in field_reads(now).items()
         ],
     )
     if execution.outcome != "verified":
