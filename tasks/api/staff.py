@@ -227,7 +227,10 @@ class ApprovalOutputSerializer(serializers.Serializer):
 class ApprovalListApi(StaffApi):
     @extend_schema(
         operation_id="approvals_waiting",
-        responses={200: ApprovalOutputSerializer(many=True), **problem_responses(403)},
+        responses={
+            200: ApprovalOutputSerializer(many=True),
+            **problem_responses(400, 403),
+        },
         description="Waiting approvals in your tenants, oldest first (at most 200). "
         "Also sets the CSRF cookie that the POSTs below must echo in X-CSRFToken.",
     )

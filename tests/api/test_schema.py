@@ -64,9 +64,11 @@ def test_the_schema_validates_without_warnings(tmp_path: Path):
         assert {"400", "401", "429"} <= set(spec["responses"]), (method, path)
         problem = spec["responses"]["401"]["content"]
         assert list(problem) == ["application/problem+json"], (method, path)
-        # Agents use their key; the takeover endpoints are for people (session);
-        # a task's evidence bundle is for both.
-        for_people = "/takeover/" in path or "/tenants/" in path
+        # Agents use their key; the takeover and approvals endpoints are for people
+        # (session); a task's evidence bundle is for both.
+        for_people = any(
+            part in path for part in ("/takeover/", "/tenants/", "/approvals")
+        )
         scheme = "cookieAuth" if for_people else "agentKey"
         if path.endswith("/evidence"):
             assert spec["security"] == [{"agentKey": []}, {"cookieAuth": []}]
