@@ -162,8 +162,12 @@ def test_the_monitor_page_runs_a_bounded_number_of_queries(tenant, make_tenant):
             assert client.get(CHANGELIST).status_code == 200
         return len(captured)
 
-    # then: the same count of statements whatever the tenants and rows
-    assert queries(admin) == queries(busy) <= 16
+    # then: the same count of statements whatever the tenants and rows. 18: the
+    # admin's nav resolves each distinct view permission of its pages to tenant ids
+    # once per request (two statements each, cached on the request); since the policy
+    # set and limit pages (view_perm export_trail) those are manage_outbox,
+    # view_trail, manage_tenant and export_trail.
+    assert queries(admin) == queries(busy) <= 18
 
 
 # --- Retry and dismiss -------------------------------------------------------------
