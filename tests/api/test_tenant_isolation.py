@@ -8,18 +8,24 @@ and the other tenant's rows must be unchanged to the byte.
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import uuid
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
+from portal.models import Role
 from portal.urls import api_v1
 from tasks import services as task_services
+from tasks.models import Approval, ApprovalState
 from tests.gateway.conftest import SPEC
 from tests.support.tenancy import tenant_fingerprint
 
 from .conftest import REGISTRATION, AgentClient, register_and_claim
+from .test_takeover_api import person
+from .test_takeover_api import post as staff_post
 
 pytestmark = pytest.mark.django_db
 
@@ -44,10 +50,15 @@ BODIES: dict[tuple[str, str], Any] = {
         "outcome": "verified",
         "provider_reference": "forged",
     },
+    # People's routes (session auth): asked by an administrator of the caller's tenant.
+    ("approvals/<uuid:approval_id>/approve", "post"): {},
+    ("approvals/<uuid:approval_id>/reject", "post"): {"reason": "intruder"},
 }
+PEOPLES_ROUTES = ("approvals/",)
 # Routes without an id of another tenant in them, checked separately below.
 COLLECTIONS = {
     "actions",  # the same key in another tenant: tests/api/test_actions.py
+    "approvals",  # people's list: test_the_approvals_list_never_shows_another_tenant
     "contracts",
     "tasks",
     "tasks/claim-next",
@@ -70,7 +81,8 @@ def routes_with_ids() -> list[tuple[str, str]]:
 
 @pytest.fixture
 def victim(other_api: AgentClient) -> dict[str, Any]:
-    """Another tenant with a leased running task, an operation and an object version."""
+    """Another tenant with a leased running task, an operation waiting for an
+    approval, and an object version."""
     task = register_and_claim(other_api)
     operation = other_api.post(
         f"/api/v1/tasks/{task['id']}/operations",
@@ -86,9 +98,18 @@ def victim(other_api: AgentClient) -> dict[str, Any]:
     task_services.contract_create(
         tenant=other_api.tenant, key="victim-contract", spec=SPEC, publish=True
     )
+    approval = Approval.objects.create(
+        tenant=other_api.tenant,
+        operation_id=operation["id"],
+        input_hash="0" * 64,
+        state=ApprovalState.WAITING,
+        asked={"secret": "victim"},
+        expires_at=timezone.now() + dt.timedelta(hours=1),
+    )
     return {
         "task_id": task["id"],
         "operation_id": operation["id"],
+        "approval_id": str(approval.pk),
         "token": task["lease"]["token"],
         "tenant": other_api.tenant,
         "key": "victim-contract",
@@ -99,18 +120,25 @@ def victim(other_api: AgentClient) -> dict[str, Any]:
 def _call(api: AgentClient, route: str, method: str, ids: dict[str, str], token: int):
     path = "/api/v1/" + re.sub(r"<\w+:(\w+)>", lambda m: ids[m[1]], route)
     headers = {"Lease-Token": str(token)}
+    people = route.startswith(PEOPLES_ROUTES)
     if method == "get":
+        assert not people, f"add the people's GET {route} to this test"
         return api.get(path, **headers)
     body = BODIES.get((route, method), "missing")
     assert body != "missing", (
         f"add a request body for {method.upper()} {route} to BODIES"
     )
+    if people:
+        # The caller's tenant's administrator, in a browser session with CSRF.
+        admin = person(api.tenant, f"admin-{uuid.uuid4().hex[:8]}", Role.ADMIN)
+        return staff_post(admin, path, body)
     return getattr(api, method)(path, body, **headers)
 
 
 def _masked(response, ids: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     body = {k: v for k, v in response.json().items() if k != "trace_id"}
-    own = {str(ids["task_id"]), str(ids["operation_id"]), ids["key"]}
+    own = {str(ids[name]) for name in ("task_id", "operation_id", "approval_id")}
+    own.add(ids["key"])
     return response.status_code, {k: "ID" if v in own else v for k, v in body.items()}
 
 
@@ -127,6 +155,7 @@ def test_another_tenants_id_answers_like_a_missing_one(api, victim, route, metho
     missing_ids = {
         "task_id": str(uuid.uuid4()),
         "operation_id": str(uuid.uuid4()),
+        "approval_id": str(uuid.uuid4()),
         "key": "no-such-contract",
         "version": "1",
     }
@@ -149,6 +178,20 @@ def test_listing_and_claiming_never_see_another_tenant(api, victim):
     assert [
         t["client_task_id"] for t in api.get("/api/v1/tasks").json()["results"]
     ] == ["mine"]
+    assert tenant_fingerprint(victim["tenant"].pk) == before
+
+
+def test_the_approvals_list_never_shows_another_tenant(api, victim):
+    admin = person(api.tenant, "admin", Role.ADMIN)
+    theirs = person(victim["tenant"], "their-admin", Role.ADMIN)
+    before = tenant_fingerprint(victim["tenant"].pk)
+    listed = admin.get("/api/v1/approvals")
+    assert listed.status_code == 200, listed.content
+    assert listed.json() == []
+    # The victim's own administrator does see it: the row is a waiting approval.
+    assert [a["id"] for a in theirs.get("/api/v1/approvals").json()] == [
+        victim["approval_id"]
+    ]
     assert tenant_fingerprint(victim["tenant"].pk) == before
 
 
