@@ -121,6 +121,20 @@ def _listening_url(
     return None
 
 
+def use_ticketdesk_port(port: int) -> None:
+    """Make ``port`` the desk's for this process and the children it starts.
+
+    Settings read ``PORTAL_TICKETDESK_PORT`` once, at import, for the development
+    default of ``PORTAL_OUTBOUND_ALLOWED_HOSTS``; with ``--ticketdesk-port`` that
+    default would name another port than the desk's, and the seed's connector (and
+    every call the gateway makes to it) would be refused. An allow-list set in the
+    environment is the operator's and stays as it is.
+    """
+    os.environ["PORTAL_TICKETDESK_PORT"] = str(port)  # the children's settings
+    if settings.DEV_MODE and "PORTAL_OUTBOUND_ALLOWED_HOSTS" not in os.environ:
+        settings.PORTAL_OUTBOUND_ALLOWED_HOSTS = [f"{embedded_db.HOST}:{port}"]
+
+
 def _exit_code(returncode: int) -> int:
     # Any exit is a failure here: the children are meant to run until stopped.
     if returncode > 0:
@@ -166,6 +180,7 @@ class Up:
                     hint="Pass --ticketdesk-port or set PORTAL_TICKETDESK_PORT to use "
                     "another one.",
                 )
+                use_ticketdesk_port(ticketdesk_port)
             database_url = os.environ.get("DATABASE_URL")
             if not database_url:
                 server = embedded_db.EmbeddedServer(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -11,9 +12,11 @@ import pytest
 from django.core.management import call_command
 from rest_framework.test import APIClient
 
+from launcher.up import use_ticketdesk_port
 from portal.management.commands.seed_demo import seed as seed_function
 from portal.models import AgentGrant, AgentKey, Tenant
 from portal.selectors import agent_key_authenticate
+from tasks import outbound
 from tasks import services as task_services
 from tasks.credentials import public_jwk
 from tasks.models import Connector, Contract
@@ -124,9 +127,12 @@ def test_seed_demo_leaves_an_existing_contract_version_alone() -> None:
 
 
 def test_seed_demo_defaults_to_the_desk_up_runs(
-    monkeypatch: pytest.MonkeyPatch, var_dir: Path
+    monkeypatch: pytest.MonkeyPatch, var_dir: Path, settings: Any
 ) -> None:
+    # A process started with the desk on 8123: in development its settings' default
+    # allow-list names that desk (read at import, so given here as they read it).
     monkeypatch.setenv("PORTAL_TICKETDESK_PORT", "8123")
+    settings.PORTAL_OUTBOUND_ALLOWED_HOSTS = ["127.0.0.1:8123"]
 
     seed()
 
@@ -135,3 +141,35 @@ def test_seed_demo_defaults_to_the_desk_up_runs(
     # The public key goes where `up` points the desk: $PORTAL_VAR_DIR.
     [key] = trusted(var_dir / "ticketdesk-keys.json")
     assert key["kid"] == connector.key_id and "d" not in key
+
+
+def test_up_with_another_desk_port_seeds_a_desk_the_gateway_may_call(
+    monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    """``up --ticketdesk-port 8124`` in a process whose settings were read with the
+    default port: the desk's port becomes this process's and its children's."""
+    monkeypatch.setenv("PORTAL_TICKETDESK_PORT", "8100")  # restored afterwards
+    monkeypatch.delenv("PORTAL_OUTBOUND_ALLOWED_HOSTS", raising=False)
+    settings.DEV_MODE = True
+    settings.PORTAL_OUTBOUND_ALLOWED_HOSTS = ["127.0.0.1:8100"]
+
+    use_ticketdesk_port(8124)
+    seed_function(report=lambda line: None, ticketdesk_url="http://127.0.0.1:8124")
+
+    connector = Connector.objects.get(tenant__slug="demo", target="ticket-desk")
+    assert connector.base_url == "http://127.0.0.1:8124"
+    assert outbound.allowed_hosts() == {"127.0.0.1:8124"}
+    assert os.environ["PORTAL_TICKETDESK_PORT"] == "8124"  # the web/worker children
+
+
+def test_up_keeps_an_allow_list_the_operator_set(
+    monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    monkeypatch.setenv("PORTAL_TICKETDESK_PORT", "8100")
+    monkeypatch.setenv("PORTAL_OUTBOUND_ALLOWED_HOSTS", "desk.internal:8443")
+    settings.DEV_MODE = True
+    settings.PORTAL_OUTBOUND_ALLOWED_HOSTS = ["desk.internal:8443"]
+
+    use_ticketdesk_port(8124)
+
+    assert outbound.allowed_hosts() == {"desk.internal:8443"}
