@@ -5,6 +5,12 @@ middleware asks ``AgentKeyVerifier`` on every request and answers 401 (with the
 RFC 9728 metadata pointer) when it refuses. Each handler then runs ``caller`` in its
 worker thread, for the agent and the tenant scope, so a key revoked between two
 requests of one session is refused at the next one, on either transport.
+
+A frozen agent or tenant (docs/limits.md) is refused by ``caller`` too, with the
+REST API's check (``portal.api.caller_refuse_frozen``) and codes, and each refusal
+is a denial event (``limits.services.denial_record``). The verifier lets its key
+through: the key is valid (REST answers 403, not 401), so the handler answers,
+naming ``AGENT_FROZEN`` or ``TENANT_FROZEN``.
 """
 
 from __future__ import annotations
@@ -13,9 +19,11 @@ from typing import Final
 
 from mcp.server.auth.provider import AccessToken
 
+from limits import services as limits_services
 from portal import scope, selectors, services
-from portal.api import ApiKeyExpired, ApiKeyRevoked
-from portal.models import Agent
+from portal.api import ApiKeyExpired, ApiKeyRevoked, caller_refuse_frozen
+from portal.exceptions import CallerFrozen
+from portal.models import Agent, AgentKey
 
 from .threads import in_worker_thread
 
@@ -28,38 +36,72 @@ _REFUSALS: Final = {
 }
 
 
-class KeyRefused(Exception):
-    """The presented key does not authenticate (unknown, revoked or expired)."""
+# A frozen caller's next step: nothing it sends is accepted, retrying does not help.
+FROZEN_NEXT_STEP: Final = (
+    "A person stopped this agent (the kill switch); stop working and do not retry: "
+    "every call is refused until a person unfreezes it."
+)
 
-    def __init__(self, status: str | None) -> None:
-        self.code, detail = _REFUSALS.get(status, _REFUSALS[None])
+
+class KeyRefused(Exception):
+    """The caller is refused: its key does not authenticate (unknown, revoked or
+    expired), or its agent or tenant is frozen (``code`` says which)."""
+
+    def __init__(self, status: str | None, *, frozen: CallerFrozen | None = None):
+        if frozen is not None:
+            self.code, detail = str(frozen.code), f"{frozen} {FROZEN_NEXT_STEP}"
+        else:
+            self.code, detail = _REFUSALS.get(status, _REFUSALS[None])
         super().__init__(detail)
 
 
-def caller(*, secret: str) -> Agent:
-    """The live key's agent, with its tenant loaded; enters the agent's tenant scope.
-
-    The same key lookup as ``portal.api.AgentKeyAuthentication`` (the one
-    ``selectors.agent_key_authenticate``), the same scope (``scope.enter``) and the
-    same last-used mark. Run it inside ``scope.unit_of_work()``, which clears the
-    scope again.
-
-    Raises:
-        KeyRefused: no such key, or it is revoked or expired, or its agent is
-            inactive or its tenant deleted.
-    """
+def _live_key(secret: str) -> AgentKey:
+    """The live key, its agent and tenant loaded; enters the agent's tenant scope."""
     check = selectors.agent_key_authenticate(secret=secret.strip())
     if check is None or check.status != "live":
         raise KeyRefused(None if check is None else check.status)
     scope.enter([check.key.agent.tenant_id])
-    services.agent_key_mark_used(key=check.key)
-    return check.key.agent
+    return check.key
+
+
+def caller(*, secret: str, method: str) -> Agent:
+    """The live key's agent, with its tenant loaded; enters the agent's tenant scope.
+
+    The same key lookup as ``portal.api.AgentKeyAuthentication`` (the one
+    ``selectors.agent_key_authenticate``), the same scope (``scope.enter``), the
+    same freeze check (``caller_refuse_frozen``) and the same last-used mark. A
+    frozen caller's refusal is written as a denial (phase ``mcp``, the JSON-RPC
+    ``method``) in a transaction of its own, as the REST API's is. Run it inside
+    ``scope.unit_of_work()``, which clears the scope again.
+
+    Raises:
+        KeyRefused: no such key, or it is revoked or expired, or its agent is
+            inactive or its tenant deleted; or the agent or its tenant is frozen
+            (``AGENT_FROZEN``, ``TENANT_FROZEN``).
+    """
+    key = _live_key(secret)
+    try:
+        caller_refuse_frozen(agent=key.agent)
+    except CallerFrozen as frozen:
+        limits_services.denial_record(
+            tenant_id=frozen.tenant_id,
+            agent_id=frozen.context.get("agent_id"),
+            error=frozen,
+            phase="mcp",
+            method=method,
+        )
+        frozen.recorded = True
+        raise KeyRefused(None, frozen=frozen) from None
+    services.agent_key_mark_used(key=key)
+    return key.agent
 
 
 def _access_token(secret: str) -> AccessToken | None:
     with scope.unit_of_work():
         try:
-            agent = caller(secret=secret)
+            # Not ``caller``: a frozen agent's key is valid (no 401); its request
+            # goes on to the handler, which refuses it by name and records that.
+            agent = _live_key(secret).agent
         except KeyRefused:
             return None
         return AccessToken(

@@ -53,7 +53,8 @@ INSTRUCTIONS: Final = (
     "Read a task's story and a desk item's status as resources."
 )
 # JSON-RPC's "invalid request": the key stopped authenticating mid-session (stdio;
-# over HTTP the bearer middleware answers 401 first).
+# over HTTP the bearer middleware answers 401 first), or the agent or its tenant is
+# frozen (either transport; the message names AGENT_FROZEN or TENANT_FROZEN).
 _KEY_REFUSED_CODE: Final = -32600
 _RESOURCE_NOT_FOUND_CODE: Final = -32002  # the MCP specification's
 
@@ -67,11 +68,11 @@ def _secret(ctx: ServerRequestContext[Any, Any], stdio_secret: str | None) -> st
     return stdio_secret
 
 
-def _as_agent(secret: str, work: Any, *args: Any) -> Any:
+def _as_agent(secret: str, method: str, work: Any, *args: Any) -> Any:
     """``work(agent, *args)`` as the key's agent, in its tenant scope; the scope is
-    cleared before the thread returns."""
+    cleared before the thread returns. ``method`` (JSON-RPC) names a refusal."""
     with scope.unit_of_work():
-        return work(auth.caller(secret=secret), *args)
+        return work(auth.caller(secret=secret, method=method), *args)
 
 
 def _listed(agent: Agent) -> list[types.Tool]:
@@ -133,7 +134,7 @@ def _called(agent: Agent, name: str, arguments: Any) -> types.CallToolResult:
 
 def _call_safely(secret: str, name: str, arguments: Any) -> types.CallToolResult:
     try:
-        return _as_agent(secret, _called, name, arguments)
+        return _as_agent(secret, "tools/call", _called, name, arguments)
     except auth.KeyRefused as refused:
         return tools.error_result(code=refused.code, detail=str(refused))
     except Exception:
@@ -158,7 +159,7 @@ def build_server(*, stdio_secret: str | None = None) -> Server[Any]:
     ) -> types.ListToolsResult:
         secret = _secret(ctx, stdio_secret)
         try:
-            listed = await in_worker_thread(_as_agent, secret, _listed)
+            listed = await in_worker_thread(_as_agent, secret, "tools/list", _listed)
         except auth.KeyRefused as refused:
             raise MCPError(_KEY_REFUSED_CODE, f"{refused.code}: {refused}") from None
         return types.ListToolsResult(tools=listed)
@@ -207,7 +208,9 @@ def build_server(*, stdio_secret: str | None = None) -> Server[Any]:
         secret = _secret(ctx, stdio_secret)
         uri = str(params.uri)
         try:
-            body = await in_worker_thread(_as_agent, secret, _read, uri)
+            body = await in_worker_thread(
+                _as_agent, secret, "resources/read", _read, uri
+            )
         except auth.KeyRefused as refused:
             raise MCPError(_KEY_REFUSED_CODE, f"{refused.code}: {refused}") from None
         except (resources.UnknownResource, TaskNotFound, ValueError):
@@ -291,7 +294,8 @@ def check_key(secret: str) -> uuid.UUID:
     """The agent id of a live key (stdio checks its key before it serves).
 
     Raises:
-        KeyRefused: the key does not authenticate.
+        KeyRefused: the key does not authenticate, or its agent or tenant is
+            frozen.
     """
     with scope.unit_of_work():
-        return auth.caller(secret=secret).pk
+        return auth.caller(secret=secret, method="stdio").pk

@@ -69,6 +69,23 @@ class ApiKeyRevoked(drf_exceptions.AuthenticationFailed):
     default_detail = "This API key was revoked."
 
 
+def caller_refuse_frozen(*, agent: Agent) -> None:
+    """Refuse a frozen agent, or an agent of a frozen tenant (docs/limits.md).
+
+    Reads the flags the key lookup loaded (``selectors.agent_key_authenticate``, in
+    its one statement): no cache can hide a freeze. Records nothing; the door that
+    answers writes the denial (``limits.api``, the MCP server's ``auth.caller``).
+
+    Raises:
+        AgentFrozen: the agent is frozen.
+        TenantFrozen: its tenant is frozen.
+    """
+    if agent.frozen_at is not None:
+        raise AgentFrozen(tenant_id=agent.tenant_id, agent_id=str(agent.pk))
+    if agent.tenant.frozen_at is not None:
+        raise TenantFrozen(tenant_id=agent.tenant_id, agent_id=str(agent.pk))
+
+
 class AgentKeyAuthentication(BaseAuthentication):
     """``Authorization: Bearer <agent key>``; the key fixes agent and tenant."""
 
@@ -91,13 +108,9 @@ class AgentKeyAuthentication(BaseAuthentication):
         # The request's tenant scope (row-level security) until it ends.
         agent = check.key.agent
         scope.enter([agent.tenant_id])
-        # The flags came with the key, in the same statement: no cache can hide a
-        # freeze. A valid key, so 403, not 401; the denial is recorded by the
-        # exception handler (limits.api).
-        if agent.frozen_at is not None:
-            raise AgentFrozen(tenant_id=agent.tenant_id, agent_id=str(agent.pk))
-        if agent.tenant.frozen_at is not None:
-            raise TenantFrozen(tenant_id=agent.tenant_id, agent_id=str(agent.pk))
+        # A valid key, so 403, not 401; the denial is recorded by the exception
+        # handler (limits.api).
+        caller_refuse_frozen(agent=agent)
         services.agent_key_mark_used(key=check.key)
         return agent, None
 
