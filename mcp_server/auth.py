@@ -47,7 +47,9 @@ class KeyRefused(Exception):
     """The caller is refused: its key does not authenticate (unknown, revoked or
     expired), or its agent or tenant is frozen (``code`` says which)."""
 
-    def __init__(self, status: str | None, *, frozen: CallerFrozen | None = None):
+    def __init__(
+        self, status: str | None, *, frozen: CallerFrozen | None = None
+    ) -> None:
         if frozen is not None:
             self.code, detail = str(frozen.code), f"{frozen} {FROZEN_NEXT_STEP}"
         else:
