@@ -1,8 +1,14 @@
-"""Routing's Celery jobs: thin, idempotent, across the tenants that have work."""
+"""Routing's Celery jobs: thin, idempotent, across the tenants that have work.
+
+Jobs sit above tasks (they are called by nothing in it), so the SLA job may call the
+approvals service that records expiry.
+"""
 
 from __future__ import annotations
 
 from celery import shared_task
+
+from tasks import approvals
 
 from . import delivery, services
 
@@ -15,5 +21,11 @@ def deliver_notifications_job(*, limit: int = 50) -> dict[str, int]:
 
 @shared_task(acks_late=True, ignore_result=True)
 def sweep_sla_job(*, limit: int = 200) -> tuple[int, int]:
-    """Remind and escalate desk items past their SLA; (reminded, escalated)."""
+    """Expire approvals past their window, then remind and escalate desk items past
+    their SLA; (reminded, escalated).
+
+    Expiry first, so the sweep closes an expired approval's item instead of
+    reminding its group.
+    """
+    approvals.approvals_expire_overdue()
     return services.sla_sweep(limit=limit)

@@ -1,8 +1,8 @@
 """Who works a desk item, by when, and who is told (docs/routing.md).
 
 An *item* is anything a person must act on, named by ``(item_kind, item_id)``: a
-takeover escalation today (``desk.escalation``), an approval later. Routing never
-imports the item's app; the kind says whose id it is.
+takeover escalation (``desk.escalation``) or an approval (``approval``). Routing
+never imports the item's app; the kind says whose id it is.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from portal.ids import new_id
 
 class ItemKind(models.TextChoices):
     ESCALATION = "desk.escalation"
-    # Append only: an approval routes the same way once it calls the hook.
+    APPROVAL = "approval"
+    # Append only: the kind is stored in assignments and notifications' facts.
 
 
 class Channel(models.TextChoices):

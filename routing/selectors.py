@@ -88,6 +88,13 @@ class SlaClock:
         return f"overdue by {span}" if self.overdue else f"due in {span}"
 
     @property
+    def label(self) -> str:
+        """Reads "Billing: due in 12 min" or "On-call: overdue by 5 min (reminded,
+        escalated)": the desk's and the approvals page's cell."""
+        marks = f" ({self.marks})" if self.marks else ""
+        return f"{self.group}: {self.text}{marks}"
+
+    @property
     def marks(self) -> str:
         return ", ".join(
             mark
@@ -122,6 +129,32 @@ def sla_clocks_of_tasks(
     return {
         task_id: _clock(assignment, group=groups.get(assignment.group_id, ""), now=now)
         for task_id, assignment in assignments.items()
+    }
+
+
+def sla_clocks_of_items(
+    *,
+    item_kind: ItemKind,
+    item_ids: Sequence[uuid.UUID],
+    tenant_ids: Iterable[uuid.UUID],
+    now: dt.datetime,
+) -> dict[uuid.UUID, SlaClock]:
+    """The clock of each item of a kind, by item id (two queries, whatever the
+    number of items)."""
+    tenants = list(tenant_ids)
+    assignments = list(
+        Assignment.objects.filter(
+            tenant_id__in=tenants, item_kind=item_kind, item_id__in=list(item_ids)
+        ).select_related("person")
+    )
+    groups = dict(
+        Group.objects.filter(
+            tenant_id__in=tenants, pk__in={a.group_id for a in assignments}
+        ).values_list("pk", "name")
+    )
+    return {
+        a.item_id: _clock(a, group=groups.get(a.group_id, ""), now=now)
+        for a in assignments
     }
 
 

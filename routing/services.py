@@ -50,8 +50,10 @@ def _db_now() -> dt.datetime:
     return now
 
 
-def _desk_link(*, task_id: uuid.UUID | None) -> str:
+def _desk_link(*, item_kind: str, task_id: uuid.UUID | None) -> str:
     base = settings.PORTAL_PUBLIC_URL.rstrip("/")
+    if item_kind == ItemKind.APPROVAL:
+        return f"{base}/admin/tasks/approval/waiting/"  # the approvals page
     if task_id is None:
         return f"{base}/admin/console/takeoveritem/"
     return f"{base}/admin/console/takeoveritem/{task_id}/change/"
@@ -78,7 +80,7 @@ def _notify(
         "reason_code": assignment.reason_code,
         "group": group_name,
         "escalate_at": assignment.escalate_at.isoformat(),
-        "link": _desk_link(task_id=assignment.task_id),
+        "link": _desk_link(item_kind=assignment.item_kind, task_id=assignment.task_id),
     }
     recipients = [
         (Channel.EMAIL, str(member.user_id))
@@ -114,13 +116,16 @@ def item_assign(
     reason_code: str,
     task_id: uuid.UUID | None,
     actor: Actor,
+    group_name: str = "",
 ) -> Assignment:
     """Route a new desk item to its group, in the caller's transaction.
 
     The reason code's rule (else the tenant's default rule, else the
     ``Takeover desk`` group with the default intervals) names the group and the
-    SLA. The assignment, a ``desk.item_assigned`` event and one notification per
-    recipient commit with the item.
+    SLA. ``group_name``, when the item names its own group (an approval's policy)
+    and the tenant has it, wins over the rule's group; the rule's SLA and backup
+    group still hold. The assignment, a ``desk.item_assigned`` event and one
+    notification per recipient commit with the item.
 
     Raises:
         TransactionRequired: called outside a transaction.
@@ -135,6 +140,9 @@ def item_assign(
         group_id = group.pk
         remind_s = settings.PORTAL_SLA_REMIND_AFTER_S
         escalate_s = settings.PORTAL_SLA_ESCALATE_AFTER_S
+    named = Group.objects.filter(tenant=tenant, name=group_name).first()
+    if group_name and named is not None:
+        group_id = named.pk
     now = _db_now()
     assignment = Assignment.objects.create(
         tenant=tenant,
@@ -267,6 +275,14 @@ FROM tasks_escalation e
 WHERE a.item_kind = 'desk.escalation' AND a.closed_at IS NULL
   AND e.tenant_id = a.tenant_id AND e.id = a.item_id AND e.resolved_at IS NOT NULL
 """
+# An approval is done once it no longer waits for people (approved, rejected,
+# expired, superseded: tasks_approval's states).
+_CLOSE_DECIDED: Final = """
+UPDATE routing_assignment a SET closed_at = coalesce(p.decided_at, app_now())
+FROM tasks_approval p
+WHERE a.item_kind = 'approval' AND a.closed_at IS NULL
+  AND p.tenant_id = a.tenant_id AND p.id = a.item_id AND p.state <> 'waiting'
+"""
 
 
 @scope.in_tenants_with("routing_tenants_with_due_work")
@@ -278,11 +294,14 @@ def sla_sweep(*, limit: int = 200) -> tuple[int, int]:
     ``reminded_at``/``escalated_at`` marks, set under ``FOR UPDATE SKIP LOCKED`` so
     concurrent sweeps split the rows). Reminders go to the item's group; an escalation
     moves the item to the rule's backup group (if any), counts a breach in
-    ``portal_sla_breaches_total`` and notifies the group it is in now. Deadlines are
-    measured on ``app_now()``.
+    ``portal_sla_breaches_total`` and notifies the group it is in now. Items that
+    are done first close (an escalation resolved, an approval no longer waiting),
+    so they are neither reminded nor escalated. Deadlines are measured on
+    ``app_now()``.
     """
     with connection.cursor() as cursor:
         cursor.execute(_CLOSE_RESOLVED)
+        cursor.execute(_CLOSE_DECIDED)
     now = _db_now()
     open_items = Assignment.objects.select_for_update(
         of=("self",), skip_locked=True

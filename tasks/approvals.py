@@ -27,12 +27,15 @@ from django.db.models import Count, Q, QuerySet
 from audit import services as audit_services
 from audit.models import EventCode
 from portal import db as portal_db
+from portal import scope
 from portal.actors import Actor
+from portal.codes import ReasonCode
 from portal.exceptions import NotFound, PortalError, ValidationFailed
 from portal.models import Agent, Tenant, TenantPerm
 from portal.roles import Person, has_tenant_perm, tenant_ids_with_perm
 from portal.tracing import NO_TRACE, Trace
-from routing.models import GroupMember
+from routing import services as routing_services
+from routing.models import GroupMember, ItemKind
 
 from .gateway.common import db_now
 from .hashing import canonical_json, input_hash
@@ -166,6 +169,25 @@ def approvals_expire(*, tenant: Tenant) -> int:
     return len(_expire_due(tenant_id=tenant.pk, now=db_now()))
 
 
+@scope.in_tenants_with("routing_tenants_with_due_work")
+@transaction.atomic(durable=True)
+def approvals_expire_overdue() -> int:
+    """Record every open approval past its window as expired, across the tenants
+    that have one (the SLA sweep's job calls it, so an approval nobody reads does
+    not stay waiting). One ``approval.expired`` each, never a rejection; measured
+    on ``app_now()``. Idempotent: an expired approval is not open any more."""
+    now = db_now()
+    tenant_ids = (
+        Approval.objects.filter(state__in=_OPEN, expires_at__lte=now)
+        .values_list("tenant_id", flat=True)
+        .distinct()
+    )
+    return sum(
+        len(_expire_due(tenant_id=tenant_id, now=now))
+        for tenant_id in sorted(tenant_ids)  # one lock order across tenants
+    )
+
+
 def _evidence(approval: Approval) -> dict[str, Any]:
     approvals = approval.decisions.filter(verdict=ApprovalVerdict.APPROVE).count()
     return {
@@ -264,6 +286,17 @@ def approval_for_execution(
         sponsor_excluded=approval.sponsor_excluded,
         expires_at=approval.expires_at.isoformat() if approval.expires_at else None,
         asked=approval.asked,
+    )
+    # The approvers' group is told and the SLA clock runs (docs/routing.md); the
+    # notification carries ids and codes, never what is asked.
+    routing_services.item_assign(
+        tenant=tenant,
+        item_kind=ItemKind.APPROVAL,
+        item_id=approval.pk,
+        reason_code=ReasonCode.APPROVAL_REQUIRED,
+        task_id=operation.task_id,
+        actor=actor,
+        group_name=approval.groups[0] if approval.groups else "",
     )
     return Wanted(usable=False, evidence={"approval": _evidence(approval), "why": why})
 

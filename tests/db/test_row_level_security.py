@@ -524,6 +524,7 @@ def test_the_discovery_role_can_do_nothing_but_own_them(db):
             "portal_test_clock",
             "routing_assignment",
             "routing_notification",
+            "tasks_approval",
             "tasks_operation",
             "tasks_task",
         ]

@@ -20,10 +20,11 @@ def test_what_tasks_calls_imports_nothing_above_it(name: str) -> None:
     assert imports_of(path, "tasks", "console") == []
 
 
-def test_only_delivery_reaches_into_tasks_and_only_for_the_outbound_policy() -> None:
+def test_only_delivery_and_jobs_reach_into_tasks() -> None:
+    """delivery for the outbound policy, jobs for the approvals' expiry."""
     users = {
         path.name: imports_of(path, "tasks")
         for path in (ROOT / "routing").rglob("*.py")
         if imports_of(path, "tasks", "console")
     }
-    assert users == {"delivery.py": ["tasks"]}
+    assert users == {"delivery.py": ["tasks"], "jobs.py": ["tasks"]}
