@@ -1,5 +1,6 @@
-"""The desk's approvals page: waiting approvals, what each asks, its age and the
-time left, and Approve / Reject (a rejection needs a reason).
+"""The desk's approvals page: waiting approvals, what each asks, its age, the time
+left, the group and SLA clock (as on the desk), and Approve / Reject (a rejection
+needs a reason).
 
 The buttons call the same service as the staff API (``takeover.approval_decide``:
 tasks/approvals.py), with the person as the approver; a refusal (not in the group,
@@ -19,6 +20,8 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 
 from portal.exceptions import PortalError
+from routing import selectors as routing_selectors
+from routing.models import ItemKind
 from tasks import approvals, takeover
 from tasks.gateway.common import db_now
 from tasks.models import Approval
@@ -35,6 +38,7 @@ class WaitingRow:
     left: str
     approvals: int
     refusal: str | None  # why this person may not decide it (None: they may)
+    sla: routing_selectors.SlaClock | None  # the group that has it and its clock
 
 
 def waiting_rows(*, request: HttpRequest) -> list[WaitingRow]:
@@ -42,8 +46,15 @@ def waiting_rows(*, request: HttpRequest) -> list[WaitingRow]:
     for tenant in takeover.takeover_tenants(user=request.user):
         approvals.approvals_expire(tenant=tenant)
     now = db_now()
+    waiting = list(approvals.approvals_waiting_for(user=request.user)[:200])
+    clocks = routing_selectors.sla_clocks_of_items(
+        item_kind=ItemKind.APPROVAL,
+        item_ids=[approval.pk for approval in waiting],
+        tenant_ids={approval.tenant_id for approval in waiting},
+        now=now,
+    )
     rows = []
-    for approval in approvals.approvals_waiting_for(user=request.user)[:200]:
+    for approval in waiting:
         left = approval.expires_at - now if approval.expires_at else None
         rows.append(
             WaitingRow(
@@ -55,6 +66,7 @@ def waiting_rows(*, request: HttpRequest) -> list[WaitingRow]:
                 left=human_age(left) if left is not None else "no limit",
                 approvals=getattr(approval, "approvals", 0),
                 refusal=approvals.may_decide(approval=approval, user=request.user),
+                sla=clocks.get(approval.pk),
             )
         )
     return rows

@@ -294,8 +294,7 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
         clock = getattr(task, "desk_sla", None)
         if clock is None:
             return "—"
-        marks = f" ({clock.marks})" if clock.marks else ""
-        return f"{clock.group}: {clock.text}{marks}"
+        return clock.label
 
     @admin.display(description="lease owner")
     def desk_lease_owner(self, task: TakeoverItem) -> str:
