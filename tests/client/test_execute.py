@@ -183,6 +183,10 @@ def test_contract_retired_is_a_refusal_at_execution_but_not_at_registration(
 # The portal's reason codes that are not gateway refusals: they answer 409 (or
 # are refused before anything reaches the gateway).
 NOT_REFUSALS = {"LEASE_EXPIRED", "IDEMPOTENCY_KEY_REUSED", "STALE_STATE"}
+# The kill switch and the limits refuse the request itself (403, 429, 422 problem
+# answers: docs/limits.md), before any gateway check; the client raises its
+# problem errors for them, not a gateway refusal class.
+NOT_REFUSALS |= {"AGENT_FROZEN", "TENANT_FROZEN", "RATE_LIMITED", "BUDGET_EXCEEDED"}
 
 
 def test_every_gateway_reason_code_has_its_refusal_class() -> None:

@@ -65,7 +65,15 @@ def test_seed_demo_is_refused_without_development_mode():
     ("overrides", "production"),
     [
         ({"PORTAL_DEV_MODE": "1"}, "False"),
-        ({"DJANGO_SECRET_KEY": "a-real-secret-for-this-test-only-0123456789"}, "True"),
+        (
+            {
+                # Production refuses a short or placeholder secret, and wants the
+                # redaction secret too (portal/production_secrets.py).
+                "DJANGO_SECRET_KEY": "q7Vx2LmR9tK4wZ8pN3bH6yD1fJ5sC0gA-real-key-for-this-test",
+                "PORTAL_REDACTION_SECRET": "Hn4Kw8Zr2Tq6Vb1Xm9Lp3Fd7Sg5Jc0Ya",
+            },
+            "True",
+        ),
     ],
     ids=["development-mode", "secret-key"],
 )
