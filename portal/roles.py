@@ -58,7 +58,8 @@ def tenant_ids_with_perm(
 ) -> list[uuid.UUID]:
     """Ids of live tenants on which the user holds ``perm`` (all for a superuser).
 
-    One query; ``cache`` (e.g. a dict kept on the request) spares repeats.
+    Two statements (the object permissions, then the live tenants among them);
+    ``cache`` (e.g. a dict kept on the request) spares repeats.
     """
     if cache is not None and perm in cache:
         return cache[perm]
