@@ -370,6 +370,56 @@ class TreeHead(models.Model):
         return f"tree head of {self.size} events"
 
 
+class HeadStamp(models.Model):
+    """What vouches for a tree head from outside the portal: a witness's
+    cosignature (C2SP ``cosignature/v1`` line, audit/witness.py) or an RFC 3161
+    time-stamp token (audit/timestamp.py).
+
+    Written after the head's transaction commits (audit/witness_client.py,
+    audit/timestamp.py), append-only (trigger), row-level security by tenant.
+    ``tree_head`` references the head in the same tenant (a composite foreign key
+    in migration 0023, ``ON DELETE CASCADE`` for the owner's tenant purge).
+    """
+
+    class Kind(models.TextChoices):
+        COSIGNATURE = "cosignature"
+        RFC3161 = "rfc3161"
+
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
+    tenant_id = models.UUIDField()
+    tree_head = models.ForeignKey(
+        TreeHead, on_delete=models.CASCADE, db_constraint=False, db_index=False
+    )
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    # The witness's name, or the time-stamping authority's URL.
+    signer = models.CharField(max_length=255)
+    # The cosignature line, or the TSA's TimeStampResp (DER) in base64.
+    stamp = models.TextField()
+    # The cosignature's timestamp, or the token's genTime.
+    stamped_at = models.DateTimeField()
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tree_head", "kind", "signer"], name="audit_headstamp_uniq"
+            ),
+            models.CheckConstraint(
+                condition=Q(kind__in=["cosignature", "rfc3161"]),
+                name="audit_headstamp_kind_check",
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["tenant_id", "kind", "signer"],
+                name="audit_headstamp_signer_idx",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} by {self.signer}"
+
+
 class RetentionPolicy(models.Model):
     """How long one tenant keeps its events and, shorter, their payloads.
 

@@ -441,6 +441,25 @@ PORTAL_AUDIT_DEV_SIGNING_KEY_FILE = VAR_DIR / "audit-signing-key.pem"
 # PORTAL_AUDIT_DEV_PUBLIC_KEY_FILE, which the development signer writes.
 PORTAL_AUDIT_PUBLIC_KEY_FILE = os.environ.get("PORTAL_AUDIT_PUBLIC_KEY_FILE", "")
 PORTAL_AUDIT_DEV_PUBLIC_KEY_FILE = VAR_DIR / "audit-public-key.pem"
+# Witnesses of the tree heads (docs/audit-integrity.md, "Witnesses"): each entry is
+# "<verifier key> <add-checkpoint URL prefix>", entries separated by ";". The
+# checkpoint job submits every new head to each after commit, and verify_audit
+# requires each one's cosignature. Empty: no witness.
+PORTAL_AUDIT_WITNESSES = [
+    entry.strip()
+    for entry in os.environ.get("PORTAL_AUDIT_WITNESSES", "").split(";")
+    if entry.strip()
+]
+PORTAL_AUDIT_WITNESS_TIMEOUT_S = 5.0
+# RFC 3161 time-stamping of the tree heads (docs/audit-integrity.md, "Timestamps"):
+# the TSA's URL, and the PEM file of the root its certificates chain to (verify_audit
+# checks every token against it). Empty URL: no timestamps.
+PORTAL_AUDIT_TSA_URL = os.environ.get("PORTAL_AUDIT_TSA_URL", "")
+PORTAL_AUDIT_TSA_ROOT_FILE = os.environ.get("PORTAL_AUDIT_TSA_ROOT_FILE", "")
+# The append-only export of the tree heads (docs/audit-integrity.md, "Append-only
+# export"): one JSON-lines file per tenant in this folder. Production puts it on
+# object-lock (WORM) storage. Empty: no export.
+PORTAL_AUDIT_EXPORT_DIR = os.environ.get("PORTAL_AUDIT_EXPORT_DIR", "")
 # How long an evidence export in the web waits for the worker to sign the task's
 # new events (audit/evidence.py) before it answers with the chain not yet covered.
 PORTAL_EVIDENCE_SIGN_WAIT_S = 10.0
