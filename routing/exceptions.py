@@ -11,7 +11,7 @@ class AssignmentNotFound(PortalError):
 
 
 class NotAGroupMember(PortalError):
-    """Only a member of the item's group (or the backup group) can take it over."""
+    """Only a member of the item's group can take it over."""
 
     code = "NOT_A_GROUP_MEMBER"
     status = 403
@@ -22,3 +22,17 @@ class SetupRowInUse(PortalError):
 
     code = "IN_USE"
     status = 409
+
+
+class ItemClosed(PortalError):
+    """This item is done (resolved or decided): it is not moved or taken any more."""
+
+    code = "ITEM_CLOSED"
+    status = 409
+
+
+class AssigneeNotAllowed(PortalError):
+    """That person is not in the group or may not work this tenant's desk."""
+
+    code = "ASSIGNEE_NOT_ALLOWED"
+    status = 422

@@ -26,10 +26,73 @@ def rule_for(*, tenant: Tenant, reason_code: str) -> RoutingRule | None:
     return rules.get(reason_code) or rules.get("")
 
 
-def group_members(*, tenant: Tenant, group_id: uuid.UUID) -> QuerySet[GroupMember]:
-    return GroupMember.objects.filter(tenant=tenant, group_id=group_id).select_related(
-        "user"
+def group_members(
+    *, tenant: Tenant, group_ids: Iterable[uuid.UUID]
+) -> QuerySet[GroupMember]:
+    """The members of these groups of the tenant, with their users (one query)."""
+    return GroupMember.objects.filter(
+        tenant=tenant, group_id__in=list(group_ids)
+    ).select_related("user")
+
+
+def group_ids_named(*, tenant: Tenant, names: Iterable[str]) -> list[uuid.UUID]:
+    """The ids of the tenant's groups with these names, in the names' order; a
+    name the tenant has no group of is left out."""
+    wanted = [name for name in names if name]
+    ids = dict(
+        Group.objects.filter(tenant=tenant, name__in=wanted).values_list("name", "pk")
     )
+    return [ids[name] for name in dict.fromkeys(wanted) if name in ids]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReassignTarget:
+    """Where the desk may move an item: a group, or a person in it."""
+
+    group_id: uuid.UUID
+    group: str
+    user_id: int | None = None
+    person: str = ""
+
+    @property
+    def value(self) -> str:
+        """The form's value: ``<group id>`` or ``<group id>:<user id>``."""
+        return f"{self.group_id}:{self.user_id}" if self.user_id else str(self.group_id)
+
+    @property
+    def label(self) -> str:
+        return f"{self.group} \u2192 {self.person}" if self.user_id else self.group
+
+
+def reassign_targets(
+    *, tenant: Tenant, people: Iterable[int] | None = None
+) -> list[ReassignTarget]:
+    """The tenant's groups by name, each followed by its members by username (two
+    queries). ``people``, when given, keeps to those user ids (those who may work
+    the desk); a group is offered even without any."""
+    groups = list(Group.objects.filter(tenant=tenant).order_by("name"))
+    allowed = None if people is None else set(people)
+    members: dict[uuid.UUID, list[GroupMember]] = {}
+    for member in (
+        GroupMember.objects.filter(tenant=tenant)
+        .select_related("user")
+        .order_by("user__username")
+    ):
+        if allowed is None or member.user_id in allowed:
+            members.setdefault(member.group_id, []).append(member)
+    targets: list[ReassignTarget] = []
+    for group in groups:
+        targets.append(ReassignTarget(group_id=group.pk, group=group.name))
+        targets.extend(
+            ReassignTarget(
+                group_id=group.pk,
+                group=group.name,
+                user_id=member.user_id,
+                person=member.user.get_username(),
+            )
+            for member in members.get(group.pk, [])
+        )
+    return targets
 
 
 def group_has_member(

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from collections.abc import Sequence
 from typing import Final
 
 from django.conf import settings
+from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
 from django.db import connection, transaction
 from django.db.models import ProtectedError
@@ -22,11 +24,18 @@ from audit.models import EventCode
 from portal import db as portal_db
 from portal import metrics, scope
 from portal.actors import Actor
+from portal.exceptions import NotFound
 from portal.models import Tenant, TenantPerm
 from portal.roles import Person, has_tenant_perm
 
 from . import selectors
-from .exceptions import AssignmentNotFound, NotAGroupMember, SetupRowInUse
+from .exceptions import (
+    AssigneeNotAllowed,
+    AssignmentNotFound,
+    ItemClosed,
+    NotAGroupMember,
+    SetupRowInUse,
+)
 from .models import (
     Assignment,
     Channel,
@@ -60,12 +69,21 @@ def _desk_link(*, item_kind: str, task_id: uuid.UUID | None) -> str:
 
 
 def _notify(
-    *, tenant: Tenant, event_id: uuid.UUID, code: str, assignment: Assignment
+    *,
+    tenant: Tenant,
+    event_id: uuid.UUID,
+    code: str,
+    assignment: Assignment,
+    also_group_ids: Sequence[uuid.UUID] = (),
 ) -> int:
-    """One notification per group member who wants e-mail and per webhook.
+    """One notification per person to tell and per enabled webhook.
 
-    Codes and ids only: no field value, argument, evidence or address leaves in a
-    message; the member's address is read when the e-mail is sent.
+    The people: the item's person when it was given to one, else the members of
+    its group and of ``also_group_ids`` (the other groups an approval's policy
+    names); each only with ``email_enabled`` in one of those groups and an
+    address, and once however many of the groups they are in. Codes and ids only:
+    no field value, argument, evidence or address leaves in a message; the
+    member's address is read when the e-mail is sent.
     """
     group_name = (
         Group.objects.filter(tenant=tenant, pk=assignment.group_id)
@@ -82,13 +100,17 @@ def _notify(
         "escalate_at": assignment.escalate_at.isoformat(),
         "link": _desk_link(item_kind=assignment.item_kind, task_id=assignment.task_id),
     }
-    recipients = [
-        (Channel.EMAIL, str(member.user_id))
-        for member in selectors.group_members(
-            tenant=tenant, group_id=assignment.group_id
-        )
-        if member.email_enabled and member.user.email
-    ] + [
+    group_ids = list(dict.fromkeys([assignment.group_id, *also_group_ids]))
+    people = sorted(
+        {
+            member.user_id
+            for member in selectors.group_members(tenant=tenant, group_ids=group_ids)
+            if member.email_enabled
+            and member.user.email
+            and assignment.person_id in (None, member.user_id)
+        }
+    )
+    recipients = [(Channel.EMAIL, str(user_id)) for user_id in people] + [
         (Channel.WEBHOOK, str(webhook.pk))
         for webhook in selectors.webhooks_enabled(tenant=tenant)
     ]
@@ -116,16 +138,17 @@ def item_assign(
     reason_code: str,
     task_id: uuid.UUID | None,
     actor: Actor,
-    group_name: str = "",
+    group_names: Sequence[str] = (),
 ) -> Assignment:
     """Route a new desk item to its group, in the caller's transaction.
 
     The reason code's rule (else the tenant's default rule, else the
     ``Takeover desk`` group with the default intervals) names the group and the
-    SLA. ``group_name``, when the item names its own group (an approval's policy)
-    and the tenant has it, wins over the rule's group; the rule's SLA and backup
-    group still hold. The assignment, a ``desk.item_assigned`` event and one
-    notification per recipient commit with the item.
+    SLA. ``group_names``, when the item names its own groups (an approval's
+    policy): the first of them the tenant has holds the item instead of the rule's
+    group, and every one the tenant has is told (each person once); the rule's SLA
+    and backup group still hold. The assignment, a ``desk.item_assigned`` event and
+    one notification per recipient commit with the item.
 
     Raises:
         TransactionRequired: called outside a transaction.
@@ -140,9 +163,9 @@ def item_assign(
         group_id = group.pk
         remind_s = settings.PORTAL_SLA_REMIND_AFTER_S
         escalate_s = settings.PORTAL_SLA_ESCALATE_AFTER_S
-    named = Group.objects.filter(tenant=tenant, name=group_name).first()
-    if group_name and named is not None:
-        group_id = named.pk
+    named = selectors.group_ids_named(tenant=tenant, names=group_names)
+    if named:
+        group_id = named[0]
     now = _db_now()
     assignment = Assignment.objects.create(
         tenant=tenant,
@@ -161,13 +184,14 @@ def item_assign(
         actor=actor,
         task_id=task_id,
         reason=reason_code or None,
-        data=_event_data(assignment),
+        data=_event_data(assignment, told_group_ids=[str(g) for g in named[1:]]),
     )
     _notify(
         tenant=tenant,
         event_id=event_id,
         code=EventCode.DESK_ITEM_ASSIGNED,
         assignment=assignment,
+        also_group_ids=named[1:],
     )
     return assignment
 
@@ -193,32 +217,72 @@ def _assignment_for_update(*, tenant: Tenant, assignment_id: uuid.UUID) -> Assig
         raise AssignmentNotFound(assignment_id=str(assignment_id)) from None
 
 
+def _open_for_update(*, tenant: Tenant, assignment_id: uuid.UUID) -> Assignment:
+    assignment = _assignment_for_update(tenant=tenant, assignment_id=assignment_id)
+    if assignment.closed_at is not None:
+        raise ItemClosed(assignment_id=str(assignment_id))
+    return assignment
+
+
 @transaction.atomic(durable=True)
 def item_reassign(
-    *, tenant: Tenant, assignment_id: uuid.UUID, group_id: uuid.UUID, user: Person
+    *,
+    tenant: Tenant,
+    assignment_id: uuid.UUID,
+    group_id: uuid.UUID,
+    user: Person,
+    person_id: int | None = None,
 ) -> Assignment:
-    """Move an item to another group of the tenant (support or admin only).
+    """Move an item to another group of the tenant, or to a person in one
+    (support or admin only).
 
-    The person on it is cleared; the SLA clock keeps running. One
-    ``desk.item_reassigned`` event names the person; the new group is notified.
+    The SLA clock keeps running. One ``desk.item_reassigned`` event names the
+    person who moved it, the groups and people before and after; the new group is
+    notified, or, when the item goes to a person, that person alone (and the
+    tenant's webhooks either way). Moving it to where it is changes nothing and
+    writes nothing.
 
     Raises:
         PermissionDenied: the user may not work this tenant's desk.
         AssignmentNotFound: no such item in the tenant.
-        Group.DoesNotExist: no such group in the tenant.
+        ItemClosed: the item is done.
+        NotFound: no such group in the tenant.
+        AssigneeNotAllowed: the person is not in the group or may not work the
+            desk.
     """
     _require_desk_role(tenant=tenant, user=user)
-    assignment = _assignment_for_update(tenant=tenant, assignment_id=assignment_id)
-    group = Group.objects.get(tenant=tenant, pk=group_id)
-    before = assignment.group_id
-    assignment.group_id, assignment.person = group.pk, None
+    assignment = _open_for_update(tenant=tenant, assignment_id=assignment_id)
+    group = Group.objects.filter(tenant=tenant, pk=group_id).first()
+    if group is None:
+        raise NotFound("No such group in this tenant.", group_id=str(group_id))
+    person = None
+    if person_id is not None:
+        person = User.objects.filter(pk=person_id, is_active=True).first()
+        if (
+            person is None
+            or not selectors.group_has_member(
+                tenant=tenant, group_ids=[group.pk], user_id=person_id
+            )
+            or not has_tenant_perm(
+                user=person, tenant=tenant, perm=TenantPerm.WORK_TAKEOVER
+            )
+        ):
+            raise AssigneeNotAllowed(group_id=str(group.pk), person_id=person_id)
+    before_group, before_person = assignment.group_id, assignment.person_id
+    if (before_group, before_person) == (group.pk, person_id):
+        return assignment
+    assignment.group_id, assignment.person = group.pk, person
     assignment.save(update_fields=["group", "person"])
     event_id = audit_services.event_append(
         tenant_id=tenant.pk,
         code=EventCode.DESK_ITEM_REASSIGNED,
         actor=Actor.of_user(user),
         task_id=assignment.task_id,
-        data=_event_data(assignment, from_group_id=str(before)),
+        data=_event_data(
+            assignment,
+            from_group_id=str(before_group),
+            from_person_id=before_person,
+        ),
     )
     _notify(
         tenant=tenant,
@@ -236,18 +300,23 @@ def item_take_over(
     """The person takes the item: they become its assignee (audited).
 
     Only a member of the item's group may take it (support or admin role too).
+    Taking one's own item again changes nothing and writes nothing.
 
     Raises:
         PermissionDenied: the user may not work this tenant's desk.
-        NotAGroupMember: the user is in none of the item's groups.
+        NotAGroupMember: the user is not in the item's group.
         AssignmentNotFound: no such item in the tenant.
+        ItemClosed: the item is done.
     """
     _require_desk_role(tenant=tenant, user=user)
-    assignment = _assignment_for_update(tenant=tenant, assignment_id=assignment_id)
+    assignment = _open_for_update(tenant=tenant, assignment_id=assignment_id)
     if not selectors.group_has_member(
         tenant=tenant, group_ids=[assignment.group_id], user_id=user.pk or 0
     ):
         raise NotAGroupMember(assignment_id=str(assignment_id))
+    if assignment.person_id == user.pk:
+        return assignment
+    before_person = assignment.person_id
     assignment.person = user  # type: ignore[assignment]
     assignment.save(update_fields=["person"])
     audit_services.event_append(
@@ -255,7 +324,7 @@ def item_take_over(
         code=EventCode.DESK_ITEM_REASSIGNED,
         actor=Actor.of_user(user),
         task_id=assignment.task_id,
-        data=_event_data(assignment, taken_over=True),
+        data=_event_data(assignment, taken_over=True, from_person_id=before_person),
     )
     return assignment
 
@@ -319,6 +388,24 @@ def sla_sweep(*, limit: int = 200) -> tuple[int, int]:
     return reminded, escalated
 
 
+# The groups an approval's policy names (any of them may decide), read by name like
+# the closing statements above.
+_APPROVAL_GROUPS: Final = """
+SELECT jsonb_array_elements_text(p.groups)
+FROM tasks_approval p WHERE p.tenant_id = %s AND p.id = %s
+"""
+
+
+def _deciding_group_ids(*, assignment: Assignment) -> list[uuid.UUID]:
+    """For an approval, the ids of the tenant's groups its policy names; else []."""
+    if assignment.item_kind != ItemKind.APPROVAL:
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(_APPROVAL_GROUPS, [assignment.tenant_id, assignment.item_id])
+        names = [name for (name,) in cursor.fetchall()]
+    return selectors.group_ids_named(tenant=assignment.tenant, names=names)
+
+
 def _remind(*, assignment: Assignment, now: dt.datetime) -> None:
     tenant = assignment.tenant
     assignment.reminded_at = now
@@ -336,6 +423,7 @@ def _remind(*, assignment: Assignment, now: dt.datetime) -> None:
         event_id=event_id,
         code=EventCode.DESK_ITEM_REMINDED,
         assignment=assignment,
+        also_group_ids=_deciding_group_ids(assignment=assignment),
     )
 
 

@@ -296,7 +296,7 @@ def approval_for_execution(
         reason_code=ReasonCode.APPROVAL_REQUIRED,
         task_id=operation.task_id,
         actor=actor,
-        group_name=approval.groups[0] if approval.groups else "",
+        group_names=approval.groups,
     )
     return Wanted(usable=False, evidence={"approval": _evidence(approval), "why": why})
 

@@ -31,7 +31,7 @@ from routing.models import (
     Webhook,
 )
 from tasks.models import Approval
-from tests.api.test_approvals import publish, with_amount
+from tests.api.test_approvals import REFUNDS, publish, with_amount
 from tests.gateway import conftest as gateway_world
 from tests.gateway.conftest import World
 from tests.support.db import db_clock_offset
@@ -229,3 +229,72 @@ def test_the_approvals_page_shows_the_clock(world, approvers):
     html = page.content.decode()
     assert str(approval.pk) in html
     assert "finance: due in 5 min (reminded)" in html
+
+
+FINANCE_AND_LEGAL = (
+    REFUNDS
+    + """
+@id("big-refunds-need-legal")
+@approval("legal")
+permit(principal, action == Action::"create_ticket", resource)
+when { context.amounts.hasTag("amount") && context.amounts.getTag("amount") > 500 };
+"""
+)
+
+
+def test_every_group_the_policy_names_is_told_each_person_once(
+    world, approvers, smtp: Inbox, receiver: Receiver
+):
+    # given a policy whose two permits ask finance and legal: Fay is in finance,
+    # Lou in legal, Max in both, and Bo in legal does not want e-mail
+    legal = Group.objects.create(tenant=world.tenant, name="legal")
+    lou = staff(world, "lou", legal)
+    max_ = staff(world, "max", approvers.finance)
+    routing_services.group_member_add(tenant=world.tenant, group=legal, user=max_)
+    bo = staff(world, "bo", legal)
+    routing_services.group_member_add(
+        tenant=world.tenant, group=legal, user=bo, email_enabled=False
+    )
+    publish(world, FINANCE_AND_LEGAL)
+
+    # when the agent's refund is refused for approval
+    started = world.start_task(input={"summary": f"Refund {CANARY}"})
+    refused = world.execute(started, with_amount(world, 700))
+    assert refused.json()["code"] == "APPROVAL_REQUIRED", refused.text
+    approval = Approval.objects.get(operation_id=started["operation"]["id"])
+    assert approval.groups == ["finance", "legal"]
+
+    # then finance (the first by name) holds the item, the event names legal as
+    # told too, and Fay, Lou and Max get one e-mail each, Bo none
+    item = item_of(approval)
+    assert item.group_id == approvers.finance.pk
+    assigned = Event.objects.get(
+        tenant=world.tenant,
+        code=EventCode.DESK_ITEM_ASSIGNED,
+        payload__item_id=str(approval.pk),
+    )
+    assert assigned.payload["told_group_ids"] == [str(legal.pk)]
+    delivery.notifications_deliver_once()
+    mailed = sorted(rcpt for rcpts, _, _ in smtp.messages for rcpt in rcpts)
+    assert mailed == [
+        "fay@support.example",
+        "lou@support.example",
+        "max@support.example",
+    ]
+    posts = [
+        post
+        for post in receiver.posts
+        if str(approval.pk) in post["body"]["blocks"][0]["text"]["text"]
+    ]
+    assert [post["valid"] for post in posts] == [True]
+
+    # and the reminder, 61 s later, tells the same people once each again
+    with db_clock_offset(61):
+        jobs.sweep_sla_job()
+    reminded = Notification.objects.filter(
+        tenant=world.tenant,
+        channel="email",
+        facts__event=EventCode.DESK_ITEM_REMINDED,
+        facts__item_id=str(approval.pk),
+    ).values_list("recipient", flat=True)
+    assert sorted(reminded) == sorted(str(u.pk) for u in (approvers.fay, lou, max_))
