@@ -458,7 +458,14 @@ def tenant_checkpoint_scoped(
     """
     key = key or signing_key()
     with scope.tenant_scope([tenant_id]):
-        return tenant_checkpoint(tenant_id=tenant_id, key=key)
+        written = tenant_checkpoint(tenant_id=tenant_id, key=key)
+    # Committed: the newest head to the witnesses, the TSA and the export (HTTP,
+    # so never inside the run's transaction; retried by every later run).
+    from . import witness_client  # it imports the verifier, which imports this
+
+    if witness_client.vouching_configured():
+        witness_client.head_vouch(tenant_id=tenant_id)
+    return written
 
 
 def unscoped_checkpoint_all(*, key: SigningKey | None = None) -> dict[str, int]:

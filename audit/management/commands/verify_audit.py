@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from audit import checkpoints, verify, verify_log
+from audit import checkpoints, timestamp, verify, verify_log, witness_client
 from portal import scope
 from portal.models import Tenant
 
@@ -29,6 +29,21 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--tenant", metavar="SLUG", help="only this tenant")
         parser.add_argument(
+            "--witness-key",
+            action="append",
+            default=[],
+            metavar="VKEY",
+            help="require this witness's cosignatures (its verifier key, or a file "
+            "holding it, optionally followed by its URL); repeatable; default: "
+            "PORTAL_AUDIT_WITNESSES",
+        )
+        parser.add_argument(
+            "--tsa-root",
+            metavar="PEM",
+            help="check every RFC 3161 token against this root; default: "
+            "PORTAL_AUDIT_TSA_ROOT_FILE",
+        )
+        parser.add_argument(
             "--public-key",
             action="append",
             default=[],
@@ -36,6 +51,19 @@ class Command(BaseCommand):
             help="trust this public key file (repeatable); default: the published "
             "one (PORTAL_AUDIT_PUBLIC_KEY_FILE, or the development key's)",
         )
+
+    def _witnesses(self, vkeys: list[str]) -> list[witness_client.WitnessConfig]:
+        try:
+            if not vkeys:
+                return witness_client.configured()
+            return [
+                witness_client.witness_parse(
+                    Path(v).read_text().strip() if Path(v).is_file() else v
+                )
+                for v in vkeys
+            ]
+        except witness_client.WitnessConfigError as error:
+            raise CommandError(str(error)) from None
 
     def _public_keys(self, files: list[str]) -> dict[str, Ed25519PublicKey]:
         if not files:
@@ -51,6 +79,12 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         public_keys = self._public_keys(options["public_key"])
+        witnesses = self._witnesses(options["witness_key"])
+        tsa_roots = (
+            timestamp.roots_load(Path(options["tsa_root"]).read_bytes())
+            if options["tsa_root"]
+            else timestamp.configured_roots()
+        )
         tenants = Tenant.objects.order_by("slug")
         if options["tenant"]:
             tenants = tenants.filter(slug=options["tenant"])
@@ -75,6 +109,12 @@ class Command(BaseCommand):
                     leaves, heads, broken = verify_log.log_verify(
                         tenant_id=tenant.pk, public_keys=public_keys
                     )
+                stamps = None
+                if broken is None and (witnesses or tsa_roots):
+                    stamps = witness_client.tenant_stamps_verify(
+                        tenant_id=tenant.pk, witnesses=witnesses, tsa_roots=tsa_roots
+                    )
+                    broken = stamps.broken
             if broken is not None:
                 self.stdout.write(f"BROKEN tenant {tenant.slug}: {broken}")
                 sys.exit(1)
@@ -91,4 +131,12 @@ class Command(BaseCommand):
                 "checkpoint (a cut there shows only after the next one); log of "
                 f"{leaves} events under {heads} signed tree heads"
             )
+            if stamps is not None:
+                self.stdout.write(
+                    f"  witnessed: {stamps.cosigned} heads cosigned by "
+                    f"{', '.join(w.name for w in witnesses) or 'no witness'}; "
+                    f"{stamps.timestamped} RFC 3161 tokens checked"
+                )
+                for note in stamps.notes:
+                    self.stderr.write(f"  {note}")
         self.stdout.write(f"intact: {total} events")

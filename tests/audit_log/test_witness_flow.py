@@ -1,0 +1,317 @@
+"""Witnesses, RFC 3161 timestamps and the append-only export, end to end (issue 19 §3).
+
+Real parts: a ``manage.py witness`` process on 127.0.0.1 with its own key and state
+folder, a TSA answering with ``openssl ts -reply`` under a test CA made by openssl,
+PostgreSQL. The checkpoint job signs heads; after its commit they go to the witness,
+the TSA and the export file; ``verify_audit`` then requires the witness's
+cosignature and checks every token. Tampering plays the superuser with triggers off
+(tests/db/test_transparency_log.py's way); each change is caught with its kind.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import io
+import json
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from django.core.management import call_command
+from django.db import transaction
+from django.test import override_settings
+
+from audit import checkpoints, timestamp, tlog, witness, witness_client
+from audit import services as audit_services
+from audit.models import EventCode, HeadStamp, TreeHead
+from portal import scope
+from portal.actors import Actor
+from portal.models import Tenant
+from tests.support.db import connect_as
+from tests.support.tsa import Tsa, running_tsa
+from tests.support.witness import RunningWitness, restart, running_witness
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ACTOR = Actor.system("witness-test")
+
+
+def append(tenant: Tenant, n: int) -> None:
+    with transaction.atomic():
+        audit_services.event_append(
+            tenant_id=tenant.pk,
+            task_id=uuid.uuid4(),
+            code=EventCode.TASK_TRANSITIONED,
+            actor=ACTOR,
+            data={"n": n},
+        )
+
+
+def checkpoint() -> None:
+    call_command("checkpoint_audit", stdout=io.StringIO())
+
+
+def verify(tenant: Tenant, *args: str) -> tuple[int, str]:
+    out = io.StringIO()
+    try:
+        call_command("verify_audit", *args, tenant=tenant.slug, stdout=out, stderr=out)
+    except SystemExit as stop:
+        return int(stop.code or 0), out.getvalue()
+    return 0, out.getvalue()
+
+
+def kind_of(output: str) -> str:
+    line = next(line for line in output.splitlines() if line.startswith("BROKEN"))
+    return line.split(": ")[1]
+
+
+def heads(tenant: Tenant) -> list[TreeHead]:
+    with scope.tenant_scope([tenant.pk]):
+        return list(TreeHead.objects.filter(tenant=tenant).order_by("size"))
+
+
+def stamps(tenant: Tenant, kind: str) -> list[HeadStamp]:
+    with scope.tenant_scope([tenant.pk]):
+        return list(
+            HeadStamp.objects.filter(tenant_id=tenant.pk, kind=kind)
+            .select_related("tree_head")
+            .order_by("tree_head__size")
+        )
+
+
+@pytest.fixture
+def superuser() -> Iterator[Callable[..., None]]:
+    raw = connect_as("admin")
+
+    def run(*statements: tuple[str, list[Any]]) -> None:
+        with raw.transaction():
+            raw.execute("SET LOCAL session_replication_role = replica")
+            for sql, params in statements:
+                raw.execute(sql, params)
+
+    yield run
+    raw.close()
+
+
+@pytest.fixture
+def witnessed(tmp_path: Path) -> Iterator[tuple[RunningWitness, Tsa, Path]]:
+    """A witness process and a TSA, configured; the export in a folder of its own."""
+    checkpoints.signing_key()  # the development key's public half, for the witness
+    with running_tsa() as tsa, running_witness(tmp_path / "w1") as w1:
+        configured = override_settings(
+            PORTAL_AUDIT_WITNESSES=[w1.entry],
+            PORTAL_AUDIT_TSA_URL=tsa.url,
+            PORTAL_AUDIT_TSA_ROOT_FILE=str(tsa.root_file),
+            PORTAL_AUDIT_EXPORT_DIR=str(tmp_path / "export"),
+        )
+        with configured:
+            yield w1, tsa, tmp_path / "export"
+
+
+@pytest.fixture
+def three_heads(tenant: Tenant, witnessed) -> Tenant:
+    """Three runs of the job: heads of 2, 5 and 9 events (one task chain each),
+    each cosigned and time-stamped after its commit."""
+    n = 0
+    for batch in (2, 3, 4):
+        for _ in range(batch):
+            append(tenant, n)
+            n += 1
+        checkpoint()
+    return tenant
+
+
+def test_each_new_head_is_cosigned_time_stamped_and_exported(three_heads, witnessed):
+    w1, tsa, export_dir = witnessed
+    tenant = three_heads
+    sizes = [head.size for head in heads(tenant)]
+    assert sizes == [2, 5, 9]
+    # then the witness cosigned each, in order (old size = the last it cosigned)
+    cosigned = stamps(tenant, HeadStamp.Kind.COSIGNATURE)
+    assert [s.tree_head.size for s in cosigned] == sizes
+    config = witness_client.witness_parse(w1.entry)
+    times = [
+        witness.cosignature_open(
+            s.stamp,
+            body=witness_client.head_body(s.tree_head),
+            name=config.name,
+            public=config.public,
+        )
+        for s in cosigned
+    ]
+    assert times == sorted(times)
+    # and its own state, a file outside the database, holds the newest one
+    origin = tlog.origin_of(tenant.pk)
+    state = (w1.state_dir / f"{witness.origin_hash(origin)}.checkpoint").read_text()
+    assert state.startswith(witness_client.head_body(heads(tenant)[-1]))
+    assert cosigned[-1].stamp in state
+    # and the TSA's token on each imprints that head's body
+    tokens = stamps(tenant, HeadStamp.Kind.RFC3161)
+    assert [s.tree_head.size for s in tokens] == sizes and tsa.requests == 3
+    roots = timestamp.roots_load(tsa.root_file.read_bytes())
+    for token in tokens:
+        assert (
+            timestamp.token_check(
+                base64.b64decode(token.stamp),
+                body=witness_client.head_body(token.tree_head),
+                roots=roots,
+            )
+            is None
+        )
+    # and the export has one line per head, with the cosigned note and the token
+    lines = (export_dir / f"{tenant.pk}.jsonl").read_text().splitlines()
+    exported = [json.loads(line) for line in lines]
+    assert [line["size"] for line in exported] == sizes
+    assert cosigned[-1].stamp in exported[-1]["note"]
+    assert exported[-1]["rfc3161"][0]["token"] == tokens[-1].stamp
+    # and a run with nothing new sends nothing again, writes nothing again
+    checkpoint()
+    assert len(stamps(tenant, HeadStamp.Kind.COSIGNATURE)) == 3
+    assert len((export_dir / f"{tenant.pk}.jsonl").read_text().splitlines()) == 3
+    # and verify_audit requires and finds all of it
+    code, output = verify(tenant)
+    assert code == 0, output
+    assert "witnessed: 3 heads cosigned by witness.test/w1; 3 RFC 3161" in output
+
+
+def test_the_witness_keeps_its_state_across_a_restart(three_heads, witnessed):
+    w1, _, _ = witnessed
+    tenant = three_heads
+    again = restart(w1)
+    try:
+        for n in range(3):
+            append(tenant, 100 + n)
+        checkpoint()
+        assert [s.tree_head.size for s in stamps(tenant, "cosignature")] == [
+            2,
+            5,
+            9,
+            12,
+        ]
+        # It refuses a head that does not extend what it cosigned before the
+        # restart: the newest head of 12 again, with old size 9 (409: it has 12).
+        head = heads(tenant)[-1]
+        config = witness_client.witness_parse(again.entry)
+        with httpx.Client() as client:
+            answer = witness_client._submit(config, head, 9, client)
+        assert (answer.status_code, answer.text) == (409, "12\n")
+    finally:
+        again.stop()
+
+
+def test_a_forged_cosignature_is_caught(three_heads, witnessed, superuser):
+    tenant = three_heads
+    head = heads(tenant)[1]
+    stranger = witness.cosign(
+        body=witness_client.head_body(head),
+        name="witness.test/w1",
+        private=Ed25519PrivateKey.generate(),
+        timestamp=int(head.signed_at.timestamp()) + 1,
+    )
+    superuser(
+        (
+            "UPDATE audit_headstamp SET stamp = %s WHERE tree_head_id = %s AND kind = 'cosignature'",
+            [stranger, head.pk],
+        )
+    )
+    code, output = verify(tenant)
+    assert (code, kind_of(output)) == (1, "forged cosignature"), output
+
+
+def test_a_cosignature_moved_from_another_head_is_caught_as_replayed(
+    three_heads, witnessed, superuser
+):
+    tenant = three_heads
+    first, second, _ = stamps(tenant, "cosignature")
+    superuser(
+        (
+            "UPDATE audit_headstamp SET stamp = %s WHERE id = %s",
+            [first.stamp, second.pk],
+        )
+    )
+    code, output = verify(tenant)
+    assert (code, kind_of(output)) == (1, "replayed cosignature"), output
+
+
+def test_heads_cut_with_the_logs_tail_show_against_the_witness(
+    three_heads, witnessed, superuser
+):
+    """The window the database alone leaves open: the newest run's events, chain
+    heads, checkpoints, log tail, tree head and stamps deleted together verify
+    against what is left, but not against the witness's own state."""
+    tenant = three_heads
+    newest = heads(tenant)[-1]
+    superuser(
+        (
+            "CREATE TEMP TABLE gone ON COMMIT DROP AS SELECT event_id FROM audit_logentry WHERE tenant_id = %s AND position >= 5",
+            [tenant.pk],
+        ),
+        ("DELETE FROM audit_headstamp WHERE tree_head_id = %s", [newest.pk]),
+        ("DELETE FROM audit_treehead WHERE id = %s", [newest.pk]),
+        (
+            "DELETE FROM audit_logentry WHERE tenant_id = %s AND position >= 5",
+            [tenant.pk],
+        ),
+        (
+            "DELETE FROM audit_checkpoint WHERE head_event_id IN (SELECT event_id FROM gone)",
+            [],
+        ),
+        (
+            "DELETE FROM audit_chainhead WHERE head_event_id IN (SELECT event_id FROM gone)",
+            [],
+        ),
+        ("DELETE FROM audit_event WHERE id IN (SELECT event_id FROM gone)", []),
+    )
+    with override_settings(PORTAL_AUDIT_WITNESSES=[], PORTAL_AUDIT_TSA_ROOT_FILE=""):
+        code, output = verify(tenant)
+    assert code == 0, output  # the database agrees with itself
+    code, output = verify(tenant)
+    assert (code, kind_of(output)) == (1, "deleted"), output
+    assert "witness witness.test/w1 cosigned a head of 9; the log has 5" in output
+
+
+def test_a_timestamp_of_another_head_is_caught(three_heads, witnessed, superuser):
+    tenant = three_heads
+    first, second, _ = stamps(tenant, "rfc3161")
+    superuser(
+        (
+            "UPDATE audit_headstamp SET stamp = %s WHERE id = %s",
+            [first.stamp, second.pk],
+        )
+    )
+    code, output = verify(tenant)
+    assert (code, kind_of(output)) == (1, "timestamp for another head"), output
+
+
+def test_a_token_that_does_not_chain_to_the_given_root_is_caught(
+    three_heads, witnessed
+):
+    _, tsa, _ = witnessed
+    code, output = verify(three_heads, "--tsa-root", str(tsa.other_root_file))
+    assert (code, kind_of(output)) == (1, "forged timestamp"), output
+
+
+def test_a_head_past_the_grace_without_a_cosignature_is_not_witnessed(
+    tenant, witnessed, tmp_path
+):
+    w1, _, _ = witnessed
+    w1.stop()  # the witness is down while the job signs
+    append(tenant, 1)
+    checkpoint()
+    assert stamps(tenant, "cosignature") == []
+    config = witness_client.witness_parse(w1.entry)
+    later = dt.datetime.now(dt.UTC) + witness_client.WITNESS_GRACE * 2
+    with scope.tenant_scope([tenant.pk]):
+        broken = witness_client.stamps_verify(
+            tenant_id=tenant.pk, heads=heads(tenant), witnesses=[config], now=later
+        )
+        fresh = witness_client.stamps_verify(
+            tenant_id=tenant.pk, heads=heads(tenant), witnesses=[config]
+        )
+    assert broken is not None and broken.kind == "not witnessed"
+    assert fresh is None  # within the grace: the next run may still get it
