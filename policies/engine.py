@@ -21,14 +21,14 @@ import functools
 import json
 import math
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import cedarpy
 
 from portal.codes import ReasonCode
-from portal.models import Agent, Tenant
+from portal.models import Agent, Tenant, TrustTier
 
 from .models import PolicySet
 
@@ -55,12 +55,29 @@ REASONS: Final[dict[Verdict, ReasonCode]] = {
 
 
 @dataclass(frozen=True, kw_only=True)
+class AgentFacts:
+    """What a policy sees of the agent (``principal``), read from its row."""
+
+    name: str = ""
+    sponsor: str = ""  # the sponsor's username; "" when it has none
+    trust_tier: str = TrustTier.STANDARD
+    tags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
 class PolicyRequest:
     """What a policy sees of one governed action: the values are as stored
-    (redacted), so the what-if over stored operations sees what the gateway saw."""
+    (redacted), so the what-if over stored operations sees what the gateway saw.
+
+    ``amount_fields`` are the contract's declared amounts (None: the contract
+    declares none, and every number counts); ``risk_class`` is the contract's.
+    """
 
     agent_id: str
     agent_name: str
+    agent_sponsor: str = ""  # the sponsor's username; "" when it has none
+    agent_trust_tier: str = TrustTier.STANDARD
+    agent_tags: tuple[str, ...] = ()
     action: str
     target: str
     object_type: str
@@ -70,6 +87,8 @@ class PolicyRequest:
     fields: Mapping[str, Any] = field(default_factory=dict)
     contract_key: str = ""
     contract_version: int = 0
+    amount_fields: tuple[str, ...] | None = None
+    risk_class: str = ""
     phase: str = "execute"  # or "reserve"
     at: dt.datetime
 
@@ -144,6 +163,23 @@ def _whole(value: Any) -> int | None:
     return value
 
 
+def request_amounts(request: PolicyRequest) -> dict[str, int]:
+    """The request's amounts as whole numbers: its declared amount fields (or,
+    when the contract declares none, every number), from its arguments and its
+    checked field values (a field's value wins over an argument's)."""
+    arguments = request.arguments if isinstance(request.arguments, Mapping) else {}
+    amounts: dict[str, int] = {}
+    declared = request.amount_fields
+    for values in (arguments, request.fields):
+        for name, value in values.items():
+            if declared is not None and name not in declared:
+                continue
+            number = _whole(value)
+            if number is not None:
+                amounts[str(name)] = number
+    return amounts
+
+
 def cedar_request(request: PolicyRequest) -> tuple[dict[str, Any], list[Any]]:
     """The Cedar request and its entities (docs/policies.md, "The entity model")."""
     arguments = request.arguments if isinstance(request.arguments, Mapping) else {}
@@ -152,12 +188,8 @@ def cedar_request(request: PolicyRequest) -> tuple[dict[str, Any], list[Any]]:
         for name, value in request.fields.items()
         if value is not None
     }
-    amounts: dict[str, int] = {}
-    for values in (arguments, request.fields):  # checked field values win
-        for name, value in values.items():
-            number = _whole(value)
-            if number is not None:
-                amounts[str(name)] = number
+    amounts = request_amounts(request)
+    declared = request.amount_fields
     target = {"type": "Target", "id": request.target}
     resource = {
         "type": "BusinessObject",
@@ -167,7 +199,12 @@ def cedar_request(request: PolicyRequest) -> tuple[dict[str, Any], list[Any]]:
     entities = [
         {
             "uid": {"type": "Agent", "id": request.agent_id},
-            "attrs": {"name": request.agent_name},
+            "attrs": {
+                "name": request.agent_name,
+                "sponsor": request.agent_sponsor,
+                "trust_tier": request.agent_trust_tier,
+                "tags": sorted(request.agent_tags),
+            },
             "parents": [],
         },
         {"uid": target, "attrs": {}, "parents": []},
@@ -191,8 +228,9 @@ def cedar_request(request: PolicyRequest) -> tuple[dict[str, Any], list[Any]]:
             },
         },
         {
+            # Declared amounts are attributes (context.amounts.amount) and tags.
             "uid": {"type": "Amounts", "id": "request"},
-            "attrs": {},
+            "attrs": amounts if declared is not None else {},
             "parents": [],
             "tags": amounts,
         },
@@ -207,6 +245,7 @@ def cedar_request(request: PolicyRequest) -> tuple[dict[str, Any], list[Any]]:
             "phase": request.phase,
             "contract": request.contract_key,
             "contract_version": request.contract_version,
+            "risk_class": request.risk_class,
             "time": {
                 "weekday": WEEKDAYS[at.weekday()],
                 "hour": at.hour,
@@ -298,6 +337,29 @@ def _allowed(
     )
 
 
+def agent_facts(*, tenant: Tenant, agent_ids: Iterable[str]) -> dict[str, AgentFacts]:
+    """Each agent's facts by id, in one query; ids that are no agent of the tenant
+    (the portal itself, a queued run's SYSTEM) are left out."""
+    pks = set()
+    for agent_id in agent_ids:
+        try:
+            pks.add(uuid.UUID(agent_id))
+        except ValueError:
+            continue
+    rows = Agent.objects.filter(tenant=tenant, pk__in=pks).values_list(
+        "pk", "name", "sponsor__username", "trust_tier", "tags"
+    )
+    return {
+        str(pk): AgentFacts(
+            name=name,
+            sponsor=sponsor or "",
+            trust_tier=trust_tier,
+            tags=tuple(tags or ()),
+        )
+        for pk, name, sponsor, trust_tier, tags in rows
+    }
+
+
 def request_for(
     *,
     tenant: Tenant,
@@ -311,28 +373,28 @@ def request_for(
     fields: Mapping[str, Any] | None = None,
     contract_key: str | None = None,
     contract_version: int | None = None,
+    amount_fields: Sequence[str] | None = None,
+    risk_class: str = "",
     phase: str,
     at: dt.datetime,
-    agent_name: str | None = None,
+    agent: AgentFacts | None = None,
 ) -> PolicyRequest:
-    """The request for one action; reads the agent's name unless it is given.
+    """The request for one action; reads the agent's facts unless they are given.
 
-    ``arguments`` and ``fields`` must be the redacted values (as stored).
+    ``arguments`` and ``fields`` must be the redacted values (as stored);
+    ``amount_fields`` and ``risk_class`` are the contract's declarations
+    (tasks/contracts.py).
     """
-    if agent_name is None:
-        try:
-            pk = uuid.UUID(agent_id)
-        except ValueError:  # not an agent: the portal itself (a queued run's SYSTEM)
-            agent_name = ""
-        else:
-            agent_name = (
-                Agent.objects.filter(tenant=tenant, pk=pk)
-                .values_list("name", flat=True)
-                .first()
-            ) or ""
+    if agent is None:
+        agent = agent_facts(tenant=tenant, agent_ids=[agent_id]).get(
+            agent_id, AgentFacts()
+        )
     return PolicyRequest(
         agent_id=agent_id,
-        agent_name=agent_name,
+        agent_name=agent.name,
+        agent_sponsor=agent.sponsor,
+        agent_trust_tier=agent.trust_tier,
+        agent_tags=agent.tags,
         action=action,
         target=target,
         object_type=object_type,
@@ -342,6 +404,8 @@ def request_for(
         fields=dict(fields or {}),
         contract_key=contract_key or "",
         contract_version=contract_version or 0,
+        amount_fields=tuple(amount_fields) if amount_fields is not None else None,
+        risk_class=risk_class,
         phase=phase,
         at=at,
     )

@@ -1,10 +1,11 @@
 """The Cedar schema a tenant's policies are validated against at publish.
 
 Generated, never written by hand: entity types are fixed (docs/policies.md, "The
-entity model"), the actions are the ones the tenant's agents are granted, and the
-context's ``fields`` record names every field the tenant's published contracts
-require or read. Evaluation itself runs without the schema; it is the publish-time
-check that a policy names real actions and reads attributes that exist.
+entity model") but for the amounts their published contracts declare, the actions
+are the ones the tenant's agents are granted, and the context's ``fields`` record
+names every field the tenant's published contracts require or read. Evaluation
+itself runs without the schema; it is the publish-time check that a policy names
+real actions and reads attributes that exist.
 """
 
 from __future__ import annotations
@@ -22,18 +23,35 @@ def _record(attributes: Mapping[str, Any]) -> dict[str, Any]:
     return {"type": "Record", "attributes": dict(attributes)}
 
 
-ENTITY_TYPES: Final[dict[str, Any]] = {
-    "Agent": {"shape": _record({"name": _STRING})},
-    "Target": {},
-    "BusinessObject": {
-        "memberOfTypes": ["Target"],
-        "shape": _record({"type": _STRING, "id": _STRING, "version": _STRING}),
-    },
-    # The operation's top-level arguments, as text (tags: any argument name).
-    "Arguments": {"tags": _STRING},
-    # Its numeric arguments and numeric field values, as whole numbers.
-    "Amounts": {"tags": _LONG},
-}
+def entity_types(*, amount_names: Sequence[str]) -> dict[str, Any]:
+    """The entity types; ``Amounts`` has an attribute per declared amount field."""
+    return {
+        "Agent": {
+            "shape": _record(
+                {
+                    "name": _STRING,
+                    "sponsor": _STRING,  # the sponsor's username, "" for none
+                    "trust_tier": _STRING,  # restricted, standard, trusted
+                    "tags": {"type": "Set", "element": _STRING},
+                }
+            )
+        },
+        "Target": {},
+        "BusinessObject": {
+            "memberOfTypes": ["Target"],
+            "shape": _record({"type": _STRING, "id": _STRING, "version": _STRING}),
+        },
+        # The operation's top-level arguments, as text (tags: any argument name).
+        "Arguments": {"tags": _STRING},
+        # The declared amounts (or, under a contract declaring none, every number),
+        # as whole numbers: tags, and attributes for the declared ones.
+        "Amounts": {
+            "shape": _record(
+                {name: {**_LONG, "required": False} for name in amount_names}
+            ),
+            "tags": _LONG,
+        },
+    }
 
 
 def contract_field_names(specs: Iterable[Mapping[str, Any]]) -> list[str]:
@@ -52,7 +70,20 @@ def granted_actions(*, tenant: Tenant) -> list[str]:
     )
 
 
-def schema_for(*, actions: Sequence[str], field_names: Sequence[str]) -> dict[str, Any]:
+def contract_amount_names(specs: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Every amount field the contract specs declare, sorted, once each."""
+    names: set[str] = set()
+    for spec in specs:
+        names.update(spec.get("amount_fields") or ())
+    return sorted(names)
+
+
+def schema_for(
+    *,
+    actions: Sequence[str],
+    field_names: Sequence[str],
+    amount_names: Sequence[str] = (),
+) -> dict[str, Any]:
     """The Cedar schema (JSON form) for these actions and contract fields."""
     context = _record(
         {
@@ -61,6 +92,7 @@ def schema_for(*, actions: Sequence[str], field_names: Sequence[str]) -> dict[st
             "phase": _STRING,
             "contract": _STRING,
             "contract_version": _LONG,
+            "risk_class": _STRING,  # the contract's; "" when it declares none
             "time": _record({"weekday": _STRING, "hour": _LONG, "date": _STRING}),
             "input": {"type": "Entity", "name": "Arguments"},
             "amounts": {"type": "Entity", "name": "Amounts"},
@@ -71,7 +103,7 @@ def schema_for(*, actions: Sequence[str], field_names: Sequence[str]) -> dict[st
     )
     return {
         "": {
-            "entityTypes": ENTITY_TYPES,
+            "entityTypes": entity_types(amount_names=amount_names),
             "actions": {
                 action: {
                     "appliesTo": {

@@ -25,7 +25,12 @@ from portal.roles import Person, require_tenant_perm
 from . import selectors
 from .exceptions import PolicyInvalid
 from .models import PolicySet, PolicySetState
-from .schema import contract_field_names, granted_actions, schema_for
+from .schema import (
+    contract_amount_names,
+    contract_field_names,
+    granted_actions,
+    schema_for,
+)
 from .validation import MAX_TEXT_CHARS, Problem, policy_problems
 
 
@@ -58,10 +63,12 @@ def _refuse_oversized(text: str) -> None:
 def tenant_policy_schema(
     *, tenant: Tenant, contract_specs: Sequence[Mapping[str, Any]]
 ) -> dict[str, Any]:
-    """The tenant's Cedar schema: its granted actions, its contracts' fields."""
+    """The tenant's Cedar schema: its granted actions, its contracts' fields and
+    declared amounts."""
     return schema_for(
         actions=granted_actions(tenant=tenant),
         field_names=contract_field_names(contract_specs),
+        amount_names=contract_amount_names(contract_specs),
     )
 
 

@@ -8,10 +8,10 @@ days) and turns each into a ``PolicyRequest``; nothing here calls a remote.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from .engine import Decision, PolicyRequest, Verdict, evaluate_text
+from .engine import Decision, PolicyRequest, Verdict, evaluate_text, request_amounts
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -23,6 +23,7 @@ class Change:
     agent_name: str
     action: str
     target: str
+    amounts: Mapping[str, int]  # what the policies compared (request_amounts)
     before: Decision
     after: Decision
 
@@ -70,6 +71,7 @@ def what_if(
                     agent_name=request.agent_name,
                     action=request.action,
                     target=request.target,
+                    amounts=request_amounts(request),
                     before=before,
                     after=after,
                 )

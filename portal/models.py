@@ -8,6 +8,7 @@ are added by hand-written migrations.
 from __future__ import annotations
 
 from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
@@ -73,6 +74,14 @@ class Tenant(models.Model):
         return self.slug
 
 
+class TrustTier(models.TextChoices):
+    """How far a tenant trusts an agent; its policies read it (docs/policies.md)."""
+
+    RESTRICTED = "restricted"
+    STANDARD = "standard"
+    TRUSTED = "trusted"
+
+
 class Agent(models.Model):
     """An API identity of one tenant: a program that calls the REST API."""
 
@@ -101,6 +110,21 @@ class Agent(models.Model):
         on_delete=models.PROTECT,
         related_name="+",
     )
+    # What the tenant's Cedar policies read of the agent besides its name and
+    # sponsor (principal.trust_tier, principal.tags; docs/policies.md).
+    trust_tier = models.CharField(
+        max_length=20, choices=TrustTier, default=TrustTier.STANDARD
+    )
+    tags = ArrayField(
+        models.CharField(max_length=50),
+        size=20,
+        default=list,
+        blank=True,
+        help_text=(
+            "Comma-separated words a policy can test: "
+            'principal.tags.contains("refunds").'
+        ),
+    )
 
     class Meta:
         constraints = [
@@ -109,6 +133,10 @@ class Agent(models.Model):
             ),
             models.UniqueConstraint(
                 fields=["tenant", "name"], name="portal_agent_name_uniq"
+            ),
+            models.CheckConstraint(
+                condition=Q(trust_tier__in=TrustTier.values),
+                name="portal_agent_trust_tier_check",
             ),
         ]
 

@@ -12,6 +12,7 @@ from audit.redaction import SENSITIVE_KINDS
 from .exceptions import ContractInvalid
 
 _NAME = {"type": "string", "minLength": 1, "maxLength": 100}
+RISK_CLASSES: Final = ("low", "medium", "high", "critical")
 
 CONTRACT_SPEC_SCHEMA: Final[dict[str, Any]] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -50,6 +51,13 @@ CONTRACT_SPEC_SCHEMA: Final[dict[str, Any]] = {
             "required": ["required", "type"],
             "properties": {"required": {"type": "boolean"}, "type": _NAME},
         },
+        # The arguments (or checked fields) that are amounts of money: what a
+        # tenant's policies compare as numbers (context.amounts.<name>;
+        # docs/policies.md). Versions that declare none count every number.
+        "amount_fields": {"type": "array", "items": _NAME, "maxItems": 20},
+        # How much harm the action can do, for the tenant's policies
+        # (context.risk_class); "" in the policy context when not declared.
+        "risk_class": {"enum": list(RISK_CLASSES)},
         # Field names whose values are personal data or secrets, wherever they
         # appear as a key (the operation's input, call fields, result, evidence):
         # stored as a keyed hash, never as the value (docs/redaction.md).
@@ -107,3 +115,16 @@ def contract_sensitive_fields(spec: Any) -> dict[str, str]:
         spec = json.loads(spec)
     declared = spec.get("sensitive_fields") if isinstance(spec, dict) else None
     return dict(declared) if isinstance(declared, dict) else {}
+
+
+def contract_amount_fields(spec: Any) -> tuple[str, ...] | None:
+    """The spec's declared amount fields, or None when it declares none (then a
+    policy's ``context.amounts`` counts every number, as before the declaration)."""
+    declared = spec.get("amount_fields") if isinstance(spec, dict) else None
+    return tuple(declared) if isinstance(declared, list) else None
+
+
+def contract_risk_class(spec: Any) -> str:
+    """The spec's declared risk class, or "" when it declares none."""
+    declared = spec.get("risk_class") if isinstance(spec, dict) else None
+    return declared if isinstance(declared, str) else ""

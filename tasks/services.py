@@ -48,7 +48,12 @@ from portal.roles import Person, require_tenant_perm
 from portal.tracing import NO_TRACE, Trace
 
 from . import sealed, selectors
-from .contracts import contract_sensitive_fields, contract_spec_validate
+from .contracts import (
+    contract_amount_fields,
+    contract_risk_class,
+    contract_sensitive_fields,
+    contract_spec_validate,
+)
 from .credentials import key_id, key_pair_new
 from .exceptions import (
     ActionNotGranted,
@@ -806,6 +811,15 @@ def _reserve_policy(
     if policy_set is None or actor.type != ActorType.AGENT:
         return None
     task = Task.objects.get(tenant=tenant, pk=operation.task_id)
+    spec = (
+        Contract.objects.filter(
+            tenant=tenant, key=task.contract_key, version=task.contract_version
+        )
+        .values_list("spec", flat=True)
+        .first()
+        if task.contract_key is not None and task.contract_version is not None
+        else None
+    )
     decision = policy_engine.evaluate(
         policy_set=policy_set,
         request=policy_engine.request_for(
@@ -819,6 +833,8 @@ def _reserve_policy(
             arguments=operation.input,
             contract_key=task.contract_key,
             contract_version=task.contract_version,
+            amount_fields=contract_amount_fields(spec),
+            risk_class=contract_risk_class(spec),
             phase="reserve",
             at=operation.created_at,
         ),

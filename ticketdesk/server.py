@@ -48,12 +48,17 @@ _LOOKUP_ACTIONS: Final = (credentials.ACTION_CREATE, credentials.ACTION_LOOKUP)
 # Create faults that answer at once, before the credential is even read.
 _REFUSALS: Final = frozenset({"error_5xx", "rate_limited", "reject"})
 # Body members and their JSON types; anything else is refused, not ignored.
-_BODY_TYPES: Final[dict[str, type]] = {
+_BODY_TYPES: Final[dict[str, type | tuple[type, ...]]] = {
     "queue": str,
     "summary": str,
     "customer": str,
+    "amount": (int, float),  # a refund's amount (docs/policies.md's example)
     "object": dict,
     "fields": dict,
+}
+_JSON_TYPES: Final[dict[type | tuple[type, ...], str]] = {
+    str: "string",
+    dict: "object",
 }
 
 
@@ -148,8 +153,10 @@ def _validated_body(raw: bytes) -> dict[str, Any]:
         raise BadRequest(400, "invalid_request", "the body is not a JSON object")
     problems = [f"unknown member {name!r}" for name in body if name not in _BODY_TYPES]
     for name, kind in _BODY_TYPES.items():
-        if name in body and not isinstance(body[name], kind):
-            json_type = "string" if kind is str else "object"
+        if name in body and (
+            not isinstance(body[name], kind) or isinstance(body[name], bool)
+        ):
+            json_type = _JSON_TYPES.get(kind, "number")
             problems.append(f"{name} must be a JSON {json_type}")
     for name in ("queue", "summary"):
         if not body.get(name):

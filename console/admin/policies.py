@@ -24,7 +24,8 @@ from policies import services as policy_services
 from policies.models import PolicySet, PolicySetState
 from policies.validation import Problem, policy_problems
 from policies.whatif import WhatIf, what_if
-from portal.models import Agent, Tenant, TenantPerm
+from portal.models import Tenant, TenantPerm
+from tasks.contracts import contract_amount_fields, contract_risk_class
 from tasks.models import Contract, ContractStatus, Operation
 
 from .base import TenantScopedAdmin
@@ -61,26 +62,35 @@ def policy_what_if(
     ``WHATIF_LIMIT``). Reads the database only; never calls a remote."""
     tenant = policy_set.tenant
     since = (now or timezone.now()) - dt.timedelta(days=days)
-    operations = (
+    operations = list(
         Operation.objects.filter(tenant=tenant, created_at__gte=since)
         .select_related("task")
         .order_by("-created_at")[:WHATIF_LIMIT]
     )
-    names = {
-        str(pk): name
-        for pk, name in Agent.objects.filter(tenant=tenant).values_list("pk", "name")
+    agents = policy_engine.agent_facts(
+        tenant=tenant,
+        agent_ids={
+            str(op.executed_by_agent_id or op.agent_id or "") for op in operations
+        },
+    )
+    specs = {
+        (key, version): spec
+        for key, version, spec in Contract.objects.filter(tenant=tenant).values_list(
+            "key", "version", "spec"
+        )
     }
     requests = []
     for operation in operations:
         agent = str(operation.executed_by_agent_id or operation.agent_id or "")
         task = operation.task
+        spec = specs.get((task.contract_key or "", task.contract_version or 0))
         requests.append(
             (
                 str(operation.pk),
                 policy_engine.request_for(
                     tenant=tenant,
                     agent_id=agent,
-                    agent_name=names.get(agent, ""),
+                    agent=agents.get(agent, policy_engine.AgentFacts()),
                     action=operation.action,
                     target=operation.target,
                     object_type=task.object_type,
@@ -90,6 +100,8 @@ def policy_what_if(
                     fields=operation.call_fields or {},
                     contract_key=task.contract_key,
                     contract_version=task.contract_version,
+                    amount_fields=contract_amount_fields(spec),
+                    risk_class=contract_risk_class(spec),
                     phase="execute",
                     at=operation.created_at,
                 ),

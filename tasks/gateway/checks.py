@@ -50,7 +50,11 @@ from portal.roles import has_tenant_perm
 from portal.tracing import Trace
 
 from .. import approvals, takeover
-from ..contracts import contract_sensitive_fields
+from ..contracts import (
+    contract_amount_fields,
+    contract_risk_class,
+    contract_sensitive_fields,
+)
 from ..models import (
     Connector,
     Contract,
@@ -405,6 +409,8 @@ def check_policy(context: CheckContext) -> Verdict:
         ),
         contract_key=context.contract.key,
         contract_version=context.contract.version,
+        amount_fields=contract_amount_fields(context.spec),
+        risk_class=contract_risk_class(context.spec),
         phase="execute",
         at=context.now,
     )
