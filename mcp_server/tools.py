@@ -294,6 +294,7 @@ OUTPUT_SCHEMA: Final[dict[str, Any]] = {
         "resources": {"type": "object"},
         "code": {"type": "string"},
         "argument": {"type": "string"},
+        "details": {"type": "object"},
     },
 }
 
@@ -446,6 +447,14 @@ def _text(answer: Mapping[str, Any]) -> str:
         parts.append(f"Receipt: {answer['receipt']}.")
     if answer.get("desk_item_id"):
         parts.append(f"Desk item: {answer['desk_item_id']}.")
+    approval = answer.get("details", {}).get("approval")
+    if approval:
+        groups = ", ".join(approval.get("groups") or []) or "the desk"
+        parts.append(
+            f"Approval: {approval['approval_id']} ({approval.get('approvals', 0)} of "
+            f"{approval.get('quorum')} from {groups}; the same call runs once it is "
+            "approved)."
+        )
     parts.append(answer["next_step"])
     return " ".join(parts)
 
@@ -473,6 +482,8 @@ def outcome_result(outcome: ActionOutcome) -> types.CallToolResult:
     }
     if outcome.desk_item_id:
         answer["resources"]["desk_item"] = desk_item_uri(outcome.desk_item_id)
+    if outcome.details:  # the desk item's facts: failed fields, the approval
+        answer["details"] = json.loads(json.dumps(outcome.details, default=str))
     return types.CallToolResult(
         content=[types.TextContent(type="text", text=_text(answer))],
         structured_content=answer,
