@@ -52,7 +52,7 @@ from django.db import connection, transaction
 from portal import process
 
 from . import chain, checkpoints, jobs, tlog
-from .models import Checkpoint, LogEntry, RetentionAnchor, TreeHead
+from .models import Checkpoint, HeadStamp, LogEntry, RetentionAnchor, TreeHead
 from .verify import EVENT_COLUMNS, row_content
 
 logger = logging.getLogger(__name__)
@@ -205,12 +205,21 @@ def _log_json(
         }
         for event_id, index in sorted(positions.items(), key=lambda item: item[1])
     ]
+    # The witnesses' cosignature lines join the note's signatures (C2SP style);
+    # RFC 3161 tokens ride beside it (audit/witness_client.py, audit/timestamp.py).
+    stamps = list(HeadStamp.objects.filter(tree_head=head).order_by("kind", "signer"))
     return {
         "format": "c2sp.org/tlog-checkpoint, c2sp.org/signed-note (Ed25519)",
         "tree": "RFC 9162 2.1: leaf = SHA-256(0x00 || event hash bytes), "
         "node = SHA-256(0x01 || left || right)",
-        "checkpoint": head.note,
+        "checkpoint": head.note
+        + "".join(s.stamp for s in stamps if s.kind == HeadStamp.Kind.COSIGNATURE),
         "inclusion": proofs,
+        "rfc3161": [
+            {"tsa": s.signer, "token": s.stamp}
+            for s in stamps
+            if s.kind == HeadStamp.Kind.RFC3161
+        ],
     }
 
 

@@ -402,7 +402,8 @@ class HeadStamp(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["tree_head", "kind", "signer"], name="audit_headstamp_uniq"
+                fields=["tenant_id", "tree_head", "kind", "signer"],
+                name="audit_headstamp_uniq",
             ),
             models.CheckConstraint(
                 condition=Q(kind__in=["cosignature", "rfc3161"]),

@@ -134,10 +134,14 @@ def head_witness(
         )
         return None
     if response.status_code != 200:
+        answer = f"{response.status_code} {response.text.strip()}"
         logger.warning(
-            "witness %s refused head %s of %s: %s %s",
-            config.name, head.size, tenant_id, response.status_code, response.text.strip(),
-        )  # fmt: skip
+            "witness %s refused head %s of %s: %s",
+            config.name,
+            head.size,
+            tenant_id,
+            answer,
+        )
         return None
     body = head_body(head)
     for cosig in witness.cosignature_lines(response.text):

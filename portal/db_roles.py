@@ -72,8 +72,8 @@ APP_GRANTS: Final = """
 GRANT USAGE ON SCHEMA public TO {app};
 GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {app};
 GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO {app};
-REVOKE UPDATE, DELETE ON audit_event, audit_checkpoint, audit_logentry, audit_treehead
-    FROM {app};
+REVOKE UPDATE, DELETE ON audit_event, audit_checkpoint, audit_logentry, audit_treehead,
+    audit_headstamp FROM {app};
 REVOKE INSERT, UPDATE, DELETE ON django_migrations, portal_test_clock FROM {app};
 REVOKE UPDATE ON portal_tenant FROM {app};
 GRANT UPDATE (slug, name, frozen_at, frozen_by_id) ON portal_tenant TO {app};

@@ -33,6 +33,15 @@ What is checked, in this order, stopping at the first failure:
    when no given key signed its tree head (a C2SP checkpoint note for the tenant's
    origin), ``forged proof`` when an event's RFC 9162 inclusion proof does not lead
    to the signed root, ``inserted`` for a proof of no event of the chain.
+7. with ``--witness-key VKEY`` (repeatable): the tree head must carry each
+   witness's C2SP ``cosignature/v1`` line: ``not witnessed`` without one,
+   ``forged cosignature`` when no line of its key verifies on the head,
+   ``replayed cosignature`` when the line is dated before the signed checkpoint
+   it would vouch for (a cosignature of an earlier head);
+8. with ``--tsa-root PEM`` (needs ``rfc3161-client``): an RFC 3161 token over the
+   tree head's body that chains to the root: ``not timestamped``, ``timestamp
+   for another head`` (its imprint is not SHA-256 of this head's body), ``forged
+   timestamp`` (it does not verify to the root).
 
 Every other section (the task row beyond its id, operations, receipts,
 escalations, the tenant, the export's own fields, coverage) no signature covers:
@@ -344,6 +353,8 @@ class Intact:
     log_size: int | None = None  # the signed tree head's size; None: no log proof
     logged: int = 0  # events proven included in it
     not_checked: tuple[str, ...] = ()
+    witnessed: tuple[str, ...] = ()  # witnesses whose cosignature on it verified
+    timestamps: int = 0  # RFC 3161 tokens on it, one verified to a given root
 
     def __str__(self) -> str:
         text = (
@@ -358,6 +369,11 @@ class Intact:
                 f"\nlog: {self.logged} of the {self.events} events included in the "
                 f"signed tree head of {self.log_size} events"
             )
+        if self.witnessed:
+            names = ", ".join(self.witnessed)
+            text += f"\nwitnessed: the tree head is cosigned by {names}"
+        if self.timestamps:
+            text += "\ntimestamped: an RFC 3161 token over the tree head verifies"
         if self.not_checked:
             text += (
                 "\nnot covered (no signature vouches for them, not checked): "
@@ -637,6 +653,147 @@ def _check_log(
     return size, len(proven)
 
 
+# --- Witnesses' cosignatures and RFC 3161 tokens on the tree head -----------------
+# A copy of audit/witness.py's cosignature check (c2sp.org/tlog-cosignature,
+# cosignature/v1, Ed25519) and of audit/timestamp.py's token check, which this file
+# cannot import; tests/audit_log/test_witness_trials.py runs both on the same input.
+
+FORGED_COSIGNATURE: Final = "forged cosignature"
+REPLAYED_COSIGNATURE: Final = "replayed cosignature"
+NOT_WITNESSED: Final = "not witnessed"
+FORGED_TIMESTAMP: Final = "forged timestamp"
+TIMESTAMP_FOR_ANOTHER_HEAD: Final = "timestamp for another head"
+NOT_TIMESTAMPED: Final = "not timestamped"
+# How far a witness's clock may trail the portal's.
+CLOCK_SKEW_S: Final = 60
+
+
+@dataclass(frozen=True)
+class WitnessKey:
+    name: str
+    public: Ed25519PublicKey
+
+    @property
+    def key_id(self) -> bytes:
+        raw = self.public.public_bytes(
+            encoding=serialization.Encoding.Raw, format=serialization.PublicFormat.Raw
+        )
+        return hashlib.sha256(self.name.encode() + b"\n\x04" + raw).digest()[:4]
+
+
+def load_witness_key(source: str) -> WitnessKey:
+    """A witness's verifier key ``name+hex key ID+base64(0x04 || key)``, or a file
+    holding it (anything after it on the line, such as its URL, is ignored).
+
+    Raises:
+        UnusableKey: not such a key, or its ID does not match.
+    """
+    path = Path(source)
+    text = path.read_text().strip() if "+" not in source and path.is_file() else source
+    vkey = text.split()[0] if text.split() else ""
+    name, _, rest = vkey.partition("+")
+    key_id, _, encoded = rest.partition("+")
+    try:
+        raw = base64.b64decode(encoded, validate=True)
+    except ValueError:
+        raw = b""
+    if not name or len(raw) != 33 or raw[:1] != b"\x04":
+        raise UnusableKey(
+            f"{source}: not a witness key (name+keyid+base64(0x04 || key))"
+        )
+    witness = WitnessKey(name=name, public=Ed25519PublicKey.from_public_bytes(raw[1:]))
+    if witness.key_id.hex() != key_id.lower():
+        raise UnusableKey(f"{source}: the key ID does not match the key")
+    return witness
+
+
+def _epoch(text: str) -> int:
+    import datetime as dt
+
+    moment = dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ")
+    return int(moment.replace(tzinfo=dt.UTC).timestamp())
+
+
+def _check_cosignatures(
+    note: str, witnesses: Sequence[WitnessKey], *, not_before: int
+) -> None:
+    """Each witness's valid cosignature on the note's body, no older than the
+    signed checkpoint it vouches for (``not_before``, less the clock skew)."""
+    body, _, lines = note.rpartition("\n\n")
+    body += "\n"
+    for witness in witnesses:
+        named = [
+            line.split(" ", 2)
+            for line in lines.splitlines()
+            if line.startswith(f"\N{EM DASH} {witness.name} ")
+        ]
+        if not named:
+            raise Failure(NOT_WITNESSED, f"no cosignature by witness {witness.name}")
+        replayed = False
+        for _, _, blob in named:
+            try:
+                raw = base64.b64decode(blob, validate=True)
+            except ValueError:
+                continue
+            if len(raw) != 76 or raw[:4] != witness.key_id:
+                continue
+            stamp = int.from_bytes(raw[4:12], "big")
+            if stamp < not_before - CLOCK_SKEW_S:
+                replayed = True
+                continue
+            message = f"cosignature/v1\ntime {stamp}\n{body}".encode()
+            try:
+                witness.public.verify(raw[12:], message)
+            except InvalidSignature:
+                continue
+            break
+        else:
+            if replayed:
+                detail = (
+                    f"witness {witness.name}'s cosignature is older than the signed "
+                    "checkpoint it would vouch for (replayed from an earlier head)"
+                )
+                raise Failure(REPLAYED_COSIGNATURE, detail)
+            detail = f"no line by witness {witness.name}'s key verifies on this head"
+            raise Failure(FORGED_COSIGNATURE, detail)
+
+
+def _check_timestamps(log: Mapping[str, Any], roots_pem: Sequence[bytes]) -> int:
+    """One RFC 3161 token over the tree head's body that chains to a given root;
+    returns how many tokens were checked. Needs ``rfc3161-client``."""
+    import rfc3161_client
+    from cryptography import x509
+
+    body = str(log["checkpoint"]).rpartition("\n\n")[0] + "\n"
+    imprint = hashlib.sha256(body.encode()).digest()
+    roots = [cert for pem in roots_pem for cert in x509.load_pem_x509_certificates(pem)]
+    tokens = log.get("rfc3161") or []
+    if not tokens:
+        raise Failure(NOT_TIMESTAMPED, "the tree head carries no RFC 3161 token")
+    kind, detail = NOT_TIMESTAMPED, "no token"
+    for entry in tokens:
+        try:
+            answer = rfc3161_client.decode_timestamp_response(
+                base64.b64decode(_object(entry, "a token")["token"], validate=True)
+            )
+        except ValueError as error:
+            kind, detail = FORGED_TIMESTAMP, f"not a time-stamp response: {error}"
+            continue
+        if answer.tst_info.message_imprint.message != imprint:
+            kind = TIMESTAMP_FOR_ANOTHER_HEAD
+            detail = "the token imprints another head's hash"
+            continue
+        for root in roots:
+            builder = rfc3161_client.VerifierBuilder().add_root_certificate(root)
+            try:
+                builder.build().verify_message(answer, body.encode())
+            except (rfc3161_client.VerificationError, ValueError):
+                continue
+            return len(tokens)
+        kind, detail = FORGED_TIMESTAMP, "the token does not verify to a given root"
+    raise Failure(kind, detail)
+
+
 def _check_derived(
     bundle: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]
 ) -> list[str]:
@@ -695,14 +852,19 @@ def _not_checked(bundle: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
-def verify_bundle(bundle: Any, public_keys: Mapping[str, Ed25519PublicKey]) -> Intact:
+def verify_bundle(
+    bundle: Any,
+    public_keys: Mapping[str, Ed25519PublicKey],
+    witnesses: Sequence[WitnessKey] = (),
+    tsa_roots: Sequence[bytes] = (),
+) -> Intact:
     """Check a parsed bundle; returns what was verified.
 
     Raises:
         Failure: the first failure, with its kind.
     """
     try:
-        return _verify(bundle, public_keys)
+        return _verify(bundle, public_keys, witnesses, tsa_roots)
     except Failure:
         raise
     except (KeyError, TypeError, AttributeError, ValueError) as error:
@@ -712,7 +874,12 @@ def verify_bundle(bundle: Any, public_keys: Mapping[str, Ed25519PublicKey]) -> I
         ) from None
 
 
-def _verify(bundle: Any, public_keys: Mapping[str, Ed25519PublicKey]) -> Intact:
+def _verify(
+    bundle: Any,
+    public_keys: Mapping[str, Ed25519PublicKey],
+    witnesses: Sequence[WitnessKey] = (),
+    tsa_roots: Sequence[bytes] = (),
+) -> Intact:
     bundle = _object(bundle, "the bundle")
     if bundle.get("format") != BUNDLE_FORMAT:
         raise _malformed(f"not an evidence bundle (format {bundle.get('format')!r})")
@@ -751,6 +918,23 @@ def _verify(bundle: Any, public_keys: Mapping[str, Ed25519PublicKey]) -> Intact:
         log_size, logged = _check_log(
             bundle["log"], rows, tenant_id=tenant_id, public_keys=public_keys
         )
+    witnessed: tuple[str, ...] = ()
+    timestamps = 0
+    if witnesses or tsa_roots:
+        log = bundle.get("log")
+        if log is None:
+            kind = NOT_WITNESSED if witnesses else NOT_TIMESTAMPED
+            raise Failure(kind, "the bundle has no signed tree head")
+        log = _object(log, "log")
+        if witnesses:
+            _check_cosignatures(
+                str(log["checkpoint"]),
+                witnesses,
+                not_before=_epoch(str(checkpoint["signed_at"])),
+            )
+            witnessed = tuple(witness.name for witness in witnesses)
+        if tsa_roots:
+            timestamps = _check_timestamps(log, tsa_roots)
     return Intact(
         tenant_id=tenant_id,
         task_id=task_id,
@@ -761,6 +945,8 @@ def _verify(bundle: Any, public_keys: Mapping[str, Ed25519PublicKey]) -> Intact:
         log_size=log_size,
         logged=logged,
         not_checked=(*_not_checked(bundle), *unchecked),
+        witnessed=witnessed,
+        timestamps=timestamps,
     )
 
 
@@ -808,9 +994,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="a PEM file, the JSON of GET /api/v1/audit/public-key saved to a file, "
         "or PEM text; repeat for rotated keys",
     )
+    parser.add_argument(
+        "--witness-key",
+        action="append",
+        default=[],
+        metavar="VKEY",
+        help="require this witness's cosignature on the tree head: its verifier key "
+        "(name+keyid+base64) or a file holding it; repeatable",
+    )
+    parser.add_argument(
+        "--tsa-root",
+        action="append",
+        default=[],
+        metavar="PEM",
+        help="require an RFC 3161 token on the tree head that chains to this root "
+        "(needs the rfc3161-client package); repeatable",
+    )
     args = parser.parse_args(argv)
     try:
         public_keys = dict(load_public_key(source) for source in args.public_key)
+        witnesses = [load_witness_key(source) for source in args.witness_key]
+        tsa_roots = [Path(source).read_bytes() for source in args.tsa_root]
+        if tsa_roots:
+            import rfc3161_client  # noqa: F401 (needed only for --tsa-root)
+    except ImportError:
+        print("--tsa-root needs the rfc3161-client package", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as error:
+        print(f"unusable TSA root: {error}", file=sys.stderr)
+        return EXIT_USAGE
     except UnusableKey as error:
         print(f"unusable key: {error}", file=sys.stderr)
         return EXIT_USAGE
@@ -823,7 +1035,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"cannot read the bundle: {error}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        intact = verify_bundle(parse_bundle(data), public_keys)
+        intact = verify_bundle(parse_bundle(data), public_keys, witnesses, tsa_roots)
     except Failure as failure:
         print(f"FAILED {failure}")
         return EXIT_BROKEN

@@ -100,7 +100,7 @@ class Migration(migrations.Migration):
                 ],
                 "constraints": [
                     models.UniqueConstraint(
-                        fields=("tree_head", "kind", "signer"),
+                        fields=("tenant_id", "tree_head", "kind", "signer"),
                         name="audit_headstamp_uniq",
                     ),
                     models.CheckConstraint(

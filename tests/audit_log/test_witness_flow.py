@@ -14,6 +14,8 @@ import base64
 import datetime as dt
 import io
 import json
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -32,7 +34,9 @@ from audit.models import EventCode, HeadStamp, TreeHead
 from portal import scope
 from portal.actors import Actor
 from portal.models import Tenant
+from tasks.evidence import task_evidence_bundle
 from tests.support.db import connect_as
+from tests.support.evidence import TOOL
 from tests.support.tsa import Tsa, running_tsa
 from tests.support.witness import RunningWitness, restart, running_witness
 
@@ -315,3 +319,88 @@ def test_a_head_past_the_grace_without_a_cosignature_is_not_witnessed(
         )
     assert broken is not None and broken.kind == "not witnessed"
     assert fresh is None  # within the grace: the next run may still get it
+
+
+def _tool(bundle: dict[str, Any], folder: Path, *args: str) -> tuple[int, str]:
+    """tools/verify_bundle.py as an auditor runs it: its own process."""
+    path = folder / f"bundle-{uuid.uuid4().hex[:8]}.json"
+    path.write_text(json.dumps(bundle))
+    pem = folder / "audit-public-key.pem"
+    pem.write_text(checkpoints.public_key_pem(checkpoints.signing_key().public))
+    done = subprocess.run(
+        [sys.executable, "-I", str(TOOL), str(path), "--public-key", str(pem), *args],
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return done.returncode, done.stdout + done.stderr
+
+
+def test_a_bundle_carries_the_cosignature_and_token_and_the_tool_requires_them(
+    make_task, witnessed, tmp_path
+):
+    w1, tsa, _ = witnessed
+    task = make_task()
+    for n in range(4):
+        with transaction.atomic():
+            audit_services.event_append(
+                tenant_id=task.tenant_id,
+                task_id=task.pk,
+                code=EventCode.TASK_TRANSITIONED,
+                actor=ACTOR,
+                data={"n": n},
+            )
+    checkpoint()
+    bundle = task_evidence_bundle(task=task, by=ACTOR)
+    witness_args = ("--witness-key", w1.vkey, "--tsa-root", str(tsa.root_file))
+    code, output = _tool(bundle, tmp_path, *witness_args)
+    assert code == 0, output
+    assert "witnessed: the tree head is cosigned by witness.test/w1" in output
+    assert "timestamped: an RFC 3161 token over the tree head verifies" in output
+    # A stock note reader still finds the log's own signature among the lines.
+    assert tlog.note_open(
+        bundle["log"]["checkpoint"],
+        name=tlog.origin_of(task.tenant_id),
+        public=checkpoints.signing_key().public,
+    )
+    note = bundle["log"]["checkpoint"]
+    body = note.rpartition("\n\n")[0] + "\n"
+    log_line = note.rpartition("\n\n")[2].splitlines()[0]
+
+    def with_note(text: str) -> dict[str, Any]:
+        changed = json.loads(json.dumps(bundle))
+        changed["log"]["checkpoint"] = text
+        return changed
+
+    other_key = witness.cosign(
+        body=body,
+        name=w1.name,
+        private=Ed25519PrivateKey.generate(),
+        timestamp=int(dt.datetime.now(dt.UTC).timestamp()),
+    )
+    cases = {
+        "forged cosignature": with_note(f"{body}\n{log_line}\n{other_key}"),
+        "not witnessed": with_note(f"{body}\n{log_line}\n"),
+    }
+    for kind, changed in cases.items():
+        code, output = _tool(changed, tmp_path, *witness_args)
+        assert code == 1 and output.startswith(f"FAILED {kind}:"), output
+    # The token of another head (a second head signed now) is named as such.
+    append(task.tenant, 99)
+    checkpoint()
+    newer = stamps(task.tenant, HeadStamp.Kind.RFC3161)[-1]
+    swapped = json.loads(json.dumps(bundle))
+    swapped["log"]["rfc3161"] = [{"tsa": tsa.url, "token": newer.stamp}]
+    code, output = _tool(swapped, tmp_path, *witness_args)
+    assert code == 1 and "FAILED timestamp for another head" in output, output
+    code, output = _tool(
+        bundle,
+        tmp_path,
+        "--witness-key",
+        w1.vkey,
+        "--tsa-root",
+        str(tsa.other_root_file),
+    )
+    assert code == 1 and "FAILED forged timestamp" in output, output

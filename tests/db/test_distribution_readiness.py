@@ -29,6 +29,7 @@ DISTRIBUTED = frozenset(
         "audit_chainhead",
         "audit_checkpoint",
         "audit_event",  # partitioned by id (month ranges); the partitions follow it
+        "audit_headstamp",
         "audit_logentry",
         "audit_outbox",
         "audit_retentionanchor",
@@ -129,6 +130,7 @@ KNOWN_BLOCKERS = frozenset(
         B("audit_chainhead", _PK, "audit_chainhead_pkey", "(id)"),
         B("audit_checkpoint", _PK, "audit_checkpoint_pkey", "(id)"),
         B("audit_event", _PK, "audit_event_pkey", "(id)"),
+        B("audit_headstamp", _PK, "audit_headstamp_pkey", "(id)"),
         B("audit_logentry", _PK, "audit_logentry_pkey", "(id)"),
         B("audit_outbox", _PK, "audit_outbox_pkey", "(id)"),
         B("audit_retentionanchor", _PK, "audit_retentionanchor_pkey", "(id)"),

@@ -75,7 +75,7 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         bound_host, bound_port = server.server_address[:2]
         self.stdout.write(
-            f"witness {options['name']} on http://{bound_host}:{bound_port} "
+            f"witness {options['name']} on http://{bound_host!s}:{bound_port} "
             f"state {options['state_dir']}\nkey {vkey}",
         )
         self.stdout.flush()
