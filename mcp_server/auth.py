@@ -108,8 +108,7 @@ def _access_token(secret: str) -> AccessToken | None:
             return None
         return AccessToken(
             token=secret,
-            # The key's prefix: the SDK binds a session to the principal that opened
-            # it, so another key (even the same agent's) cannot ride on it.
+            # The key's prefix (the server is stateless: no session to bind it to).
             client_id=secret.partition(".")[0],
             scopes=[],
             subject=str(agent.pk),

@@ -257,6 +257,13 @@ def http_app(*, public_url: str, issuer_url: str) -> Starlette:
     server = build_server()
     app = server.streamable_http_app(
         streamable_http_path=parts.path or "/mcp",
+        # Stateless: each request stands alone (its own Bearer key, no session
+        # held in one process's memory), so several processes serve one port
+        # (``manage.py mcp --http --processes``). Nothing here uses the session
+        # (no server-to-client requests, no subscriptions); each answer is one
+        # JSON body rather than an event stream.
+        stateless_http=True,
+        json_response=True,
         transport_security=TransportSecuritySettings(
             enable_dns_rebinding_protection=True,
             allowed_hosts=hosts,

@@ -257,6 +257,10 @@ def action_take(
     if operation is not None:
         # Made before, by an earlier call (or a six-call client): its own task.
         task = selectors.task_get(tenant=tenant, task_id=operation.task_id)
+        # Read again, after the task: a call settles the operation before its task,
+        # so an operation read before the task may be older than it (executing,
+        # while the task already succeeded) and would answer 'unknown'.
+        operation.refresh_from_db()
         _require_same_action(
             tenant=tenant, request=request, task=task, operation=operation, actor=actor
         )
@@ -271,7 +275,8 @@ def action_take(
     leased = _lease(tenant=tenant, task=task, agent=agent, trace=trace)
     if leased is None:  # moved on while this call looked: answer where it stands
         task = selectors.task_get(tenant=tenant, task_id=task.pk)
-        operation = operation or selectors.operation_get_by_key(
+        # The operation as it stands now, read after the task (as above).
+        operation = selectors.operation_get_by_key(
             tenant=tenant, idempotency_key=request.idempotency_key
         )
         if operation is None:  # a person took the task before anything was reserved
@@ -589,11 +594,6 @@ def _answer(
             failed_fields = tuple(str(item["field"]) for item in problems)
             if problems:
                 details["conflicting_fields"] = problems
-            # APPROVAL_REQUIRED: the approval it waits for (id, state, approvals
-            # so far, quorum, groups, expiry; docs/approvals.md).
-            approval = desk_item.evidence.get("approval")
-            if isinstance(approval, dict) and "approval_id" in approval:
-                details["approval"] = approval
         failed_check = _refused_check(tenant=tenant, operation=operation, reason=reason)
         if failed_check is not None and status == "human_required":
             status = "refused"

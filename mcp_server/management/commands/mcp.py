@@ -1,7 +1,8 @@
 """``manage.py mcp``: the governed MCP server (docs/mcp.md).
 
-``--http`` serves streamable HTTP at ``http://127.0.0.1:<port>/mcp`` with uvicorn
-(``manage.py up`` runs it so; ``deploy/portal-mcp.service`` in production).
+``--http`` serves streamable HTTP at ``http://127.0.0.1:<port>/mcp`` with uvicorn,
+in ``--processes`` worker processes sharing the port (``manage.py up`` runs it so;
+``deploy/portal-mcp.service`` in production).
 ``--stdio`` serves one local agent over stdin/stdout, as the agent whose key is in
 ``PORTAL_API_KEY``.
 """
@@ -9,13 +10,13 @@
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from typing import Any, Final
 
 import anyio
 import uvicorn
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from uvicorn.supervisors import Multiprocess
 
 from mcp_server import auth, server
 
@@ -26,6 +27,16 @@ KEY_VARIABLE: Final = "PORTAL_API_KEY"
 def mcp_port() -> int:
     """``PORTAL_MCP_PORT`` or 8200 (``up`` reads the same)."""
     return int(os.environ.get("PORTAL_MCP_PORT", DEFAULT_PORT))
+
+
+def mcp_processes() -> int:
+    """``PORTAL_MCP_PROCESSES``, else one per CPU up to four: the tool calls' Python
+    work (Django, the gateway) holds one process's interpreter lock, so one process
+    uses one core however many threads it has."""
+    configured = os.environ.get("PORTAL_MCP_PROCESSES")
+    if configured:
+        return max(1, int(configured))
+    return max(1, min(4, os.cpu_count() or 1))
 
 
 class Command(BaseCommand):
@@ -47,12 +58,20 @@ class Command(BaseCommand):
             default=mcp_port(),
             help=f"port (HTTP; default PORTAL_MCP_PORT or {DEFAULT_PORT})",
         )
+        parser.add_argument(
+            "--processes",
+            type=int,
+            default=None,
+            help="worker processes (HTTP; default PORTAL_MCP_PROCESSES, else one "
+            "per CPU up to four)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["stdio"]:
             self._stdio()
         else:
-            self._http(host=options["host"], port=options["port"])
+            processes = options["processes"] or mcp_processes()
+            self._http(host=options["host"], port=options["port"], processes=processes)
 
     def _stdio(self) -> None:
         secret = os.environ.get(KEY_VARIABLE, "").strip()
@@ -66,28 +85,32 @@ class Command(BaseCommand):
             raise CommandError(f"{refused.code}: {refused}") from None
         anyio.run(lambda: server.serve_stdio(secret=secret))
 
-    def _http(self, *, host: str, port: int) -> None:
+    def _http(self, *, host: str, port: int, processes: int) -> None:
         public_url = os.environ.get("PORTAL_MCP_URL") or f"http://{host}:{port}/mcp"
         issuer_url = os.environ.get("PORTAL_PUBLIC_URL") or (
             f"http://127.0.0.1:{os.environ.get('PORTAL_PORT', '8000')}"
         )
-        app = server.http_app(public_url=public_url, issuer_url=issuer_url)
+        # The worker processes are spawned (fresh interpreters): they read the two
+        # URLs from the environment (mcp_server.asgi).
+        os.environ["PORTAL_MCP_URL"] = public_url
+        os.environ["PORTAL_PUBLIC_URL"] = issuer_url
         config = uvicorn.Config(
-            app, host=host, port=port, log_level="info", access_log=False
+            "mcp_server.asgi:application",
+            factory=True,
+            host=host,
+            port=port,
+            workers=processes,
+            log_level="info",
+            access_log=False,
         )
-        _Announcing(config, url=public_url).run()
-
-
-class _Announcing(uvicorn.Server):
-    """uvicorn, saying ``mcp listening on <url>`` once its socket listens (the line
-    ``up`` and the tests wait for)."""
-
-    def __init__(self, config: uvicorn.Config, *, url: str) -> None:
-        super().__init__(config)
-        self.url = url
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
-        if not self.should_exit:
-            sys.stdout.write(f"mcp listening on {self.url}\n")
-            sys.stdout.flush()
+        # Bound and listening before the announcement: a client that connects at
+        # once waits in the backlog until a process accepts, never refused.
+        sock = config.bind_socket()
+        sock.listen(config.backlog)
+        sys.stdout.write(f"mcp: {processes} worker processes\n")
+        sys.stdout.write(f"mcp listening on {public_url}\n")
+        sys.stdout.flush()
+        if processes == 1:
+            uvicorn.Server(config).run(sockets=[sock])
+        else:
+            Multiprocess(config, sockets=[sock]).run()
