@@ -9,7 +9,8 @@ Writes: :func:`desk_claim`, :func:`desk_release`, :func:`desk_resolve` and
 :func:`desk_edit` check ``TenantPerm.WORK_TAKEOVER`` on the task's tenant
 (portal/roles.py) and then call the services in ``tasks.takeover`` unchanged, with
 the person as the actor; those services check the membership again and write the
-events.
+events. :func:`desk_take_over` and :func:`desk_reassign` do the same for the
+task's routed desk item (``routing.services.item_take_over`` / ``item_reassign``).
 
 The resolve and edit forms: which resolutions a task offers (approve only where
 ``takeover.APPROVABLE_REASONS`` allows it), their labels and help, the rows of the
@@ -30,9 +31,13 @@ from audit.models import Event
 from audit.redaction import redact
 from portal.actors import ActorType
 from portal.codes import ReasonCode
-from portal.models import TenantPerm
-from portal.roles import Person, require_tenant_perm
+from portal.exceptions import ValidationFailed
+from portal.models import Membership, TenantPerm
+from portal.roles import ROLE_PERMISSIONS, Person, require_tenant_perm
 from routing import selectors as routing_selectors
+from routing import services as routing_services
+from routing.exceptions import AssignmentNotFound
+from routing.models import Assignment
 from tasks import takeover
 from tasks.gateway import FieldValue
 from tasks.gateway.common import db_now
@@ -339,6 +344,104 @@ def desk_release_any(*, task: Task, user: Person, note: str) -> Task:
         user=user, perm=TenantPerm.RELEASE_ANY_CLAIM, tenant=task.tenant
     )
     return takeover.task_human_release(task=task, user=user, note=note)
+
+
+# --- who has the item: take over and reassign (routing/) -----------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeskRouting:
+    """The item page's routing box: who may take the item and where it may go."""
+
+    assignment: Assignment
+    can_take_over: bool
+    targets: list[routing_selectors.ReassignTarget]
+
+
+def _desk_people(*, task: Task) -> list[int]:
+    """The tenant's members whose role works the desk (``work_takeover``)."""
+    roles = [
+        r for r, perms in ROLE_PERMISSIONS.items() if TenantPerm.WORK_TAKEOVER in perms
+    ]
+    return list(
+        Membership.objects.filter(
+            tenant_id=task.tenant_id, role__in=roles, user__is_active=True
+        ).values_list("user_id", flat=True)
+    )
+
+
+def desk_routing(*, task: Task, user: Person) -> DeskRouting | None:
+    """The routing box of a task's open desk item for a person who may act on it
+    (the caller checked ``work_takeover``); None when the item is not routed or is
+    closed. Take over is offered to members of the item's group who do not hold it;
+    reassign offers the tenant's groups and their members who work the desk."""
+    assignment = routing_selectors.assignment_of_task(
+        tenant=task.tenant, task_id=task.pk
+    )
+    if assignment is None or assignment.closed_at is not None:
+        return None
+    return DeskRouting(
+        assignment=assignment,
+        can_take_over=assignment.person_id != user.pk
+        and routing_selectors.group_has_member(
+            tenant=task.tenant, group_ids=[assignment.group_id], user_id=user.pk or 0
+        ),
+        targets=routing_selectors.reassign_targets(
+            tenant=task.tenant, people=_desk_people(task=task)
+        ),
+    )
+
+
+def _open_assignment(*, task: Task) -> Assignment:
+    assignment = routing_selectors.assignment_of_task(
+        tenant=task.tenant, task_id=task.pk
+    )
+    if assignment is None:
+        raise AssignmentNotFound("This task's desk item is not routed.")
+    return assignment
+
+
+def desk_take_over(*, task: Task, user: Person) -> Assignment:
+    """Take the task's desk item (``routing.services.item_take_over``).
+
+    Raises:
+        PermissionDenied, TenantNotVisible: no ``work_takeover`` on the tenant.
+        AssignmentNotFound, ItemClosed, NotAGroupMember: from the service.
+    """
+    _require_takeover(task=task, user=user)
+    assignment = _open_assignment(task=task)
+    return routing_services.item_take_over(
+        tenant=task.tenant, assignment_id=assignment.pk, user=user
+    )
+
+
+def desk_reassign(*, task: Task, user: Person, to: str) -> Assignment:
+    """Move the task's desk item to a group or a person in one
+    (``routing.services.item_reassign``); ``to`` is a ``ReassignTarget.value``.
+
+    Raises:
+        PermissionDenied, TenantNotVisible: no ``work_takeover`` on the tenant.
+        ValidationFailed: ``to`` is not a group or a group and a person.
+        AssignmentNotFound, ItemClosed, NotFound, AssigneeNotAllowed: from the
+            service.
+    """
+    _require_takeover(task=task, user=user)
+    group, _, person = to.strip().partition(":")
+    try:
+        group_id = uuid.UUID(group)
+        person_id = int(person) if person else None
+    except ValueError:
+        raise ValidationFailed(
+            "Choose a group or a person to move the item to.", field="to"
+        ) from None
+    assignment = _open_assignment(task=task)
+    return routing_services.item_reassign(
+        tenant=task.tenant,
+        assignment_id=assignment.pk,
+        group_id=group_id,
+        person_id=person_id,
+        user=user,
+    )
 
 
 # --- the resolve form ----------------------------------------------------------------

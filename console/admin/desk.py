@@ -1,10 +1,11 @@
 """The takeover desk: tasks handed to a person, their evidence, and the buttons.
 
 Everyone with ``view_trail`` on a tenant reads its desk (reviewers read-only);
-the Claim, Release, Resolve and Edit buttons appear, and their POSTs are accepted,
-only for people with ``work_takeover`` there. Each button calls one wrapper in
-``console/takeover_desk.py``, which calls the takeover service with the person as
-the actor; a refusal is an admin message, never a 500, and changes nothing.
+the Claim, Release, Resolve, Edit, Take over and Reassign buttons appear, and
+their POSTs are accepted, only for people with ``work_takeover`` there. Each
+button calls one wrapper in ``console/takeover_desk.py``, which calls the takeover
+(or routing) service with the person as the actor; a refusal is an admin message,
+never a 500, and changes nothing.
 
 "Edit the fields and execute" makes a network call (the gateway calls the remote
 system), so its view opens no transaction: ``ATOMIC_REQUESTS`` is off project-wide
@@ -335,6 +336,9 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
                     and task.tenant_id
                     in tenant_ids(request, TenantPerm.RELEASE_ANY_CLAIM)
                 ),
+                routing=(
+                    desk.desk_routing(task=task, user=request.user) if may_act else None
+                ),
                 resolve_form=ResolveForm(),
                 resolutions=desk.resolution_choices(task=task),
                 approvable=task.reason_code in takeover.APPROVABLE_REASONS,
@@ -380,6 +384,16 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
                 "<uuid:task_id>/release-any/",
                 wrap(require_POST(self.release_any_view)),
                 name="{}_{}_release_any".format(*info),
+            ),
+            path(
+                "<uuid:task_id>/take-over/",
+                wrap(require_POST(self.take_over_view)),
+                name="{}_{}_take_over".format(*info),
+            ),
+            path(
+                "<uuid:task_id>/reassign/",
+                wrap(require_POST(self.reassign_view)),
+                name="{}_{}_reassign".format(*info),
             ),
             path(
                 "<uuid:task_id>/resolve/",
@@ -473,6 +487,23 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
             task_id,
             lambda task: desk.desk_release_any(task=task, user=request.user, note=note),
             "Released the other person's claim: the task is back in the queue.",
+        )
+
+    def take_over_view(self, request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
+        return self._run(
+            request,
+            task_id,
+            lambda task: desk.desk_take_over(task=task, user=request.user),
+            "You took this item over: it is yours on the desk (the SLA clock runs on).",
+        )
+
+    def reassign_view(self, request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
+        to = request.POST.get("to", "")[:200]
+        return self._run(
+            request,
+            task_id,
+            lambda task: desk.desk_reassign(task=task, user=request.user, to=to),
+            "Moved: the item's new group (or person) is told by e-mail and webhook.",
         )
 
     def resolve_view(self, request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
