@@ -6,7 +6,9 @@ Every answer is classified so the recovery protocol can act on it:
 
 - ``succeeded``: the remote says it did it and gave a receipt id;
 - ``rejected``: the remote refused (4xx); nothing happened;
-- ``not_executed``: throttled (429); nothing happened, try later with the same key;
+- ``not_executed``: throttled (429), or the target's certificate failed
+  verification in the TLS handshake, so no request left the portal; nothing
+  happened, try later with the same key;
 - ``unknown``: timeout, dropped connection, 5xx, unreadable answer: it may or may not
   have happened. Only a lookup can tell;
 - ``refused``: the outbound URL policy (``tasks/outbound.py``) forbids the address;
@@ -16,6 +18,7 @@ Every answer is classified so the recovery protocol can act on it:
 from __future__ import annotations
 
 import json
+import ssl
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -144,7 +147,7 @@ class HttpJsonConnector:
             )
         except httpx.HTTPError as error:
             return CallResult(
-                kind="unknown",
+                kind="not_executed" if _certificate_refused(error) else "unknown",
                 error=f"{type(error).__name__}: {error}",
                 duration_ms=_ms(started),
             )
@@ -233,6 +236,21 @@ class HttpJsonConnector:
         except (outbound.OutboundRefused, httpx.HTTPError):
             return False
         return 200 <= response.status_code < 300
+
+
+def _certificate_refused(error: httpx.HTTPError) -> bool:
+    """Whether the connection failed because the target's certificate did not
+    verify: the handshake ended before any byte of the request was sent."""
+    if not isinstance(error, httpx.ConnectError):
+        return False
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 def _ms(started: float) -> int:
