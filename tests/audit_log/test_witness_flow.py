@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.core.management import call_command
@@ -319,6 +320,9 @@ def test_a_head_past_the_grace_without_a_cosignature_is_not_witnessed(
         )
     assert broken is not None and broken.kind == "not witnessed"
     assert fresh is None  # within the grace: the next run may still get it
+    code, output = verify(tenant)  # the witness cannot be asked: said, not a break
+    assert code == 0, output
+    assert "witness witness.test/w1 not asked" in output
 
 
 def _tool(bundle: dict[str, Any], folder: Path, *args: str) -> tuple[int, str]:
@@ -404,3 +408,54 @@ def test_a_bundle_carries_the_cosignature_and_token_and_the_tool_requires_them(
         str(tsa.other_root_file),
     )
     assert code == 1 and "FAILED forged timestamp" in output, output
+
+
+def test_the_stamps_are_append_only_and_scoped_by_tenant(three_heads, other_tenant):
+    tenant = three_heads
+    stamp = stamps(tenant, "cosignature")[0]
+    app = connect_as("app", autocommit=True)
+    owner = connect_as("owner", autocommit=True)
+    try:
+        # The app role may not change or delete a stamp (no grant) ...
+        for sql in (
+            "UPDATE audit_headstamp SET stamp = 'x' WHERE id = %s",
+            "DELETE FROM audit_headstamp WHERE id = %s",
+        ):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                app.execute(sql, [stamp.pk])
+        # ... the owner's update is refused by the trigger ...
+        owner.execute(
+            "SELECT set_config('portal.tenant_ids', %s, false)", [str(tenant.pk)]
+        )
+        with pytest.raises(psycopg.errors.IntegrityConstraintViolation):
+            owner.execute(
+                "UPDATE audit_headstamp SET stamp = 'x' WHERE id = %s", [stamp.pk]
+            )
+        # ... and another tenant's scope sees none of them, nor may write one.
+        app.execute(
+            "SELECT set_config('portal.tenant_ids', %s, false)", [str(other_tenant.pk)]
+        )
+        rows = app.execute("SELECT count(*) FROM audit_headstamp").fetchone()
+        assert rows == (0,)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            app.execute(
+                "INSERT INTO audit_headstamp (id, tenant_id, tree_head_id, kind, signer,"
+                " stamp, stamped_at) VALUES (gen_random_uuid(), %s, %s, 'cosignature',"
+                " 'w', 'x', now())",
+                [tenant.pk, stamp.tree_head_id],
+            )
+    finally:
+        app.close()
+        owner.close()
+
+
+def test_the_witness_process_answers_bad_requests_without_state_change(witnessed):
+    w1, _, _ = witnessed
+    with httpx.Client() as client:
+        assert client.get(f"{w1.url}/nothing").status_code == 404
+        too_big = client.post(f"{w1.url}/add-checkpoint", content=b"x" * 70_000)
+        assert too_big.status_code == 400
+        garbage = client.post(f"{w1.url}/add-checkpoint", content=b"old x\n\nnote")
+        assert garbage.status_code == 400
+        assert client.post(f"{w1.url}/other", content=b"").status_code == 404
+    assert list(w1.state_dir.iterdir()) == []
