@@ -459,3 +459,26 @@ def test_the_witness_process_answers_bad_requests_without_state_change(witnessed
         assert garbage.status_code == 400
         assert client.post(f"{w1.url}/other", content=b"").status_code == 404
     assert list(w1.state_dir.iterdir()) == []
+
+
+def test_a_head_the_portal_did_not_record_as_cosigned_is_recovered_by_the_409(
+    tenant, witnessed
+):
+    """The witness cosigned a head whose answer the portal lost (no stamp stored):
+    the next submission's old size is stale, the witness answers 409 with its own
+    size, and the portal submits again from there."""
+    w1, _, _ = witnessed
+    config = witness_client.witness_parse(w1.entry)
+    append(tenant, 0)
+    checkpoint()  # head of 1, cosigned and stored
+    with override_settings(PORTAL_AUDIT_WITNESSES=[]):
+        append(tenant, 1)
+        checkpoint()  # head of 2, not sent
+    lost = heads(tenant)[-1]
+    with httpx.Client() as client:
+        assert witness_client._submit(config, lost, 1, client).status_code == 200
+    append(tenant, 2)
+    checkpoint()  # head of 3: sent with old 1, 409 "2", sent again with old 2
+    assert [s.tree_head.size for s in stamps(tenant, "cosignature")] == [1, 3]
+    code, output = verify(tenant)
+    assert code == 0, output
