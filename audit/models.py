@@ -299,12 +299,16 @@ class LogEntry(models.Model):
     are given by the checkpoint job, not by the append (off the transition's hot
     path): each run appends the events no entry names yet, ordered by id. The
     event's hash is copied here so the tree outlives a dropped partition or
-    payload. Append-only (trigger), except the tenant purge path.
+    payload. Append-only (trigger); kept when its tenant is purged (no foreign
+    key in the database: the log ends in a signed tombstone, tenant_deletion).
     """
 
     id = models.UUIDField(primary_key=True, default=new_id, editable=False)
     tenant = models.ForeignKey(
-        "portal.Tenant", on_delete=models.PROTECT, db_index=False
+        "portal.Tenant",
+        on_delete=models.DO_NOTHING,
+        db_index=False,
+        db_constraint=False,
     )
     position = models.BigIntegerField()  # 0-based leaf index
     event_id = models.UUIDField()
@@ -338,12 +342,15 @@ class TreeHead(models.Model):
     ``note`` is the whole signed note (body and signature lines, audit/tlog.py);
     ``size`` and ``root_hash`` repeat its body for queries. Written by the
     checkpoint job (audit/checkpoints.py, the one signer), append-only (trigger),
-    except the tenant purge path.
+    kept when its tenant is purged, like the leaves (``LogEntry``).
     """
 
     id = models.UUIDField(primary_key=True, default=new_id, editable=False)
     tenant = models.ForeignKey(
-        "portal.Tenant", on_delete=models.PROTECT, db_index=False
+        "portal.Tenant",
+        on_delete=models.DO_NOTHING,
+        db_index=False,
+        db_constraint=False,
     )
     size = models.BigIntegerField()
     root_hash = models.CharField(max_length=64)  # hex

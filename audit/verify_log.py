@@ -27,6 +27,9 @@ from typing import Final
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from django.db import connection
 
+from portal import scope
+from portal.models import Tenant
+
 from . import merkle, tlog
 from .models import RetentionPurge, TreeHead
 from .verify import ALTERED, DELETED, FORGED_CHECKPOINT, INSERTED, Break
@@ -162,3 +165,64 @@ def _log_against_events(tenant_id: uuid.UUID, heads: list[TreeHead]) -> Break | 
         detail = "an event older than the last tree head is not in the log"
         return Break(INSERTED, CHAIN, detail, row[0])
     return None
+
+
+def tombstone_verify(
+    *,
+    tenant_id: uuid.UUID,
+    note: str,
+    size: int,
+    root_hash: str,
+    key_id: str,
+    public_keys: Mapping[str, Ed25519PublicKey],
+) -> tuple[int, int, Break | None]:
+    """Verify a purged tenant's kept log and the tombstone it ends in.
+
+    The tombstone (tenant_deletion's row: its signed note, and the size, root and
+    key id the row repeats) must be a note a given key signed for the tenant's
+    origin, carry the tombstone line and say what the row says (else ``forged
+    checkpoint``); the kept heads must verify and extend one another, and the
+    tombstone must extend the newest, its root that of the log's leaves
+    (``forked``, ``altered``, ``deleted`` as for a live log); a log longer than
+    its tombstone is ``inserted``. The events are gone (purged), so they are not
+    compared. Returns (leaves, signed heads, the first break or None).
+    """
+    public = public_keys.get(key_id)
+    try:
+        if public is None:
+            raise tlog.NoteError(f"no given key has the id {key_id}")
+        body = tlog.note_open(note, name=tlog.origin_of(tenant_id), public=public)
+        parsed = tlog.checkpoint_parse(body)
+    except tlog.NoteError as error:
+        detail = f"the tombstone of size {size} does not verify: {error}"
+        return 0, 0, Break(FORGED_CHECKPOINT, CHAIN, detail)
+    if not parsed.tombstone or (parsed.size, parsed.root.hex()) != (size, root_hash):
+        detail = "the tombstone's note is not a tombstone of the size and root it names"
+        return 0, 0, Break(FORGED_CHECKPOINT, CHAIN, detail)
+    heads = list(TreeHead.objects.filter(tenant_id=tenant_id).order_by("size"))
+    for head in heads:
+        if not head_opens(head, public_keys):
+            detail = f"tree head {head.pk} of size {head.size}: note does not verify"
+            return 0, len(heads), Break(FORGED_CHECKPOINT, CHAIN, detail)
+    try:
+        tree = tlog.log_tree(tenant_id=tenant_id)
+    except ValueError as missing:
+        return 0, len(heads), Break(DELETED, CHAIN, str(missing))
+    last = TreeHead(tenant_id=tenant_id, size=size, root_hash=root_hash)
+    broken = _heads_against_tree([*heads, last], tree)
+    if broken is None and len(tree) > size:
+        detail = f"the log goes on after its tombstone: {len(tree)} leaves, not {size}"
+        broken = Break(INSERTED, CHAIN, detail)
+    return len(tree), len(heads), broken
+
+
+def purged_tenant_ids() -> list[uuid.UUID]:
+    """The tenants whose row is gone but whose log heads or tombstone stay: the
+    purged ones, and any whose trail went around the purge (without a tombstone).
+    Asks the discovery function ``audit_tenants_with_log``, which sees every
+    tenant's (docs/database-roles.md)."""
+    live = set(Tenant.objects.values_list("pk", flat=True))
+    found = (
+        uuid.UUID(tenant_id) for tenant_id in scope.discover("audit_tenants_with_log")
+    )
+    return [tenant_id for tenant_id in found if tenant_id not in live]

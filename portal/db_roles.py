@@ -44,6 +44,7 @@ DISCOVERY_ROLE: Final = "portal_discovery"
 # returns tenant ids only; the work then runs under exactly that scope.
 DISCOVERY_FUNCTIONS: Final = (
     "audit_tenants_with_due_outbox()",
+    "audit_tenants_with_log()",
     "portal_agent_key_tenant(text,text)",
     "portal_person_tenants(integer)",
     "portal_tenants_with_expired_idempotency()",
@@ -79,6 +80,7 @@ REVOKE UPDATE ON portal_tenant FROM {app};
 GRANT UPDATE (slug, name, frozen_at, frozen_by_id) ON portal_tenant TO {app};
 REVOKE DELETE ON audit_chainhead FROM {app};
 REVOKE INSERT, UPDATE, DELETE ON audit_retentionpurge, audit_retentionanchor FROM {app};
+REVOKE INSERT, UPDATE, DELETE ON tenant_deletion_tombstone FROM {app};
 GRANT EXECUTE ON FUNCTION audit_event_partitions_ensure(integer) TO {app};
 GRANT EXECUTE ON FUNCTION audit_retention_purge(uuid, uuid, integer) TO {app};
 GRANT EXECUTE ON FUNCTION audit_retention_drop_partitions(integer) TO {app};
@@ -100,12 +102,14 @@ END $grants$;
 )
 
 # The operator deletes tenants (tenant_delete runs on its connection): the app's
-# rights, the purge function, and the one column it may change on a live tenant.
+# rights, the purge function, the one column it may change on a live tenant, and
+# the purged tenant's signed tombstone (which the purge function requires).
 OPERATOR_GRANTS: Final = (
     APP_GRANTS
     + """
 GRANT UPDATE (events_on_delete) ON portal_tenant TO {app};
 GRANT EXECUTE ON FUNCTION tenant_deletion_purge(uuid) TO {app};
+GRANT INSERT ON tenant_deletion_tombstone TO {app};
 """
 )
 

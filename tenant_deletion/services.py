@@ -9,7 +9,9 @@ role may execute. ``tenant_delete`` therefore runs on a connection as the operat
 (``manage.py delete_tenant`` opens it); on the app role's it is refused. The
 function deletes the tenant's published contracts once its tasks are gone and then,
 by the tenant's ``events_on_delete`` (which the app role cannot change), either
-purges the trail together with the tenant row or marks the row deleted.
+purges the trail together with the tenant row or marks the row deleted. A purge
+keeps the tenant's transparency log, which ends in a tombstone signed here first
+(the function refuses to purge without it).
 
 The policy is declared once, here, as data: what is revoked, in which order tables are
 emptied, and what happens to events. ``tenant_delete`` refuses to run when the model
@@ -31,6 +33,7 @@ from django.db.backends.utils import CursorWrapper
 from django.db.models import Model
 from guardian.utils import get_group_obj_perms_model, get_user_obj_perms_model
 
+from audit import checkpoints, merkle, tlog
 from audit import services as audit_services
 from audit.models import (
     ChainHead,
@@ -80,6 +83,7 @@ from tasks.models import (
 )
 
 from .exceptions import TenantAlreadyDeleted, TenantDeletionPolicyIncomplete
+from .models import Tombstone
 
 # Step a: grants die first. Inside one transaction the order is not visible from
 # outside, but it takes the row locks on keys and credentials before anything else,
@@ -137,22 +141,22 @@ _PRIVILEGED: Final[frozenset[type[Model]]] = frozenset(
         RetentionPurge,
         RetentionAnchor,
         ChainHead,
-        LogEntry,
-        TreeHead,
         Tenant,
     }
 )
-# What vouches for the events (checkpoints, retention's purge records and anchors,
-# the transparency log's leaves and signed heads) goes or stays with them, and so
-# do the chains' head rows (a kept tenant's chain goes on with ``tenant.deleted``).
+# What vouches for the events (checkpoints, retention's purge records and anchors)
+# goes or stays with them, and so do the chains' head rows (a kept tenant's chain
+# goes on with ``tenant.deleted``).
 _WITH_EVENTS: Final[tuple[type[Model], ...]] = (
     ChainHead,
     Checkpoint,
     RetentionAnchor,
     RetentionPurge,
-    LogEntry,
-    TreeHead,
 )
+# The transparency log's leaves (event hashes) and signed heads stay in either
+# case: under ``purge`` the log ends in a signed tombstone (``Tombstone``), so a
+# proof given out before the purge can still be checked against it.
+_LOG: Final[tuple[type[Model], ...]] = (LogEntry, TreeHead)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -222,7 +226,7 @@ def _object_permission_models() -> tuple[type[Model], ...]:
 
 
 def _check_policy_covers_registry() -> None:
-    covered = {*DELETION_ORDER, Event, *_WITH_EVENTS}
+    covered = {*DELETION_ORDER, Event, *_WITH_EVENTS, *_LOG}
     missing = [m for m in tenant_owned_models() if m not in covered]
     if missing:
         raise TenantDeletionPolicyIncomplete(
@@ -329,6 +333,50 @@ class _Purge:
         return self.cursor.rowcount
 
 
+def _tombstone_sign(
+    *,
+    cursor: CursorWrapper,
+    tenant_id: uuid.UUID,
+    slug: str,
+    key: checkpoints.SigningKey,
+) -> Tombstone:
+    """End the tenant's log in a signed tombstone (docs/tenant-deletion.md).
+
+    Under the checkpoint job's tenant lock (waiting for a run in progress), the
+    events no leaf names yet get their places and a signed head, as the job would
+    give them (``tree_head_sign``); the tombstone is then the note of that last
+    head (size and root) with the tombstone line, signed by the same key. The
+    purge function refuses to purge without it.
+    """
+    # The lock tenant_checkpoint takes (audit/checkpoints.py): one log writer.
+    cursor.execute(
+        "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+        [f"audit.checkpoint:{tenant_id}"],
+    )
+    checkpoints.tree_head_sign(tenant_id=tenant_id, key=key)
+    head = TreeHead.objects.filter(tenant_id=tenant_id).order_by("-size").first()
+    size, root = (
+        (head.size, bytes.fromhex(head.root_hash)) if head else (0, merkle.EMPTY_ROOT)
+    )
+    body = tlog.checkpoint_body(
+        origin=tlog.origin_of(tenant_id),
+        size=size,
+        root=root,
+        extensions=[tlog.TOMBSTONE_LINE],
+    )
+    cursor.execute("SELECT clock_timestamp()")
+    (signed_at,) = cursor.fetchone()
+    return Tombstone.objects.create(
+        tenant_id=tenant_id,
+        slug=slug,
+        size=size,
+        root_hash=root.hex(),
+        note=checkpoints.tree_note_sign(body=body, key=key),
+        key_id=key.key_id,
+        signed_at=signed_at,
+    )
+
+
 def _tenant_lock(*, cursor: CursorWrapper, tenant_id: uuid.UUID) -> tuple[str, str]:
     """Lock the tenant row; its (slug, events_on_delete) as they are now.
 
@@ -355,7 +403,11 @@ def _tenant_lock(*, cursor: CursorWrapper, tenant_id: uuid.UUID) -> tuple[str, s
 @portal_db.translate_integrity_errors
 @transaction.atomic(durable=True)
 def tenant_delete(
-    *, tenant: Tenant, actor: Actor, dry_run: bool = False
+    *,
+    tenant: Tenant,
+    actor: Actor,
+    dry_run: bool = False,
+    key: checkpoints.SigningKey | None = None,
 ) -> TenantDeletionReport:
     """Delete a tenant by the declared policy, in one transaction (all or nothing).
 
@@ -363,7 +415,9 @@ def tenant_delete(
     agents; (b) delete object permissions, then every tenant-owned table, children
     before parents; (c) events by ``tenant.events_on_delete``: ``keep`` keeps them,
     appends one ``tenant.deleted`` event (no outbox row) and marks the tenant row
-    deleted; ``purge`` deletes them and then the tenant row.
+    deleted; ``purge`` signs the tombstone of the tenant's transparency log
+    (``key``, by default the configured audit signing key), deletes the events and
+    then the tenant row, and keeps the log.
 
     Guarantee: with ``dry_run`` only counts are read (the tenant row is still locked
     for a consistent answer) and nothing changes. Published contracts, the trail and
@@ -373,6 +427,8 @@ def tenant_delete(
     db_roles.operator_url())``, as ``manage.py delete_tenant`` does).
 
     Raises:
+        SigningKeyMissing: a purge, and no audit signing key is configured;
+            nothing was changed.
         TenantAlreadyDeleted: the tenant row is a tombstone already.
         TenantNotFound: the tenant row is gone (purged before).
         TenantDeletionPolicyIncomplete: a tenant-owned model is not in the policy;
@@ -397,14 +453,24 @@ def tenant_delete(
 
         kept: dict[str, int] = {}
         if events_on_delete == EventsOnDelete.PURGE:
+            if not dry_run:
+                _tombstone_sign(
+                    cursor=cursor,
+                    tenant_id=tenant.pk,
+                    slug=slug,
+                    key=key or checkpoints.signing_key(),
+                )
             deleted[Event._meta.db_table] = purge.delete(Event)
             # The checkpoints and purge records vouch for the events: they go too.
             for model in _WITH_EVENTS:
                 deleted[model._meta.db_table] = purge.delete(model)
             deleted[Tenant._meta.db_table] = 1
+            for model in _LOG:
+                kept[model._meta.db_table] = purge.count(model)
+            kept[Tombstone._meta.db_table] = 1
         else:
             kept[Event._meta.db_table] = purge.count(Event)
-            for model in _WITH_EVENTS:
+            for model in (*_WITH_EVENTS, *_LOG):
                 kept[model._meta.db_table] = purge.count(model)
             kept[Tenant._meta.db_table] = 1
         # Counted above in the report's order; the function's own counts win.

@@ -61,6 +61,7 @@ DISTRIBUTED = frozenset(
         "tasks_objectversion",
         "tasks_operation",
         "tasks_task",
+        "tenant_deletion_tombstone",  # its primary key is the (purged) tenant's id
     }
 )
 # Small, global, read far more than written: one copy on every node, so any shard can
@@ -246,7 +247,9 @@ def distribution_blockers(cursor, schema: str = "public") -> set[Blocker]:
             target = f"{cols} -> {ref} (" + ", ".join(ref_columns) + ")"
             if table not in distributed:
                 found.add(B(table, _FK_INTO, name, target))
-            elif ("tenant_id", "tenant_id") not in zip(columns, ref_columns, strict=True):
+            elif ("tenant_id", "tenant_id") not in zip(
+                columns, ref_columns, strict=True
+            ):
                 found.add(B(table, _FK_OFF, name, target))
         elif table in distributed and "tenant_id" not in columns:
             label = {"p": _PK, "u": _UNIQUE, "x": _EXCLUSION, "i": _UNIQUE_INDEX}
@@ -258,7 +261,9 @@ def serial_columns(cursor, schema: str = "public") -> set[tuple[str, str]]:
     """(table, column) of every sequence-fed column of a tenant_id table."""
     distributed = {t for t, has in tables_by_tenant_id(cursor, schema).items() if has}
     cursor.execute(_SEQUENCES, {"schema": schema})
-    return {(table, column) for table, column in cursor.fetchall() if table in distributed}
+    return {
+        (table, column) for table, column in cursor.fetchall() if table in distributed
+    }
 
 
 def drift(found: set, known: frozenset) -> list[str]:
@@ -326,7 +331,9 @@ def test_the_walk_reports_a_new_blocker_and_a_fixed_one():
                     REFERENCES probe_child (tenant_id, id));
             """
         )
-        cursor.execute("SELECT nspname FROM pg_namespace WHERE oid = pg_my_temp_schema()")
+        cursor.execute(
+            "SELECT nspname FROM pg_namespace WHERE oid = pg_my_temp_schema()"
+        )
         (schema,) = cursor.fetchone()
         found = distribution_blockers(cursor, schema)
         assert found == {
@@ -342,7 +349,9 @@ def test_the_walk_reports_a_new_blocker_and_a_fixed_one():
         known = frozenset(found)
         assert drift(found, known) == []
         # A new blocker fails it.
-        cursor.execute("ALTER TABLE probe_child ADD CONSTRAINT probe_child_code UNIQUE (id)")
+        cursor.execute(
+            "ALTER TABLE probe_child ADD CONSTRAINT probe_child_code UNIQUE (id)"
+        )
         after_new = distribution_blockers(cursor, schema)
         assert drift(after_new, known) == [
             "new, not in the list: "

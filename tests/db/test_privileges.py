@@ -214,6 +214,7 @@ def test_the_privileged_functions_are_not_executable_by_public(db):
         ("audit_retention_drop_payloads", OWNER, False),
         ("audit_retention_purge", OWNER, False),
         ("audit_tenants_with_due_outbox", discovery, False),
+        ("audit_tenants_with_log", discovery, False),
         ("portal_agent_key_tenant", discovery, False),
         ("portal_person_tenants", discovery, False),
         ("portal_reset_clock_offset", OWNER, False),

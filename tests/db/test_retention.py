@@ -28,12 +28,13 @@ from audit import services as audit_services
 from audit.models import (
     Event,
     EventCode,
+    LogEntry,
     Outbox,
     RetentionAnchor,
     RetentionPolicy,
     RetentionPurge,
 )
-from portal import db_roles, ids
+from portal import db_roles, ids, scope
 from portal.actors import Actor
 from portal.jobs import purge_idempotent_requests_job
 from portal.models import (
@@ -230,11 +231,17 @@ def test_retention_drops_the_expired_month_and_writes_a_tombstone(two_tenants):
 
 def test_verify_audit_passes_after_the_purge(two_tenants):
     a, b = two_tenants["a"], two_tenants["b"]
+    with scope.tenant_scope([a.pk]):
+        leaves = LogEntry.objects.filter(tenant=a).count()
     retention.unscoped_retention_run()
 
     # before the next checkpoint (heads purged under the old ones) and after it
     assert verify(a)[0] == 0, verify(a)[1]
     assert verify(b)[0] == 0, verify(b)[1]
+    # the dropped partition's events keep their leaves: the log still verifies
+    # whole, its root from the hashes the proofs need
+    assert leaves == 6
+    assert "log of 6 events under 1 signed tree heads" in verify(a)[1]
     append_now(a, two_tenants["task_a"], 6)
     checkpoint(a, b)
     assert verify(a)[0] == 0, verify(a)[1]

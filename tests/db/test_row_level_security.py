@@ -518,6 +518,7 @@ def test_the_discovery_role_can_do_nothing_but_own_them(db):
         )
         assert [row[0] for row in cursor.fetchall()] == [
             "audit_outbox",
+            "audit_treehead",
             "portal_agentkey",
             "portal_idempotentrequest",
             "portal_membership",
@@ -527,6 +528,7 @@ def test_the_discovery_role_can_do_nothing_but_own_them(db):
             "tasks_approval",
             "tasks_operation",
             "tasks_task",
+            "tenant_deletion_tombstone",
         ]
         # The column grants hold no payload, input or secret column.
         cursor.execute(

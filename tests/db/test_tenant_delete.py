@@ -71,6 +71,7 @@ from tenant_deletion.exceptions import (
     TenantAlreadyDeleted,
     TenantDeletionPolicyIncomplete,
 )
+from tenant_deletion.models import Tombstone
 from tests.conftest import db_now
 from tests.support.audit_events import append_at
 from tests.support.db import connect_as
@@ -362,19 +363,27 @@ def test_keep_policy_empties_every_table_but_events_and_leaves_a_tombstone(
 def test_purge_policy_empties_every_table_and_removes_the_tenant(
     purge_tenant, populate
 ):
-    """Under "purge" no row of the tenant is left anywhere, the tenant row included."""
+    """Under "purge" no row of the tenant is left anywhere, the tenant row included,
+    but its transparency log, which ends in a signed tombstone."""
     # given a tenant with rows in every tenant-owned table
     populate(purge_tenant)
     _assert_seeded(purge_tenant)
     events_before = Event.objects.filter(tenant=purge_tenant).count()
+    tree_heads = TreeHead.objects.filter(tenant=purge_tenant).count()
 
     # when it is deleted
     report = tenant_delete(tenant=purge_tenant, actor=SYSTEM)
 
-    # then nothing of it is left
-    assert set(rows_of(purge_tenant.pk).values()) == {0}
+    # then nothing of it is left but the log: a leaf per event (those no run had
+    # placed yet were placed under one more head) and the tombstone
+    left = {table: n for table, n in rows_of(purge_tenant.pk).items() if n}
+    log = {"audit_logentry": events_before, "audit_treehead": left["audit_treehead"]}
+    assert left == log
+    assert left["audit_treehead"] - tree_heads in (0, 1)
     assert not Tenant.objects.filter(pk=purge_tenant.pk).exists()
-    assert report.kept == {}
+    assert report.kept == {**log, "tenant_deletion_tombstone": 1}
+    tombstone = Tombstone.objects.get(tenant_id=purge_tenant.pk)
+    assert (tombstone.slug, tombstone.size) == (purge_tenant.slug, events_before)
     assert report.deleted["audit_event"] == events_before
     assert report.deleted["portal_tenant"] == 1
     assert report.event_id is None
@@ -627,7 +636,9 @@ def test_the_command_with_yes_deletes_and_prints_what_went(purge_tenant, populat
 
     assert not Tenant.objects.filter(pk=purge_tenant.pk).exists()
     assert _line(out.getvalue(), "Deleted", "portal_tenant") == 1
-    assert "Kept: nothing" in out.getvalue()
+    assert "Kept:\n" in out.getvalue()
+    assert _line(out.getvalue(), "Kept", "tenant_deletion_tombstone") == 1
+    assert _line(out.getvalue(), "Kept", "audit_logentry") > 0
 
 
 def test_an_unknown_slug_is_a_clear_error(db):

@@ -9,6 +9,7 @@ its kind.
 from __future__ import annotations
 
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from audit import checkpoints, timestamp, verify, verify_log, witness_client
 from portal import scope
 from portal.models import Tenant
+from tenant_deletion import selectors as deletion_selectors
 
 PROGRESS_EVERY = 50_000
 
@@ -88,7 +90,9 @@ class Command(BaseCommand):
         tenants = Tenant.objects.order_by("slug")
         if options["tenant"]:
             tenants = tenants.filter(slug=options["tenant"])
-            if not tenants.exists():
+            if not tenants.exists() and not self._tombstones(
+                verify_log.purged_tenant_ids(), options["tenant"]
+            ):
                 raise CommandError(f"no tenant {options['tenant']!r}")
         total = 0
         for tenant in tenants:
@@ -139,4 +143,45 @@ class Command(BaseCommand):
                 )
                 for note in stamps.notes:
                     self.stderr.write(f"  {note}")
+        self._purged(public_keys, slug=options["tenant"])
         self.stdout.write(f"intact: {total} events")
+
+    def _tombstones(self, gone: list[uuid.UUID], slug: str | None) -> list[Any]:
+        with scope.tenant_scope(gone):  # row-level security: the purged tenants
+            return deletion_selectors.tombstones(slug=slug)
+
+    def _purged(
+        self, public_keys: dict[str, Ed25519PublicKey], *, slug: str | None
+    ) -> None:
+        """Each purged tenant's kept log and its signed tombstone; then (without
+        ``--tenant``) any log whose tenant is gone without a tombstone."""
+        gone = verify_log.purged_tenant_ids()
+        purged = self._tombstones(gone, slug)
+        for tombstone in purged:
+            name = f"{tombstone.slug} ({tombstone.tenant_id})"
+            with scope.tenant_scope([tombstone.tenant_id]):  # row-level security
+                leaves, heads, broken = verify_log.tombstone_verify(
+                    tenant_id=tombstone.tenant_id,
+                    note=tombstone.note,
+                    size=tombstone.size,
+                    root_hash=tombstone.root_hash,
+                    key_id=tombstone.key_id,
+                    public_keys=public_keys,
+                )
+            if broken is not None:
+                self.stdout.write(f"BROKEN purged tenant {name}: {broken}")
+                sys.exit(1)
+            self.stdout.write(
+                f"ok purged tenant {name}: purged at size {tombstone.size}, "
+                f"tombstone valid; log of {leaves} events under {heads} signed "
+                "tree heads"
+            )
+        if slug is not None:
+            return
+        tombstoned = {tombstone.tenant_id for tombstone in purged}
+        for tenant_id in (t for t in gone if t not in tombstoned):
+            self.stdout.write(
+                f"BROKEN tenant {tenant_id}: {verify.DELETED}: its log has signed "
+                "heads, but the tenant and its events are gone without a tombstone"
+            )
+            sys.exit(1)

@@ -33,7 +33,8 @@ def _policy_lines(events_on_delete: str) -> list[str]:
     if events_on_delete == EventsOnDelete.PURGE:
         events = (
             "the audit events and their signed checkpoints are deleted, then the "
-            "tenant row itself"
+            "tenant row itself; the transparency log's leaves and signed heads "
+            "stay and end in a signed tombstone (needs the audit signing key)"
         )
     else:
         events = (
