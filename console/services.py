@@ -10,6 +10,7 @@ their models in ``tasks.services`` and follow the same rule.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings
@@ -30,6 +31,7 @@ from portal.models import (
     Role,
     Tenant,
     TenantPerm,
+    TrustTier,
 )
 from portal.roles import Person, require_tenant_perm
 
@@ -205,6 +207,57 @@ def agent_set_sponsor(*, agent: Agent, by: Person, sponsor_id: int | None) -> Ag
                 "agent_id": str(agent.pk),
                 "name": agent.name,
                 "sponsor_id": sponsor_id,
+            },
+        )
+    agent.refresh_from_db()
+    return agent
+
+
+MAX_AGENT_TAGS = 20
+MAX_AGENT_TAG_CHARS = 50
+
+
+@transaction.atomic(durable=True)
+def agent_set_policy_attributes(
+    *, agent: Agent, by: Person, trust_tier: str, tags: Sequence[str]
+) -> Agent:
+    """Set what the tenant's policies read of the agent: its trust tier and tags
+    (``principal.trust_tier``, ``principal.tags``; docs/policies.md). Tags are
+    kept once each, in order.
+
+    Raises:
+        PermissionDenied, TenantNotVisible: ``by`` may not manage the tenant.
+        ValidationFailed: an unknown tier, an empty or over-long tag, too many.
+    """
+    actor = _manage(tenant=agent.tenant, by=by)
+    if trust_tier not in TrustTier.values:
+        raise ValidationFailed(
+            f"The trust tier is one of {', '.join(TrustTier.values)}.",
+            field="trust_tier",
+        )
+    cleaned = list(dict.fromkeys(tag.strip() for tag in tags))
+    if len(cleaned) > MAX_AGENT_TAGS or not all(
+        0 < len(tag) <= MAX_AGENT_TAG_CHARS for tag in cleaned
+    ):
+        raise ValidationFailed(
+            f"At most {MAX_AGENT_TAGS} tags of 1 to {MAX_AGENT_TAG_CHARS} characters.",
+            field="tags",
+        )
+    moved = (
+        Agent.objects.filter(tenant_id=agent.tenant_id, pk=agent.pk)
+        .exclude(trust_tier=trust_tier, tags=cleaned)
+        .update(trust_tier=trust_tier, tags=cleaned)
+    )
+    if moved:
+        _event(
+            tenant=agent.tenant,
+            code=EventCode.AGENT_CHANGED,
+            actor=actor,
+            data={
+                "agent_id": str(agent.pk),
+                "name": agent.name,
+                "trust_tier": trust_tier,
+                "tags": cleaned,
             },
         )
     agent.refresh_from_db()

@@ -156,8 +156,15 @@ class AgentAdmin(TenantScopedAdmin):
 
     manage_perm = TenantPerm.MANAGE_TENANT
     allow_add = True
-    list_display = ["name", "tenant", "is_active", "frozen_at", "created_at"]
-    list_filter = ["is_active", "tenant"]
+    list_display = [
+        "name",
+        "tenant",
+        "is_active",
+        "trust_tier",
+        "frozen_at",
+        "created_at",
+    ]
+    list_filter = ["is_active", "trust_tier", "tenant"]
     search_fields = ["name"]
     list_select_related = ["tenant"]
     inlines = [AgentKeyInline]
@@ -166,7 +173,15 @@ class AgentAdmin(TenantScopedAdmin):
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         if obj is None:
             return ["tenant", "name"]
-        return ["tenant", "name", "is_active", "sponsor", "frozen_at"]
+        return [
+            "tenant",
+            "name",
+            "is_active",
+            "sponsor",
+            "trust_tier",
+            "tags",
+            "frozen_at",
+        ]
 
     def formfield_for_foreignkey(
         self, db_field: Any, request: HttpRequest, **kwargs: Any
@@ -228,6 +243,12 @@ class AgentAdmin(TenantScopedAdmin):
                 agent=Agent.objects.get(tenant_id=obj.tenant_id, pk=obj.pk),
                 by=request.user,
                 sponsor_id=sponsor.pk if sponsor is not None else None,
+            )
+            services.agent_set_policy_attributes(
+                agent=Agent.objects.get(tenant_id=obj.tenant_id, pk=obj.pk),
+                by=request.user,
+                trust_tier=form.cleaned_data["trust_tier"],
+                tags=form.cleaned_data.get("tags") or [],
             )
             return
         created = services.agent_create(
