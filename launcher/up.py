@@ -4,7 +4,10 @@ Starts the embedded PostgreSQL (when DATABASE_URL is unset) and the demo ticket
 desk (``python -m ticketdesk``, the remote system the example agent's tickets land
 in), migrates, collects static files, seeds the demo data, then runs gunicorn, a
 Celery worker, Celery beat and the MCP server (``manage.py mcp --http``, port
-``PORTAL_MCP_PORT`` or 8200) as child processes. Ctrl-C (or SIGTERM) stops them all,
+``PORTAL_MCP_PORT`` or 8200) as child processes; outside production, with the
+worker, also a witness of the audit log (``manage.py witness`` on a free port, its
+key and state under var/), which the worker and beat are given as
+``PORTAL_AUDIT_WITNESSES`` unless that is set. Ctrl-C (or SIGTERM) stops them all,
 the database last. If any of them exits, the others are stopped and ``up`` exits
 non-zero. Every child also gets a parent-death signal, so even a SIGKILLed ``up``
 leaves nothing behind. The management command only parses its options and calls
@@ -50,6 +53,7 @@ _TICKETDESK_LISTENING: Final = re.compile(
 )
 # And the MCP server's (``manage.py mcp --http``).
 _MCP_LISTENING: Final = re.compile(r"mcp listening on (?P<url>http://\S+)")
+DEV_WITNESS_NAME: Final = "witness.local/portal-dev"
 
 
 class _StopRequested(BaseException):
@@ -148,6 +152,7 @@ class Up:
     def __init__(self, *, stdout: OutputWrapper, stderr: OutputWrapper) -> None:
         self.stdout = stdout
         self.stderr = stderr
+        self.witness_line: str | None = None
 
     def run(
         self, *, port: int, ticketdesk_port: int, no_worker: bool, verbosity: int = 1
@@ -327,6 +332,42 @@ class Up:
             )
         return url
 
+    def _start_witness(self, children: list[Child], *, env: dict[str, str]) -> str:
+        """Start a development witness (``manage.py witness``, its key and state
+        under var/, a free port) as a child; return the ``PORTAL_AUDIT_WITNESSES``
+        entry for the worker and beat. Nothing waits for it to listen: the worker
+        first calls it after a checkpoint, and a head it missed goes again with
+        the next run; if it exits, ``up`` stops like for any child."""
+        from audit import checkpoints, witness
+
+        var_dir = Path(settings.VAR_DIR)
+        key_file = var_dir / "witness-key.pem"
+        checkpoints.signing_key()  # writes the log's public key, which it trusts
+        vkey = witness.verifier_key(
+            DEV_WITNESS_NAME, witness.load_or_make_key(key_file).public_key()
+        )
+        with socket.socket() as probe:  # a port nothing listens on now
+            probe.bind((embedded_db.HOST, 0))
+            port = int(probe.getsockname()[1])
+        url = f"http://{embedded_db.HOST}:{port}"
+        command = [
+            sys.executable, "manage.py", "witness", "--name", DEV_WITNESS_NAME,
+            "--state-dir", str(var_dir / "witness"), "--key-file", str(key_file),
+            "--listen", f"{embedded_db.HOST}:{port}",
+        ]  # fmt: skip
+        self._say(f"starting witness: {' '.join(command[1:])}")
+        process = subprocess.Popen(  # noqa: S603 (this interpreter, fixed arguments)
+            command,
+            stdin=subprocess.DEVNULL,
+            cwd=settings.BASE_DIR,
+            env=env,
+            preexec_fn=embedded_db.die_with_parent(signal.SIGTERM),
+            process_group=0,  # as the other children: see _start_children
+        )
+        children.append(Child(name="witness", process=process))
+        self.witness_line = f"  Witness:    {url}  ({vkey})"
+        return f"{vkey} {url}"
+
     def _start_children(
         self, children: list[Child], *, database_url: str, port: int, no_worker: bool
     ) -> str:
@@ -360,6 +401,8 @@ class Up:
             for key, value in options.items():
                 if key.endswith("_folder") or key.startswith("data_folder_"):
                     Path(value).mkdir(parents=True, exist_ok=True)
+            if not settings.PRODUCTION and "PORTAL_AUDIT_WITNESSES" not in env:
+                env["PORTAL_AUDIT_WITNESSES"] = self._start_witness(children, env=env)
             commands["Celery worker"] = [
                 "celery", "-A", "portal", "worker",
                 "--loglevel=INFO", "--concurrency=2",
@@ -462,6 +505,8 @@ class Up:
             lines.append(f"  Agent key:  Authorization: Bearer {secret}")
         if desk_url is not None:
             lines.append(f"  Ticket desk: {desk_url}  (demo target 'ticket-desk')")
+        if self.witness_line is not None:
+            lines.append(self.witness_line)
         if server is not None:
             app_url = db_roles.url_as(server.url, user=db_roles.APP_ROLE)
             lines.append(
