@@ -35,7 +35,7 @@ from portal import db as portal_db
 from portal import scope
 from tasks import outbound
 
-from .models import Channel, Notification, NotificationState, Webhook
+from .models import Channel, GroupMember, Notification, NotificationState, Webhook
 
 _CLAIM: Final = """
 UPDATE routing_notification n
@@ -109,6 +109,10 @@ def _send_email(notification: Notification) -> None:
     user = User.objects.filter(pk=int(notification.recipient)).first()
     if user is None or not user.email:
         return  # nobody to tell any more: nothing to retry
+    if not GroupMember.objects.filter(
+        tenant_id=notification.tenant_id, user_id=user.pk, email_enabled=True
+    ).exists():
+        return  # they turned e-mail off (or left) in every group since: dropped
     subject, body = message_text(notification.facts)
     message = EmailMessage(
         subject=subject,

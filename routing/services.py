@@ -467,6 +467,51 @@ def group_member_add(
     return member
 
 
+@transaction.atomic(durable=True)
+def member_email_choose(
+    *, tenant: Tenant, member_id: uuid.UUID, user: Person, email_enabled: bool
+) -> GroupMember:
+    """A person's own choice for the e-mail channel: one group's items by e-mail or
+    not (webhooks are the group's channel, not a person's).
+
+    The member themself (any role that reads the tenant) or a tenant administrator
+    chooses. One ``tenant.changed`` event names the person and the row; the same
+    choice again writes nothing. New notifications follow the choice, and delivery
+    reads it again before sending (``routing.delivery``).
+
+    Raises:
+        NotFound: no such member row in the tenant.
+        PermissionDenied: someone else's row, and the user is not an administrator.
+    """
+    member = (
+        GroupMember.objects.select_for_update(of=("self",))
+        .filter(tenant=tenant, pk=member_id)
+        .first()
+    )
+    if member is None:
+        raise NotFound("No such group member in this tenant.", member_id=str(member_id))
+    own = member.user_id == user.pk and has_tenant_perm(
+        user=user, tenant=tenant, perm=TenantPerm.VIEW_TRAIL
+    )
+    if not own:
+        _require_admin(tenant=tenant, user=user)
+    if member.email_enabled == email_enabled:
+        return member
+    member.email_enabled = email_enabled
+    member.save(update_fields=["email_enabled"])
+    audit_services.event_append(
+        tenant_id=tenant.pk,
+        code=EventCode.TENANT_CHANGED,
+        actor=Actor.of_user(user),
+        data={
+            "routing": "groupmember",
+            "id": str(member.pk),
+            "change": "email_enabled" if email_enabled else "email_disabled",
+        },
+    )
+    return member
+
+
 # --- The tenant administrator's set-up (console/admin/routing.py) -------------------
 
 SetupRow = Group | GroupMember | RoutingRule | Webhook

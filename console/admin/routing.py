@@ -3,7 +3,8 @@ the tenant's webhooks (docs/routing.md).
 
 Tenant administrators add and change them (each change a ``tenant.changed`` event
 naming the person, through ``routing.services``); reviewers read groups, members
-and rules; a webhook's page, with its signing secret, is for administrators only.
+and rules; every member chooses e-mail on or off for their own rows; a webhook's
+page, with its signing secret, is for administrators only.
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from portal.exceptions import PortalError
 from portal.models import TenantPerm
 from routing import delivery
 from routing import services as routing_services
@@ -70,12 +73,53 @@ class GroupAdmin(_SetupAdmin):
 
 @admin.register(GroupMember)
 class GroupMemberAdmin(_SetupAdmin):
-    """A person in a group, and whether they get its items by e-mail."""
+    """A person in a group, and whether they get its items by e-mail.
+
+    Everyone who reads the page chooses for themself with the two e-mail actions
+    (their own rows only); administrators also change anyone's row on its page.
+    """
 
     list_display = ["user", "group", "email_enabled", "tenant"]
     list_filter = ["tenant", "group"]
     list_select_related = ["tenant", "group", "user"]
     fields = ["tenant", "group", "user", "email_enabled"]
+    actions = ["email_me", "no_email_for_me", "delete_rows"]
+
+    @admin.action(description="E-mail me these groups' items", permissions=["view"])
+    def email_me(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        self._choose(request, queryset, email_enabled=True)
+
+    @admin.action(description="No e-mail to me for these groups", permissions=["view"])
+    def no_email_for_me(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        self._choose(request, queryset, email_enabled=False)
+
+    def _choose(
+        self, request: HttpRequest, queryset: QuerySet[Any], *, email_enabled: bool
+    ) -> None:
+        mine = queryset.filter(user_id=request.user.pk).select_related(
+            "tenant", "group"
+        )
+        skipped = queryset.count() - mine.count()
+        for row in mine.order_by("pk"):
+            try:
+                routing_services.member_email_choose(
+                    tenant=row.tenant,
+                    member_id=row.pk,
+                    user=request.user,
+                    email_enabled=email_enabled,
+                )
+            except (PortalError, DjangoPermissionDenied) as error:
+                self.message_user(request, f"{row}: {error}", messages.ERROR)
+            else:
+                state = "on" if email_enabled else "off"
+                self.message_user(request, f"{row.group}: e-mail {state} for you.")
+        if skipped:
+            self.message_user(
+                request,
+                f"{skipped} selected row(s) skipped: you choose for yourself only "
+                "(administrators change another person's row on its page).",
+                messages.WARNING,
+            )
 
 
 @admin.register(RoutingRule)
