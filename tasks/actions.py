@@ -594,6 +594,11 @@ def _answer(
             failed_fields = tuple(str(item["field"]) for item in problems)
             if problems:
                 details["conflicting_fields"] = problems
+            # APPROVAL_REQUIRED: the approval it waits for (id, state, approvals
+            # so far, quorum, groups, expiry; docs/approvals.md).
+            approval = desk_item.evidence.get("approval")
+            if isinstance(approval, dict) and "approval_id" in approval:
+                details["approval"] = approval
         failed_check = _refused_check(tenant=tenant, operation=operation, reason=reason)
         if failed_check is not None and status == "human_required":
             status = "refused"
