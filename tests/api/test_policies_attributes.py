@@ -19,6 +19,8 @@ from policies.exceptions import PolicyInvalid
 from portal import services as portal_services
 from portal.models import Agent, Role, Tenant
 from tasks import services as task_services
+from tasks.models import Approval
+from tests.api.test_actions import body as action_body
 from tests.api.test_policies import PERMIT_ALL, publish
 from tests.console.test_desk import make_person
 from tests.gateway import conftest as gateway_world
@@ -229,3 +231,27 @@ def test_a_tenant_admin_sets_tier_and_tags_in_the_admin(world):
     assert (
         Event.objects.filter(tenant=tenant, code=EventCode.AGENT_CHANGED).count() == 1
     )
+
+
+def test_the_one_call_names_the_approval_it_waits_for(world):
+    """POST /api/v1/actions: APPROVAL_REQUIRED with the desk item and the approval
+    (what the MCP tools answer too: tests/mcp/test_mcp_policies.py)."""
+    declare(world, amount_fields=["amount"])
+    publish(world, PERMIT_ALL + REFUNDS)
+    task_services.object_version_record(
+        tenant=world.tenant, object_type="customer_issue", object_id="1042", version="7"
+    )
+    data = action_body(
+        arguments={"queue": "billing", "summary": "Refund", "amount": 900}
+    )
+    answer = world.http.post("/api/v1/actions", json=data).json()
+    assert (answer["status"], answer["reason_code"]) == ("refused", "APPROVAL_REQUIRED")
+    approval = Approval.objects.get(operation_id=answer["operation_id"])
+    assert answer["details"]["approval"]["approval_id"] == str(approval.pk)
+    assert answer["details"]["approval"]["quorum"] == 2
+    assert answer["desk_item_id"]
+    assert "Do not retry with a new key" in answer["next_step"]
+    again = world.http.post("/api/v1/actions", json=data).json()
+    assert again["operation_id"] == answer["operation_id"]
+    assert again["reason_code"] == "APPROVAL_REQUIRED"
+    assert world.tickets() == 0

@@ -6,6 +6,7 @@ Pure: a request and a text in, a decision out; cedarpy is the real engine.
 from __future__ import annotations
 
 import datetime as dt
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -127,22 +128,48 @@ def test_the_resource_is_the_object_inside_its_target():
 SCHEMA = schema_for(actions=["refund", "delete_ticket"], field_names=["plan"])
 
 
-CRM_BOT_STAYS_IN_THE_CRM = """
-forbid(principal, action, resource)
-when { principal.name == "crm-bot" && !(resource in Target::"crm") };
-"""
+# The examples of docs/policies.md, read from the doc so that it stays true.
+DOCS_EXAMPLES = (
+    (Path(__file__).resolve().parents[3] / "docs" / "policies.md")
+    .read_text()
+    .split("```cedar")[2]
+    .split("```")[0]
+)
 
 
 def test_the_docs_examples_fit_the_schema_and_decide_as_documented():
-    text = (
-        BASE + REFUND_NEEDS_FINANCE + NO_DELETES_ON_FRIDAYS + CRM_BOT_STAYS_IN_THE_CRM
+    schema = schema_for(
+        actions=["refund", "delete_ticket"],
+        field_names=["plan"],
+        amount_names=["amount"],
     )
-    assert policy_problems(text=text, schema=SCHEMA) == []
-    crm_bot = request(agent_name="crm-bot")
-    assert evaluate_text(text=text, request=crm_bot).verdict == Verdict.DENY
-    assert (
-        evaluate_text(text=text, request=request(agent_name="crm-bot", target="crm"))
-    ).verdict == Verdict.ALLOW
+    assert policy_problems(text=DOCS_EXAMPLES, schema=schema) == []
+
+    def decide(**overrides: Any) -> Verdict:
+        declared = request(amount_fields=("amount",), **overrides)
+        return evaluate_text(text=DOCS_EXAMPLES, request=declared).verdict
+
+    assert decide() == Verdict.ALLOW
+    assert decide(arguments={"amount": 900}) == Verdict.APPROVAL
+    # An undeclared number is no amount; a contract declaring none counts it.
+    assert decide(arguments={"total": 900}) == Verdict.ALLOW
+    assert decide(action="delete_ticket", at=FRIDAY) == Verdict.DENY
+    assert decide(agent_name="crm-bot") == Verdict.DENY
+    assert decide(agent_name="crm-bot", target="crm") == Verdict.ALLOW
+    assert decide(risk_class="high") == Verdict.DENY
+    assert decide(risk_class="high", agent_trust_tier="trusted") == Verdict.ALLOW
+
+
+def test_principal_attributes_reach_the_policy():
+    text = BASE + (
+        "forbid(principal, action, resource) when {\n"
+        '  principal.tags.contains("frozen-budget") || principal.sponsor == "" };\n'
+    )
+    assert evaluate_text(text=text, request=request()).verdict == Verdict.DENY
+    sponsored = request(agent_sponsor="sol")
+    assert evaluate_text(text=text, request=sponsored).verdict == Verdict.ALLOW
+    tagged = request(agent_sponsor="sol", agent_tags=("refunds", "frozen-budget"))
+    assert evaluate_text(text=text, request=tagged).verdict == Verdict.DENY
 
 
 @pytest.mark.parametrize(
