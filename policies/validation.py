@@ -101,6 +101,50 @@ def _annotation_problems(
     return problems
 
 
+_AMOUNTS: Final = {".": {"left": {"Var": "context"}, "attr": "amounts"}}
+
+
+def _amounts_named(node: Any) -> set[str]:
+    """Every attribute a policy's JSON form reads or tests (``.``, ``has``) on
+    ``context.amounts``."""
+    names: set[str] = set()
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if (
+                key in (".", "has")
+                and isinstance(value, dict)
+                and value.get("left") == _AMOUNTS
+                and isinstance(value.get("attr"), str)
+            ):
+                names.add(value["attr"])
+            names |= _amounts_named(value)
+    elif isinstance(node, list):
+        for value in node:
+            names |= _amounts_named(value)
+    return names
+
+
+def _undeclared_amount_problems(
+    policies: Mapping[str, Any], schema: Mapping[str, Any], lines: Mapping[str, int]
+) -> list[Problem]:
+    """An amount no published contract declares: Cedar types ``has`` on it as
+    false, so the policy would publish and never match (docs/policies.md)."""
+    amounts = schema.get("", {}).get("entityTypes", {}).get("Amounts", {})
+    declared = set(amounts.get("shape", {}).get("attributes", {}))
+    problems = []
+    for policy_id, policy in policies.items():
+        for name in sorted(_amounts_named(policy.get("conditions")) - declared):
+            problems.append(
+                Problem(
+                    message=f"context.amounts.{name}: no published contract declares "
+                    f"{name!r} among its amount_fields, so this would never match",
+                    line=lines.get(policy_id),
+                    policy=policy_id,
+                )
+            )
+    return problems
+
+
 def policy_problems(*, text: str, schema: Mapping[str, Any]) -> list[Problem]:
     """Every reason ``text`` cannot be published against ``schema``; [] if none."""
     if not text.strip():
@@ -128,4 +172,9 @@ def policy_problems(*, text: str, schema: Mapping[str, Any]) -> list[Problem]:
         policy_id: dict(policy.get("annotations") or {})
         for policy_id, policy in parsed.get("staticPolicies", {}).items()
     }
-    return problems + _annotation_problems(annotations, lines_by_policy)
+    policies = parsed.get("staticPolicies", {})
+    return (
+        problems
+        + _undeclared_amount_problems(policies, schema, lines_by_policy)
+        + _annotation_problems(annotations, lines_by_policy)
+    )

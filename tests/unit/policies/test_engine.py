@@ -192,9 +192,23 @@ def test_principal_attributes_reach_the_policy():
             "optional attribute",
         ),
         (BASE + '@approval("finance") @quorum("0")\n' + BASE, 2, "@quorum"),
+        (
+            BASE
+            + "forbid(principal, action, resource)\n"
+            + "  when { context.amounts has refund && context.amounts.refund > 1 };\n",
+            2,
+            "no published contract declares 'refund' among its amount_fields",
+        ),
         ("", None, "empty"),
     ],
-    ids=["parse", "unknown-action", "unguarded-optional", "bad-quorum", "empty"],
+    ids=[
+        "parse",
+        "unknown-action",
+        "unguarded-optional",
+        "bad-quorum",
+        "undeclared-amount",
+        "empty",
+    ],
 )
 def test_problems_carry_the_parsers_message_and_line(text, line, message):
     problems = policy_problems(text=text, schema=SCHEMA)
