@@ -215,13 +215,18 @@ UPDATE audit_outbox SET state = 'sent', sent_at = app_now(), last_error = ''
 WHERE id = ANY(%s) AND state = 'pending'
 """
 
-# attempts was counted at the claim: the first failure waits base, then 2x, 4x, ...
-_MARK_FAILED = """
+# The capped doubling wait after a failed attempt, for any outbox-shaped table with
+# an ``attempts`` column counted at the claim: the first failure waits base, then
+# 2x, 4x, ... up to cap; the exponent is bounded so a large attempts count cannot
+# overflow. routing.delivery's notifications back off by the same expression.
+BACKOFF_UNTIL_SQL: Final = """app_now() + make_interval(secs => LEAST(
+    %(cap)s, %(base)s * power(2, LEAST(GREATEST(attempts - 1, 0), 60))
+))"""
+
+_MARK_FAILED = f"""
 UPDATE audit_outbox SET
     state = CASE WHEN attempts >= %(max_attempts)s THEN 'dead' ELSE 'pending' END,
-    available_at = app_now() + make_interval(secs => LEAST(
-        %(cap)s, %(base)s * power(2, LEAST(GREATEST(attempts - 1, 0), 60))
-    )),
+    available_at = {BACKOFF_UNTIL_SQL},
     last_error = left(%(error)s, 500)
 WHERE id = %(id)s AND state = 'pending'
 RETURNING state

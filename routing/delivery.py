@@ -30,6 +30,7 @@ from django.contrib.auth.models import User
 from django.core.mail import EmailMessage, get_connection
 from django.db import connection, transaction
 
+from audit import relay
 from audit.redaction import tenant_key
 from portal import db as portal_db
 from portal import scope
@@ -51,11 +52,11 @@ WHERE n.id IN (
 RETURNING n.id
 """
 
-_RECORD_FAILURE: Final = """
+# The audit relay's backoff, the same expression (one definition of the wait).
+_RECORD_FAILURE: Final = f"""
 UPDATE routing_notification
 SET state = CASE WHEN attempts >= %(max)s THEN 'dead' ELSE 'pending' END,
-    available_at = app_now() + make_interval(
-        secs => least(%(cap)s, %(base)s * power(2, greatest(attempts - 1, 0)))),
+    available_at = {relay.BACKOFF_UNTIL_SQL},
     last_error = %(error)s
 WHERE id = %(id)s AND state = 'pending'
 """

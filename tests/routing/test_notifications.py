@@ -9,6 +9,7 @@ import pytest
 from audit.models import Event, EventCode
 from routing import delivery
 from routing.models import Assignment, Notification, NotificationState
+from tests.conftest import db_now
 from tests.support.db import db_clock_offset
 
 from .conftest import CANARY, CUSTOMER_EMAIL, escalate_with_canary
@@ -149,6 +150,28 @@ def test_a_failing_receiver_is_retried_with_backoff(
     row.refresh_from_db()
     assert (row.state, row.attempts) == ("sent", 2)
     assert [post["valid"] for post in receiver.posts] == [True]
+
+
+def test_a_long_failing_row_waits_the_cap_without_overflowing(
+    desk, smtp, receiver, make_task, make_operation, settings
+):
+    # given a webhook post that has failed 2000 times, with attempts left
+    settings.PORTAL_NOTIFY_MAX_ATTEMPTS = 5000
+    escalate_with_canary(make_task, make_operation, desk.tenant)
+    Notification.objects.filter(tenant=desk.tenant, channel="webhook").update(
+        attempts=2000
+    )
+    receiver.fail_next = 1
+
+    # when it fails once more (2^2000 seconds would overflow a double)
+    assert delivery.notifications_deliver_once() == {"sent": 1, "failed": 1}
+
+    # then it waits the cap, as the audit relay's rows do (one backoff expression)
+    row = Notification.objects.get(tenant=desk.tenant, channel="webhook")
+    assert (row.state, row.attempts) == ("pending", 2001)
+    wait = (row.available_at - db_now()).total_seconds()
+    assert wait > settings.PORTAL_NOTIFY_BACKOFF_CAP_S - 30
+    assert wait <= settings.PORTAL_NOTIFY_BACKOFF_CAP_S
 
 
 def test_a_webhook_the_outbound_policy_refuses_is_not_called(
