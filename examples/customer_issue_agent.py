@@ -35,15 +35,19 @@ queue for a fresh read: the next run finds its operation waiting for a person,
 reads the e-mail again and executes under the same key, and the ticket is made.
 *Edit* (the person gives the fresh e-mail) makes the ticket at once; the next run
 finds it verified and finishes the task. *Cancel* ends the issue with the person's
-decision; the agent reports it as settled by a person, not as a failure.
+decision; the agent reports it as settled by a person, not as a failure. Whenever
+the agent finds an issue already finished, it reads the task's trail to say whether
+a person settled it.
 
 Safe to run again, and to re-run after a crash: every step is keyed, so a second
 run finds the same tasks and operations, makes no second ticket (the desk's own
 count shows it) and leaves the issue that is with a person alone.
 
-Exit status: 0 when every issue ended as planned (a verified ticket; for the
-deliberately stale one, a person has it, settled it, or handed it back and the
-ticket followed); 1 otherwise.
+The last line counts each issue once, as what happened to it on this run:
+``done: 2 ticket(s), 1 with a person (issue-3), 0 failed``; a ticket made after a
+person stepped in, or an issue a person cancelled, is named with it. Exit status:
+0 when every issue has its verified ticket or is with a person (waiting, or settled
+by them); 1 when any failed (the agent could not finish it and no person has it).
 """
 
 from __future__ import annotations
@@ -56,8 +60,18 @@ import secrets
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Final
+
+from customer_issues import (
+    OBJECT_TYPE,
+    OBJECT_VERSION,
+    CustomerIssue,
+    Tally,
+    add_issue_arguments,
+    check_issue_arguments,
+    demo_issues,
+    say,
+)
 
 from portal_client import (
     ActionResult,
@@ -78,31 +92,13 @@ from portal_client import (
 WORKFLOW_KEY: Final = "customer-issue"
 WORKFLOW_VERSION: Final = "1"
 CONTRACT_KEY: Final = "customer-issue"
-OBJECT_TYPE: Final = "customer_issue"
-OBJECT_VERSION: Final = "7"
 ACTION: Final = "create_ticket"
 TARGET: Final = "ticket-desk"
-QUEUE: Final = "support_queue_a"
 LEASE_TTL_S: Final = 30
-# Longer ago than the contract's max_age_s for the e-mail (300 s): the stale case.
-STALE_AGE: Final = dt.timedelta(minutes=10)
 # How long to wait for the portal's recovery to settle an answer in doubt.
 SETTLE_TIMEOUT_S: Final = 20.0
 SETTLED: Final = frozenset({"verified", "failed", "conflict", "human_required"})
 WITH_A_PERSON: Final = frozenset({"human_required", "human_claimed"})
-
-SUMMARIES: Final = (
-    "Login fails after a password reset",
-    "Invoice shows the wrong VAT rate",
-    "CSV export times out for large reports",
-    "Mobile app crashes when opening settings",
-    "Order confirmation e-mail never arrives",
-)
-PLANS: Final = ("pro", "basic", "enterprise")
-
-# "ticket": verified. "person": a person has it or settled it. "ticket_after_person":
-# verified after a person handed it back or gave fresh values.
-Result = Literal["ticket", "person", "ticket_after_person"]
 ENDED_BY_A_PERSON: Final = frozenset({"cancelled", "failed"})
 
 
@@ -119,97 +115,61 @@ class HandedToPerson(Exception):
         super().__init__(reason)
 
 
-@dataclass(frozen=True, kw_only=True)
-class CustomerIssue:
-    """A confirmed customer issue (invented, deterministic demo data)."""
-
-    number: int
-    customer: str
-    email: str
-    plan: str
-    summary: str
-    # How long ago the agent read the e-mail address from the CRM.
-    email_age: dt.timedelta = dt.timedelta(0)
-
-    @property
-    def client_task_id(self) -> str:
-        return f"issue-{self.number}"
-
-    @property
-    def ticket_key(self) -> str:
-        return f"ticket-for-issue-{self.number}"
-
-    @property
-    def stale(self) -> bool:
-        return self.email_age > dt.timedelta(0)
-
-    @property
-    def ticket_input(self) -> dict[str, Any]:
-        # Exactly the same every run: the portal hashes it to recognise a repeat.
-        # Only queue, summary and customer: the desk refuses members it does not know
-        # (the gateway adds the object and the contract's read fields itself).
-        return {"queue": QUEUE, "summary": self.summary, "customer": self.customer}
-
-    def field_reads(self, now: dt.datetime) -> dict[str, FieldRead]:
-        """What the agent read, where from, and when, by field name."""
-        return {
-            "email": FieldRead(
-                value=self.email, source="crm", read_at=now - self.email_age
-            ),
-            "plan": FieldRead(value=self.plan, source="billing", read_at=now),
-        }
-
-    def field_values(self, now: dt.datetime) -> list[FieldValue]:
-        """What the agent read, where from, and when."""
-        return [
-            FieldValue(
-                name="email",
-                value=self.email,
-                source="crm",
-                observed_at=now - self.email_age,
-            ),
-            FieldValue(name="plan", value=self.plan, source="billing", observed_at=now),
-        ]
+def field_reads(issue: CustomerIssue, now: dt.datetime) -> dict[str, FieldRead]:
+    """What the agent read, where from, and when, by field name."""
+    return {
+        name: FieldRead(value=value, source=source, read_at=read_at)
+        for name, (value, source, read_at) in issue.reads(now).items()
+    }
 
 
-def demo_issues(count: int, *, stale_issue: int) -> list[CustomerIssue]:
+def field_values(issue: CustomerIssue, now: dt.datetime) -> list[FieldValue]:
+    """What the agent read, where from, and when."""
     return [
-        CustomerIssue(
-            number=n,
-            customer=f"CUST-{n:04d}",
-            email=f"customer{n}@example.com",
-            plan=PLANS[(n - 1) % len(PLANS)],
-            summary=SUMMARIES[(n - 1) % len(SUMMARIES)],
-            email_age=STALE_AGE if n == stale_issue else dt.timedelta(0),
-        )
-        for n in range(1, count + 1)
+        FieldValue(name=name, value=value, source=source, observed_at=read_at)
+        for name, (value, source, read_at) in issue.reads(now).items()
     ]
 
 
-def say(line: str) -> None:
-    print(line, flush=True)
+def resolved_by_person(client: PortalClient, task_id: str) -> bool:
+    """Whether a person settled or handed back this task (its trail says so)."""
+    return any(
+        event.code == "task.resolved" and event.actor_type == "user"
+        for event in client.list_events(task_id)
+    )
 
 
-class OneCallAgent:
-    """Each issue is one ``take_action`` call; the portal does the lifecycle."""
+class _Agent:
+    """What both ways of working share: the client, the tally, the trails."""
 
-    def __init__(self, client: PortalClient, *, owner: str) -> None:
+    def __init__(self, client: PortalClient, *, owner: str, tally: Tally) -> None:
         self.client = client
         self.owner = owner
+        self.tally = tally
         self.task_ids: dict[str, str] = {}  # client task id -> task id, for reports
 
-    def handle(self, issue: CustomerIssue) -> Result:
-        """Take the issue's action; report what the portal answered.
+    def handle(self, issue: CustomerIssue) -> None:
+        raise NotImplementedError
 
-        Returns ``"ticket"`` when its ticket is verified (now or by an earlier run),
-        ``"person"`` when a person has the task (or settled it),
-        ``"ticket_after_person"`` when verified after a person handed it back.
+    def print_events(self, task_id: str, name: str) -> None:
+        print_events(self.client, task_id, name)
+
+
+class OneCallAgent(_Agent):
+    """Each issue is one ``take_action`` call; the portal does the lifecycle."""
+
+    def handle(self, issue: CustomerIssue) -> None:
+        """Take the issue's action; report and tally what the portal answered.
+
+        A ticket when it is verified (now or by an earlier run; the trail says
+        whether a person stepped in), with a person when the task waits for one or
+        a person ended it.
 
         Raises:
             AgentFailure: the issue cannot be finished automatically.
             PortalError: the portal refused the request itself (no grant, ...).
         """
-        name = issue.client_task_id
+        name = issue.name
         self.client.record_object_version(
             OBJECT_TYPE, str(issue.number), version=OBJECT_VERSION
         )
@@ -236,8 +196,9 @@ class OneCallAgent:
                 say(f"{name}: already done; ticket {answer.provider_reference}")
             else:
                 say(f"{name}: ticket {answer.provider_reference} verified")
-            by_person = self._resolved_by_person(answer.task_id)
-            return "ticket_after_person" if by_person else "ticket"
+            by_person = resolved_by_person(self.client, answer.task_id)
+            self.tally.ticket(name, after_person=by_person)
+            return
         if answer.status in ("refused", "human_required"):
             if answer.created:  # refused in this run
                 say(
@@ -247,10 +208,14 @@ class OneCallAgent:
                 )
             else:
                 say(f"{name}: with a person ({answer.reason_code}); left alone")
-            return "person"
-        if answer.status == "failed" and self._resolved_by_person(answer.task_id):
+            self.tally.person(name)
+            return
+        if answer.status == "failed" and resolved_by_person(
+            self.client, answer.task_id
+        ):
             say(f"{name}: settled by a person ({answer.task_state}); nothing to do")
-            return "person"
+            self.tally.person(name, settled=answer.task_state)
+            return
         raise AgentFailure(f"{name}: {answer.status}: {answer.next_step}")
 
     def _take(self, issue: CustomerIssue) -> ActionResult:
@@ -261,13 +226,13 @@ class OneCallAgent:
             object_id=str(issue.number),
             object_version=OBJECT_VERSION,
             # Read "now": a real agent would stamp each value as it reads it.
-            fields=issue.field_reads(dt.datetime.now(dt.UTC)),
+            fields=field_reads(issue, dt.datetime.now(dt.UTC)),
             arguments=issue.ticket_input,
             idempotency_key=issue.ticket_key,
             contract_key=CONTRACT_KEY,
             workflow_key=WORKFLOW_KEY,
             workflow_version=WORKFLOW_VERSION,
-            client_task_id=issue.client_task_id,
+            client_task_id=issue.name,
         )
 
     def _known(self, issue: CustomerIssue) -> bool:
@@ -283,7 +248,7 @@ class OneCallAgent:
         The portal, not this agent, finds out whether the ticket exists (it looks
         the receipt up by key); repeating the call never calls the desk again.
         """
-        name = issue.client_task_id
+        name = issue.name
         say(f"{name}: result in doubt; the portal looks the receipt up")
         give_up_at = time.monotonic() + SETTLE_TIMEOUT_S
         while not answer.settled:
@@ -296,37 +261,19 @@ class OneCallAgent:
             answer = self._take(issue)
         return answer
 
-    def _resolved_by_person(self, task_id: str) -> bool:
-        """Whether a person settled or handed back this task (its trail says so)."""
-        return any(
-            event.code == "task.resolved" and event.actor_type == "user"
-            for event in self.client.list_events(task_id)
-        )
 
-    def print_events(self, task_id: str, name: str) -> None:
-        print_events(self.client, task_id, name)
-
-
-class CustomerIssueAgent:
+class CustomerIssueAgent(_Agent):
     """The six-call lifecycle (``--six-calls``): each step is its own request."""
 
-    def __init__(self, client: PortalClient, *, owner: str) -> None:
-        self.client = client
-        self.owner = owner
-        self.task_ids: dict[str, str] = {}  # client task id -> task id, for reports
-
-    def handle(self, issue: CustomerIssue) -> Result:
-        """Bring one issue to a verified ticket, or leave it with a person.
-
-        Returns ``"ticket"`` when its ticket is verified (now or by an earlier run),
-        ``"person"`` when the task waits for (or was settled by) a person.
+    def handle(self, issue: CustomerIssue) -> None:
+        """Bring one issue to a verified ticket, or leave it with a person; tally it.
 
         Raises:
             AgentFailure: the issue cannot be finished automatically.
             LeaseLost: the lease went away mid-work; a later run resumes.
             PortalError: the portal refused a step.
         """
-        name = issue.client_task_id
+        name = issue.name
         self.client.record_object_version(
             OBJECT_TYPE, str(issue.number), version=OBJECT_VERSION
         )
@@ -345,13 +292,16 @@ class CustomerIssueAgent:
             f"{'registered' if created else 'already registered'} ({task.state})"
         )
         if task.state == "succeeded":
-            return self._already_done(task, issue)
+            self._already_done(task, issue)
+            return
         if task.state in WITH_A_PERSON:
             say(f"{name}: with a person ({task.reason_code}); left alone")
-            return "person"
-        if task.state in ENDED_BY_A_PERSON and self._resolved_by_person(task.id):
+            self.tally.person(name)
+            return
+        if task.state in ENDED_BY_A_PERSON and resolved_by_person(self.client, task.id):
             say(f"{name}: settled by a person ({task.state}); nothing left to do")
-            return "person"
+            self.tally.person(name, settled=task.state)
+            return
         if task.state not in ("pending", "running"):
             raise AgentFailure(f"{name}: task is {task.state}")
 
@@ -385,33 +335,34 @@ class CustomerIssueAgent:
                 f"{name}: handed to a person: {handed.reason} "
                 f"(escalation {handed.escalation_id}); it waits in the takeover queue"
             )
-            return "person"
+            self.tally.person(name)
+            return
         except (AgentFailure, LeaseLost, PortalError):
             self._hand_back(task)
             raise
         say(f"{name}: task {task.state} (state version {task.state_version})")
-        return "ticket_after_person" if self._resolved_by_person(task.id) else "ticket"
+        self.tally.ticket(name, after_person=resolved_by_person(self.client, task.id))
 
-    def _resolved_by_person(self, task_id: str) -> bool:
-        """Whether a person settled or handed back this task (its trail says so)."""
-        return any(
-            event.code == "task.resolved" and event.actor_type == "user"
-            for event in self.client.list_events(task_id)
-        )
-
-    def _already_done(self, task: Task, issue: CustomerIssue) -> Result:
-        name = issue.client_task_id
+    def _already_done(self, task: Task, issue: CustomerIssue) -> None:
+        """The task succeeded on an earlier run (or a person completed it)."""
+        name = issue.name
         # Finished by an earlier run: the same reservation answers the stored
         # operation (no lease needed to read back an existing reservation).
         operation = self._reserve(task, issue, lease_token=task.lease.token)
+        by_person = resolved_by_person(self.client, task.id)
         if operation.state == "verified" and operation.provider_reference:
             say(
                 f"{name}: already done; ticket {operation.provider_reference} "
                 f"(operation {operation.id} {operation.state})"
             )
-            return "ticket"
-        say(f"{name}: settled by a person (operation {operation.state})")
-        return "person"
+            self.tally.ticket(name, after_person=by_person)
+        elif by_person:
+            say(f"{name}: settled by a person (operation {operation.state})")
+            self.tally.person(name, settled="completed")
+        else:
+            raise AgentFailure(
+                f"{name}: task succeeded, but its operation is {operation.state}"
+            )
 
     def _claim(self, task: Task) -> Task:
         """Lease this very task (not claim-next: the tenant may hold other work)."""
@@ -459,7 +410,7 @@ class CustomerIssueAgent:
             input=issue.ticket_input,
         )
         say(
-            f"{issue.client_task_id}: operation {operation.id} "
+            f"{issue.name}: operation {operation.id} "
             f"{'reserved' if created else 'found'} "
             f"(key {operation.idempotency_key}, {operation.state})"
         )
@@ -474,7 +425,7 @@ class CustomerIssueAgent:
             HandedToPerson: the gateway refused, or the result needs a person.
             AgentFailure: the ticket desk refused the ticket.
         """
-        name = issue.client_task_id
+        name = issue.name
         if issue.stale:
             say(
                 f"{name}: e-mail read {issue.email_age.total_seconds():.0f} s ago "
@@ -485,7 +436,7 @@ class CustomerIssueAgent:
                 operation.id,
                 lease_token=keeper.token,
                 # Read "now": a real agent would stamp each value as it reads it.
-                field_values=issue.field_values(dt.datetime.now(dt.UTC)),
+                field_values=field_values(issue, dt.datetime.now(dt.UTC)),
             )
         except GatewayRefused as refused:
             raise HandedToPerson(refused.reason, refused.escalation_id) from refused
@@ -525,9 +476,6 @@ class CustomerIssueAgent:
             operation = self.client.get_operation(operation.id)
         return operation
 
-    def print_events(self, task_id: str, name: str) -> None:
-        print_events(self.client, task_id, name)
-
 
 def print_events(client: PortalClient, task_id: str, name: str) -> None:
     """The task's audit trail, one line per event."""
@@ -555,15 +503,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=os.environ.get("PORTAL_API_KEY"),
         help="the agent's key (default: $PORTAL_API_KEY)",
     )
-    parser.add_argument("--issues", type=int, default=3, metavar="N")
-    parser.add_argument(
-        "--stale-issue",
-        type=int,
-        default=None,
-        metavar="K",
-        help="the issue whose e-mail was read 10 minutes ago, so a person gets it "
-        "(default: the last one; 0: none)",
-    )
+    add_issue_arguments(parser)
     parser.add_argument("--owner", default="customer-issue-agent")
     parser.add_argument(
         "--six-calls",
@@ -574,10 +514,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not args.api_key:
         parser.error("--api-key (or PORTAL_API_KEY) is required")
-    if args.issues < 1:
-        parser.error("--issues must be at least 1")
-    if args.stale_issue is None:
-        args.stale_issue = args.issues
+    check_issue_arguments(parser, args)
     return args
 
 
@@ -587,53 +524,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     # One trace for the run, so its requests can be found together in the portal.
     trace_id = secrets.token_hex(16)
     say(f"customer-issue agent: {args.issues} issue(s), trace {trace_id}")
-    tickets: list[str] = []
-    people: list[str] = []
-    failed: list[str] = []
+    tally = Tally()
     with PortalClient(
         args.base_url,
         args.api_key,
         traceparent=f"00-{trace_id}-{secrets.token_hex(8)}-01",
     ) as client:
-        agent: OneCallAgent | CustomerIssueAgent = (
-            CustomerIssueAgent(client, owner=args.owner)
+        agent: _Agent = (
+            CustomerIssueAgent(client, owner=args.owner, tally=tally)
             if args.six_calls
-            else OneCallAgent(client, owner=args.owner)
+            else OneCallAgent(client, owner=args.owner, tally=tally)
         )
         for issue in issues:
-            name = issue.client_task_id
             try:
-                result = agent.handle(issue)
+                agent.handle(issue)
             except (Unauthenticated, PortalUnavailable) as exc:
                 say(f"error: {exc}")  # every other issue would fail the same way
                 return 1
             except (AgentFailure, LeaseLost, PortalError) as exc:
-                failed.append(name)
-                say(f"{name}: FAILED: {exc}")
-                continue
-            (people if result == "person" else tickets).append(name)
-            # The stale issue goes to a person; after their hand-back or edit, a
-            # later run makes its ticket. Any other issue makes its ticket alone.
-            planned: set[Result] = (
-                {"person", "ticket_after_person"} if issue.stale else {"ticket"}
-            )
-            if result not in planned:
-                failed.append(name)
-                say(f"{name}: FAILED: ended with {result!r}")
+                tally.fail(issue.name, str(exc))
         for issue in issues:
-            task_id = agent.task_ids.get(issue.client_task_id)
+            task_id = agent.task_ids.get(issue.name)
             if task_id is None:
                 continue  # never registered; its failure is reported above
             try:
-                agent.print_events(task_id, issue.client_task_id)
+                agent.print_events(task_id, issue.name)
             except PortalError as exc:
-                failed.append(issue.client_task_id)
-                say(f"{issue.client_task_id}: cannot read events: {exc}")
-    say(
-        f"done: {len(tickets)} ticket(s), {len(people)} with a person "
-        f"({', '.join(people) or 'none'}), {len(failed)} failed"
-    )
-    return 1 if failed else 0
+                tally.fail(issue.name, f"cannot read events: {exc}")
+    say(tally.summary())
+    return tally.exit_status(issues)
 
 
 if __name__ == "__main__":

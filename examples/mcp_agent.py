@@ -27,10 +27,14 @@ e-mail was read ten minutes ago, longer than the contract's 300 s: the portal
 refuses it (``FIELD_STALE``), no ticket is made and a desk item waits for a person.
 That is the expected outcome (``--stale-issue 0``: every issue fresh). A second run
 repeats the same keys: the portal answers the stored outcomes and the desk makes no
-second ticket; the stale issue stays with its person.
+second ticket; the stale issue stays with its person until they settle it. When the
+portal answers ``verified`` or ``failed``, the agent reads the task's story (the
+``portal://tasks/<id>/story`` resource) to say whether a person settled it.
 
-Exit status: 0 when every issue ended as planned (verified; for the stale one,
-with a person); 1 otherwise.
+The last line counts each issue once, as what happened to it on this run (see
+``customer_issues.py``): ``done: 2 ticket(s), 1 with a person (issue-3), 0 failed``.
+Exit status: 0 when every issue has its verified ticket or is with a person; 1 when
+any failed.
 """
 
 from __future__ import annotations
@@ -65,6 +69,17 @@ from agents.items import TResponseInputItem, TResponseStreamEvent
 from agents.mcp import MCPServerStreamableHttp
 from agents.models.interface import Model, ModelTracing
 from agents.tool import Tool
+from customer_issues import (
+    OBJECT_TYPE,
+    OBJECT_VERSION,
+    QUEUE,
+    CustomerIssue,
+    Tally,
+    add_issue_arguments,
+    check_issue_arguments,
+    demo_issues,
+    say,
+)
 from openai.types.responses import (
     ResponseFunctionToolCall,
     ResponseOutputMessage,
@@ -72,27 +87,13 @@ from openai.types.responses import (
 )
 from openai.types.responses.response_prompt_param import ResponsePromptParam
 
-OBJECT_TYPE: Final = "customer_issue"
-OBJECT_VERSION: Final = "7"
 # The portal's tool for ``create_ticket`` on ``ticket-desk`` (docs/mcp.md, "Tools").
 TICKET_TOOL: Final = "create_ticket__ticket-desk"
 VERSION_TOOL: Final = "portal__record_object_version"
-QUEUE: Final = "support_queue_a"
-# Longer ago than the contract's max_age_s for the e-mail (300 s): the stale case.
-STALE_AGE: Final = dt.timedelta(minutes=10)
 # How often the model repeats the same call while the portal says "unknown".
 UNKNOWN_REPEATS: Final = 10
 UNKNOWN_WAIT_S: Final = 1.0
 WITH_A_PERSON: Final = frozenset({"refused", "human_required"})
-
-SUMMARIES: Final = (
-    "Login fails after a password reset",
-    "Invoice shows the wrong VAT rate",
-    "CSV export times out for large reports",
-    "Mobile app crashes when opening settings",
-    "Order confirmation e-mail never arrives",
-)
-PLANS: Final = ("pro", "basic", "enterprise")
 
 INSTRUCTIONS: Final = f"""\
 You file one support ticket per confirmed customer issue, through the portal's tools.
@@ -104,62 +105,24 @@ and the queue, summary and customer as arguments. If the answer's status is
 line: the portal's status, and the receipt or the reason."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class CustomerIssue:
-    """A confirmed customer issue (invented, deterministic demo data)."""
-
-    number: int
-    customer: str
-    email: str
-    plan: str
-    summary: str
-    # How long ago the agent read the e-mail address from the CRM.
-    email_age: dt.timedelta = dt.timedelta(0)
-
-    @property
-    def stale(self) -> bool:
-        return self.email_age > dt.timedelta(0)
-
-    def prompt(self, now: dt.datetime) -> str:
-        """The user turn: the issue and what was read, when (a model reads this)."""
-        facts = {
-            "number": self.number,
-            "customer": self.customer,
-            "summary": self.summary,
-            "object": {
-                "type": OBJECT_TYPE,
-                "id": str(self.number),
-                "version": OBJECT_VERSION,
-            },
-            "read": {
-                "email": {
-                    "value": self.email,
-                    "source": "crm",
-                    "read_at": (now - self.email_age).isoformat(),
-                },
-                "plan": {
-                    "value": self.plan,
-                    "source": "billing",
-                    "read_at": now.isoformat(),
-                },
-            },
-            "queue": QUEUE,
-        }
-        return f"A confirmed customer issue:\n```json\n{json.dumps(facts)}\n```"
-
-
-def demo_issues(count: int, *, stale_issue: int) -> list[CustomerIssue]:
-    return [
-        CustomerIssue(
-            number=n,
-            customer=f"CUST-{n:04d}",
-            email=f"customer{n}@example.com",
-            plan=PLANS[(n - 1) % len(PLANS)],
-            summary=SUMMARIES[(n - 1) % len(SUMMARIES)],
-            email_age=STALE_AGE if n == stale_issue else dt.timedelta(0),
-        )
-        for n in range(1, count + 1)
-    ]
+def prompt(issue: CustomerIssue, now: dt.datetime) -> str:
+    """The user turn: the issue and what was read, when (a model reads this)."""
+    facts = {
+        "number": issue.number,
+        "customer": issue.customer,
+        "summary": issue.summary,
+        "object": {
+            "type": OBJECT_TYPE,
+            "id": str(issue.number),
+            "version": OBJECT_VERSION,
+        },
+        "read": {
+            name: {"value": value, "source": source, "read_at": read_at.isoformat()}
+            for name, (value, source, read_at) in issue.reads(now).items()
+        },
+        "queue": QUEUE,
+    }
+    return f"A confirmed customer issue:\n```json\n{json.dumps(facts)}\n```"
 
 
 # --- The stand-in model -----------------------------------------------------------
@@ -305,10 +268,6 @@ def _message(text: str) -> ModelResponse:
 # --- The run --------------------------------------------------------------------------
 
 
-def say(line: str) -> None:
-    print(line, flush=True)
-
-
 @dataclass(frozen=True, kw_only=True)
 class Outcome:
     """What the portal answered the issue's governed call, and the model's line."""
@@ -320,7 +279,7 @@ class Outcome:
 
 async def handle(agent: Agent[None], issue: CustomerIssue) -> Outcome:
     """One run of the agent for one issue: its tool calls, the portal's answers."""
-    result = await Runner.run(agent, issue.prompt(dt.datetime.now(dt.UTC)))
+    result = await Runner.run(agent, prompt(issue, dt.datetime.now(dt.UTC)))
     names: dict[str, str] = {}
     calls: list[str] = []
     answer: dict[str, Any] = {"status": "error", "next_step": "no ticket call made"}
@@ -346,28 +305,49 @@ async def handle(agent: Agent[None], issue: CustomerIssue) -> Outcome:
     return Outcome(answer=answer, calls=calls, final=final)
 
 
-def report(issue: CustomerIssue, outcome: Outcome) -> bool:
-    """Print what the portal answered; whether the issue ended as planned."""
-    name = f"issue-{issue.number}"
+async def resolved_by_person(portal: MCPServerStreamableHttp, story: str) -> bool:
+    """Whether a person settled or handed back the task (its story says so)."""
+    read = await portal.read_resource(story)
+    text = next((c.text for c in read.contents if hasattr(c, "text")), "{}")
+    return any(
+        event.get("code") == "task.resolved" and event.get("actor_type") == "user"
+        for event in json.loads(text).get("events", [])
+    )
+
+
+async def report(
+    portal: MCPServerStreamableHttp,
+    issue: CustomerIssue,
+    outcome: Outcome,
+    tally: Tally,
+) -> None:
+    """Print what the portal answered; tally what happened to the issue."""
+    name = issue.name
     answer = outcome.answer
     status = answer.get("status")
+    story = (answer.get("resources") or {}).get("story")
+    by_person = False
+    if status in ("verified", "failed") and isinstance(story, str):
+        by_person = await resolved_by_person(portal, story)
     say(f"{name}: tools called: {', '.join(outcome.calls) or 'none'}")
     if status == "verified":
         say(f"{name}: verified, ticket {answer['receipt']} (task {answer['task_id']})")
+        tally.ticket(name, after_person=by_person)
     elif status in WITH_A_PERSON:
         say(
             f"{name}: {status}: {answer.get('reason_code')} "
             f"(fields {', '.join(answer.get('failed_fields') or []) or 'none'}); "
             f"desk item {answer.get('desk_item_id')}: a person has it"
         )
+        tally.person(name)
+    elif status == "failed" and by_person:
+        say(f"{name}: settled by a person ({answer.get('task_state')})")
+        tally.person(name, settled=answer.get("task_state"))
     else:
-        say(f"{name}: {status}: {answer.get('code') or ''} {answer.get('next_step')}")
+        tally.fail(
+            name, f"{status}: {answer.get('code') or ''} {answer.get('next_step')}"
+        )
     say(f"{name}: model: {outcome.final}")
-    planned = WITH_A_PERSON if issue.stale else frozenset({"verified"})
-    if status not in planned:
-        say(f"{name}: FAILED: expected {' or '.join(sorted(planned))}")
-        return False
-    return True
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -388,7 +368,7 @@ async def run(args: argparse.Namespace) -> int:
         cache_tools_list=True,
         client_session_timeout_seconds=60,
     )
-    planned = 0
+    tally = Tally()
     async with portal:
         agent: Agent[None] = Agent(
             name="customer-issue-agent",
@@ -400,36 +380,24 @@ async def run(args: argparse.Namespace) -> int:
         for issue in issues:
             if issue.stale:
                 say(
-                    f"issue-{issue.number}: e-mail read "
+                    f"{issue.name}: e-mail read "
                     f"{issue.email_age.total_seconds():.0f} s ago (the contract "
                     "allows 300 s): expect the portal to hand it to a person"
                 )
-            planned += report(issue, await handle(agent, issue))
-    failed = len(issues) - planned
-    say(f"done: {planned} as planned, {failed} failed")
-    return 1 if failed else 0
+            await report(portal, issue, await handle(agent, issue), tally)
+    say(tally.summary())
+    return tally.exit_status(issues)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mcp-url", default="http://127.0.0.1:8200/mcp")
-    parser.add_argument("--issues", type=int, default=3, metavar="N")
-    parser.add_argument(
-        "--stale-issue",
-        type=int,
-        default=None,
-        metavar="K",
-        help="the issue whose e-mail was read 10 minutes ago, so a person gets it "
-        "(default: the last one; 0: none)",
-    )
+    add_issue_arguments(parser)
     args = parser.parse_args(argv)
     args.api_key = os.environ.get("PORTAL_API_KEY")
     if not args.api_key:
         parser.error("PORTAL_API_KEY (the agent's key) is required")
-    if args.issues < 1:
-        parser.error("--issues must be at least 1")
-    if args.stale_issue is None:
-        args.stale_issue = args.issues
+    check_issue_arguments(parser, args)
     return args
 
 

@@ -201,6 +201,20 @@ def test_six_calls_agent_without_a_grant_hands_the_task_back(
     assert desk.effects()["tickets_created"] == 0
 
 
+# Every way of running the agent again once a person settled the stale issue: the
+# default run, one that declares no issue stale, and the six-call lifecycle.
+RERUNS = ((), (), ("--stale-issue", "0"), ("--six-calls",), ("--six-calls",))
+
+
+def assert_every_rerun_says(portal_url: str, secret: str, summary: str) -> None:
+    """Each later run exits 0 and counts each issue once, as what happened."""
+    for extra in RERUNS:
+        run = run_agent(portal_url, secret, *extra)
+        assert run.returncode == 0, (extra, run.stdout + run.stderr)
+        assert "FAILED" not in run.stdout, (extra, run.stdout)
+        assert summary in run.stdout, (extra, run.stdout)
+
+
 def _support_claims_the_stale_task(demo: Demo):
     from django.contrib.auth.models import User
 
@@ -233,9 +247,13 @@ def test_a_person_hands_the_stale_issue_back_and_the_next_run_makes_its_ticket(
     )
     assert desk.effects()["by_idempotency_key"][f"ticket-for-issue-{STALE}"] == 1
     assert Task.objects.get(pk=task.pk).state == "succeeded"
-    assert f"done: {ISSUES} ticket(s), 0 with a person (none), 0 failed" in (
-        again.stdout
+    after_person = (
+        f"done: {ISSUES} ticket(s) (issue-{STALE} after a person), "
+        "0 with a person (none), 0 failed"
     )
+    assert after_person in again.stdout
+    assert_every_rerun_says(portal_url, demo.secret, after_person)
+    assert desk.effects()["tickets_created"] == ISSUES
 
 
 def test_a_person_gives_the_fresh_email_and_the_next_run_finishes_the_task(
@@ -271,6 +289,13 @@ def test_a_person_gives_the_fresh_email_and_the_next_run_finishes_the_task(
     assert again.returncode == 0, again.stdout + again.stderr
     assert desk.effects()["by_idempotency_key"][f"ticket-for-issue-{STALE}"] == 1
     assert Task.objects.get(pk=task.pk).state == "succeeded"
+    assert_every_rerun_says(
+        portal_url,
+        demo.secret,
+        f"done: {ISSUES} ticket(s) (issue-{STALE} after a person), "
+        "0 with a person (none), 0 failed",
+    )
+    assert desk.effects()["tickets_created"] == ISSUES
 
 
 def test_a_cancelled_issue_is_settled_by_a_person_not_a_failure(
@@ -289,4 +314,11 @@ def test_a_cancelled_issue_is_settled_by_a_person_not_a_failure(
     assert again.returncode == 0, again.stdout + again.stderr
     assert f"issue-{STALE}: settled by a person (cancelled)" in again.stdout
     assert "FAILED" not in again.stdout
+    assert desk.effects()["tickets_created"] == ISSUES - 1
+    assert_every_rerun_says(
+        portal_url,
+        demo.secret,
+        f"done: {ISSUES - 1} ticket(s), "
+        f"1 with a person (issue-{STALE} cancelled by a person), 0 failed",
+    )
     assert desk.effects()["tickets_created"] == ISSUES - 1

@@ -31,6 +31,7 @@ from psycopg import sql
 
 from launcher import embedded_db
 from portal.management.commands.seed_demo import USERS
+from portal.models import Role
 from tests.support.net import free_port
 from tests.support.otlp import Receiver, Span, otlp_receiver
 
@@ -45,7 +46,6 @@ DESK_URL = re.compile(r"Ticket desk:\s+(http://\S+)")
 CHILDREN = ("ticketdesk", "gunicorn", "celery")
 AGENT_TRACE = re.compile(r"customer-issue agent: \d+ issue\(s\), trace ([0-9a-f]{32})")
 SPANS_TIMEOUT_S = 30.0
-
 
 
 def _server_params() -> dict[str, Any]:
@@ -187,6 +187,32 @@ def _logged_in_pages(
         evidence = http.get(f"/admin/console/takeoveritem/{task_id}/change/")
         assert desk.status_code == evidence.status_code == 200, username
         return done.text, desk.text, evidence.text
+
+
+def _support_hands_back(env: dict[str, str], client_task_id: str) -> None:
+    """The demo's support user claims the task and hands it back for a fresh read,
+    through tasks.takeover (what the desk's Claim and Hand back buttons call)."""
+    support = next(name for name, _, role in USERS if role == Role.SUPPORT)
+    code = (
+        "from django.contrib.auth.models import User\n"
+        "from tasks import takeover\n"
+        "from tasks.models import Task\n"
+        f"person = User.objects.get(username={support!r})\n"
+        f"task = Task.objects.get(client_task_id={client_task_id!r})\n"
+        "takeover.task_human_claim(task=task, user=person)\n"
+        "takeover.task_human_resolve(task=task, user=person,"
+        " resolution='hand_back', note='read the e-mail again')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", code],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def _rows(database_url: str, query: LiteralString) -> list[tuple[Any, ...]]:
@@ -333,8 +359,7 @@ def _the_readme_demo(
             "WHERE e.code = 'gateway.checked'",
         )
         tool_ids = {
-            (s.attributes["gen_ai.tool.call.id"], s.trace_id, s.span_id)
-            for s in tools
+            (s.attributes["gen_ai.tool.call.id"], s.trace_id, s.span_id) for s in tools
         }
         assert tool_ids <= set(stored), (tool_ids, stored)
         assert _rows(
@@ -355,6 +380,24 @@ def _the_readme_demo(
             assert "FIELD_STALE" in evidence, username
             may_act = role in ("support", "admin")
             assert ('id="desk-claim"' in evidence) == may_act, username
+
+        # When: support hands the stale issue back from the desk (the services the
+        # desk's button calls, on up's database), and the agent runs twice more.
+        _support_hands_back(env, f"issue-{ISSUES}")
+        reruns = [_run_agent(portal, key) for _ in range(2)]
+
+        # Then: the first makes the stale issue's ticket, and each run counts every
+        # issue once, as what happened to it, and exits 0.
+        for run in reruns:
+            assert run.returncode == 0, run.stdout + run.stderr
+            assert "FAILED" not in run.stdout, run.stdout
+            assert (
+                f"done: {ISSUES} ticket(s) (issue-{ISSUES} after a person), "
+                "0 with a person (none), 0 failed"
+            ) in run.stdout, run.stdout
+        desk_effects = f"http://127.0.0.1:{desk_port}/_control/effects"
+        effects = httpx.get(desk_effects, trust_env=False).json()
+        assert effects["tickets_created"] == ISSUES, effects
 
         # When: Ctrl-C.
         process.send_signal(signal.SIGINT)
