@@ -29,7 +29,7 @@ from django.core.management import call_command
 from django.db import transaction
 from django.test import override_settings
 
-from audit import checkpoints, timestamp, tlog, witness, witness_client
+from audit import checkpoints, export, timestamp, tlog, witness, witness_client
 from audit import services as audit_services
 from audit.models import EventCode, HeadStamp, TreeHead
 from portal import scope
@@ -482,3 +482,22 @@ def test_a_head_the_portal_did_not_record_as_cosigned_is_recovered_by_the_409(
     assert [s.tree_head.size for s in stamps(tenant, "cosignature")] == [1, 3]
     code, output = verify(tenant)
     assert code == 0, output
+
+
+def test_the_export_only_appends(tenant, witnessed):
+    _, _, export_dir = witnessed
+    path = export_dir / f"{tenant.pk}.jsonl"
+    export_dir.mkdir(parents=True, exist_ok=True)
+    earlier = '{"note": "a line someone else wrote", "size": 0}\n'
+    path.write_text(earlier)
+    append(tenant, 0)
+    checkpoint()
+    append(tenant, 1)
+    checkpoint()
+    text = path.read_text()
+    assert text.startswith(earlier)  # never truncated, never rewritten
+    assert [json.loads(line)["size"] for line in text.splitlines()] == [0, 1, 2]
+    # A head not larger than the file's last one is not written again.
+    with scope.tenant_scope([tenant.pk]):
+        assert export.head_export(heads(tenant)[0]) is False
+    assert path.read_text() == text
