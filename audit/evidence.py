@@ -43,19 +43,21 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from django.conf import settings
 from django.db import connection, transaction
 
 from portal import process
 
-from . import chain, checkpoints, jobs, tlog
+from . import chain, checkpoints, jobs, merkle, tlog
 from .models import Checkpoint, HeadStamp, LogEntry, RetentionAnchor, TreeHead
 from .verify import EVENT_COLUMNS, row_content
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 SIGN_ATTEMPTS: Final = 3
 # How often the web reads the chain again while a worker signs.
 SIGN_POLL_S: Final = 0.1
@@ -185,7 +187,11 @@ def _read(*, tenant_id: uuid.UUID, task_id: uuid.UUID) -> ChainEvidence:
 
 
 def _log_json(
-    *, tenant_id: uuid.UUID, head: TreeHead, events: list[dict[str, Any]]
+    *,
+    tenant_id: uuid.UUID,
+    head: TreeHead,
+    events: list[dict[str, Any]],
+    tree: merkle.Tree | None = None,
 ) -> dict[str, Any]:
     """The signed head's note and an inclusion proof for each exported event it
     covers (events placed after the head, or never, have none: the verifier names
@@ -196,7 +202,7 @@ def _log_json(
             tenant_id=tenant_id, event_id__in=ids, position__lt=head.size
         ).values_list("event_id", "position")
     )
-    tree = tlog.log_tree(tenant_id=tenant_id, size=head.size)
+    tree = tree or tlog.log_tree(tenant_id=tenant_id, size=head.size)
     proofs = [
         {
             "event_id": str(event_id),
@@ -264,33 +270,130 @@ def task_chain_evidence(
         SigningKeyMissing: outside the web, a checkpoint is needed and no signing
             key is configured.
     """
+    return _signed_until(
+        tenant_id=tenant_id,
+        read=lambda: _read(tenant_id=tenant_id, task_id=task_id),
+        covered=lambda evidence: evidence.complete or not evidence.grew_since_signed,
+        key=key,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExportEvidence:
+    """The export record (an ``audit.exported`` event binding the bundle's sections)
+    and the log that proves it: the newest signed tree head, the chain's events'
+    inclusion proofs in it (``log``) and the record's (``export``; its ``index`` and
+    ``proof`` None while no signed head holds it yet)."""
+
+    log: dict[str, Any] | None
+    export: dict[str, Any]
+
+    @property
+    def covered(self) -> bool:
+        return self.export["proof"] is not None
+
+
+_EVENT: Final = (
+    f"SELECT {EVENT_COLUMNS} FROM audit_event WHERE tenant_id = %s AND id = %s"
+)
+
+
+def _read_export(
+    *, tenant_id: uuid.UUID, event_id: uuid.UUID, events: list[dict[str, Any]]
+) -> ExportEvidence:
+    head = TreeHead.objects.filter(tenant_id=tenant_id).order_by("-size").first()
+    with connection.cursor() as cursor:
+        cursor.execute(_EVENT, [tenant_id, event_id])
+        record = _event_json(cursor.fetchone(), tenant_id)
+    position = (
+        LogEntry.objects.filter(
+            tenant_id=tenant_id, event_id=event_id, position__lt=head.size
+        )
+        .values_list("position", flat=True)
+        .first()
+        if head
+        else None
+    )
+    export: dict[str, Any] = {"event": record, "index": position, "proof": None}
+    if head is None:
+        return ExportEvidence(log=None, export=export)
+    tree = tlog.log_tree(tenant_id=tenant_id, size=head.size)
+    if position is not None:
+        proof = tree.inclusion_proof(position, head.size)
+        export["proof"] = [node.hex() for node in proof]
+    return ExportEvidence(
+        log=_log_json(tenant_id=tenant_id, head=head, events=events, tree=tree),
+        export=export,
+    )
+
+
+def export_evidence(
+    *,
+    tenant_id: uuid.UUID,
+    event_id: uuid.UUID,
+    events: list[dict[str, Any]],
+    key: checkpoints.SigningKey | None = None,
+) -> ExportEvidence:
+    """The export record ``event_id`` with its inclusion proof in a signed tree
+    head (signed now if needed, as ``task_chain_evidence`` signs), and that head's
+    proofs of ``events`` (the bundle's chain). Outside a transaction.
+
+    Raises:
+        SigningKeyMissing: outside the web, a head is needed and no signing key is
+            configured.
+    """
+    return _signed_until(
+        tenant_id=tenant_id,
+        read=lambda: _read_export(
+            tenant_id=tenant_id, event_id=event_id, events=events
+        ),
+        covered=lambda evidence: evidence.covered,
+        key=key,
+    )
+
+
+def _signed_until(
+    *,
+    tenant_id: uuid.UUID,
+    read: Callable[[], _T],
+    covered: Callable[[_T], bool],
+    key: checkpoints.SigningKey | None,
+) -> _T:
+    """``read()`` (in a transaction) until ``covered`` says so, having the tenant's
+    checkpoint run sign what is new: by a worker when this is the web server (it
+    waits at most ``PORTAL_EVIDENCE_SIGN_WAIT_S``), else here, up to
+    ``SIGN_ATTEMPTS`` runs. Returns the last read, covered or not."""
     if process.is_web():
-        return _signed_by_worker(tenant_id=tenant_id, task_id=task_id)
+        return _signed_by_worker(tenant_id=tenant_id, read=read, covered=covered)
     for _ in range(SIGN_ATTEMPTS):
         with transaction.atomic():
-            evidence = _read(tenant_id=tenant_id, task_id=task_id)
-        if evidence.complete or not evidence.grew_since_signed:
-            return evidence
+            found = read()
+        if covered(found):
+            return found
         key = key or checkpoints.signing_key()
-        checkpoints.tenant_checkpoint(tenant_id=tenant_id, key=key)
+        # The job's own run for the tenant, and the witnesses' and TSA's stamps
+        # on its head once committed, as the worker's run has them.
+        checkpoints.tenant_checkpoint_scoped(tenant_id=tenant_id, key=key)
     with transaction.atomic():
-        return _read(tenant_id=tenant_id, task_id=task_id)
+        return read()
 
 
-def _signed_by_worker(*, tenant_id: uuid.UUID, task_id: uuid.UUID) -> ChainEvidence:
+def _signed_by_worker(
+    *, tenant_id: uuid.UUID, read: Callable[[], _T], covered: Callable[[_T], bool]
+) -> _T:
     deadline = time.monotonic() + settings.PORTAL_EVIDENCE_SIGN_WAIT_S
     asked = False
     while True:
         with transaction.atomic():
-            evidence = _read(tenant_id=tenant_id, task_id=task_id)
-        if evidence.complete or not evidence.grew_since_signed:
-            return evidence
+            found = read()
+        if covered(found):
+            return found
         if not asked:
             if not _ask_worker(tenant_id=tenant_id):
-                return evidence
+                return found
             asked = True
         if time.monotonic() >= deadline:
-            return evidence
+            return found
         time.sleep(SIGN_POLL_S)
 
 

@@ -3,17 +3,19 @@
 ``GET /api/v1/tasks/{id}/evidence`` (the agent of the task's tenant, or a person
 holding ``export_trail`` there) and the task page's "Export evidence bundle" in the
 admin both return ``task_evidence_bundle``'s JSON (docs/audit-integrity.md,
-"Evidence bundles"). The verifiable part is ``chain`` and ``checkpoint`` (from
-``audit/evidence.py``): ``tools/verify_bundle.py`` checks them with the published
-public key, with no access to the portal. The other sections (the task, its
-operations with credentials and approvals, receipts, escalations, takeover
-decisions) are the rows as read after the chain, for the reader; they are not
-signed, and the events they point to (``seq``) are.
+"Evidence bundles"). The verifiable part is ``chain``, ``checkpoint`` and ``log``
+(from ``audit/evidence.py``): ``tools/verify_bundle.py`` checks them with the
+published public key, with no access to the portal. The other sections (the task,
+its operations with credentials and approvals, receipts, escalations, takeover
+decisions) are the rows as read after the chain, for the reader; the export record
+binds them all (``export``: the ``audit.exported`` event lists each section's
+digest and is proven in the signed tree head), so an edit to any section is
+caught and named.
 
 Values that were stored before redaction (an operation's input, call fields and
 result, an escalation's evidence) pass through the event redaction, as on the admin
 pages. Every export is recorded as an ``audit.exported`` event in the tenant's own
-chain (not the task's, which the bundle carries).
+chain (not the task's, which the bundle carries): the export record.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any, Final
 
 from django.db import transaction
 
+from audit import chain as chain_rules
 from audit import evidence as audit_evidence
 from audit import services as audit_services
 from audit.checkpoints import signed_at_text
@@ -42,8 +45,18 @@ from .models import Approval, Credential, Escalation, Operation, Task
 
 FORMAT: Final = "agent-governance-portal/evidence-bundle"
 # 2: chain format v2 events (payload_digest in the content, the payload beside it)
-# and the anchor of a chain retention purged.
-FORMAT_VERSION: Final = 2
+# and the anchor of a chain retention purged. 3: every section bound by the export
+# record (``export``), an audit.exported event proven in the signed tree head.
+FORMAT_VERSION: Final = 3
+# What the export record does not bind: the log that proves it, and itself.
+UNBOUND_SECTIONS: Final = frozenset({"log", "export"})
+EXPORT_RULES: Final = {
+    "binding": "the export record's event (audit.exported, content exactly as "
+    "hashed, payload beside it) lists every other section of the bundle but log "
+    "and export, each with the SHA-256 hex of its RFC 8785 JSON (integers beyond "
+    "2^53-1 as decimal strings), as payload.sections; the event's inclusion proof "
+    "(index, proof) leads to the log's signed tree head",
+}
 # What a verifier needs to know to recompute the chain (audit/chain.py).
 CHAIN_RULES: Final = {
     "hash": "sha256",
@@ -374,11 +387,29 @@ def task_evidence_bundle(*, task: Task, by: Actor) -> dict[str, Any]:
             "events": chain.events,
         },
         "checkpoint": chain.checkpoint,
-        "log": chain.log,  # the signed tree head and inclusion proofs (audit)
         "coverage": _coverage(chain),
     }
-    _export_record(task=task, by=by, chain=chain)
+    # Bind every section so far in the export record, then prove the record (and
+    # the chain's events) in a signed tree head: signed on demand, as the chain.
+    event_id = _export_record(
+        task=task, by=by, chain=chain, sections=section_digests(bundle)
+    )
+    proven = audit_evidence.export_evidence(
+        tenant_id=task.tenant_id, event_id=event_id, events=chain.events
+    )
+    bundle["log"] = proven.log  # the signed tree head and inclusion proofs (audit)
+    bundle["export"] = {**EXPORT_RULES, **proven.export}
     return bundle
+
+
+def section_digests(bundle: Mapping[str, Any]) -> list[dict[str, str]]:
+    """Each bound section's name and the SHA-256 of its RFC 8785 JSON (the payload
+    digest's rule), in name order: what the export record lists."""
+    return [
+        {"section": name, "digest": chain_rules.payload_digest(bundle[name])}
+        for name in sorted(bundle)
+        if name not in UNBOUND_SECTIONS
+    ]
 
 
 def _coverage(chain: audit_evidence.ChainEvidence) -> dict[str, Any]:
@@ -417,18 +448,26 @@ def _coverage(chain: audit_evidence.ChainEvidence) -> dict[str, Any]:
 
 @transaction.atomic(durable=True)
 def _export_record(
-    *, task: Task, by: Actor, chain: audit_evidence.ChainEvidence
-) -> None:
-    audit_services.event_append(
+    *,
+    task: Task,
+    by: Actor,
+    chain: audit_evidence.ChainEvidence,
+    sections: list[dict[str, str]],
+) -> uuid.UUID:
+    """The ``audit.exported`` event, in the tenant's chain: who exported which task,
+    and the digest of every section of the bundle (the verifier recomputes them)."""
+    return audit_services.event_append(
         tenant_id=task.tenant_id,
         code=EventCode.AUDIT_EXPORTED,
         actor=by,
         data={
             "format": "evidence-bundle",
+            "version": FORMAT_VERSION,
             "task_id": str(task.pk),
             "events": len(chain.events),
             "checkpoint_id": chain.checkpoint["id"] if chain.checkpoint else None,
             "complete": chain.complete,
+            "sections": sections,
         },
     )
 

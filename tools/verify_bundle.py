@@ -43,9 +43,14 @@ What is checked, in this order, stopping at the first failure:
    for another head`` (its imprint is not SHA-256 of this head's body), ``forged
    timestamp`` (it does not verify to the root).
 
-Every other section (the task row beyond its id, operations, receipts,
-escalations, the tenant, the export's own fields, coverage) no signature covers:
-the output names each of them as not checked, so "intact" never stands for them.
+After step 6, from bundle version 3, every other section: the export record
+(``export``: the ``audit.exported`` event the export appended, listing each
+section's SHA-256) must hash as an event, be this task's, and be included in the
+signed tree head (``forged proof`` otherwise); each section's digest must be the
+one it lists (``altered``/``deleted`` **in section NAME**). A version 2 bundle has
+no export record: its other sections (the task row beyond its id, operations,
+receipts, escalations, the tenant, the export's own fields, coverage) no signature
+covers, and the output names each of them as not checked.
 
 Events in chain format v2 (content ``"v": 2``) hash the payload's digest
 (``payload_digest``: SHA-256 of its RFC 8785 JSON, integers beyond 2^53-1 as decimal
@@ -79,7 +84,11 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 BUNDLE_FORMAT: Final = "agent-governance-portal/evidence-bundle"
-BUNDLE_VERSIONS: Final = frozenset({1, 2})
+BUNDLE_VERSIONS: Final = frozenset({1, 2, 3})
+# From 3 every section but log and export is bound by the export record.
+BOUND_FROM_VERSION: Final = 3
+UNBOUND_SECTIONS: Final = frozenset({"log", "export"})  # tasks/evidence.py's
+EXPORT_CODE: Final = "audit.exported"
 CHAIN_FORMAT_VERSIONS: Final = frozenset({1, 2})  # the events' "v" (audit/chain.py)
 CHAIN_FORMAT_V2: Final = 2  # the payload's digest is hashed, not the payload
 SIGNATURE_FORMAT_VERSIONS: Final = frozenset({1})  # the checkpoints' "v"
@@ -323,16 +332,22 @@ class Failure(Exception):
     """The first place where the bundle and its signature disagree."""
 
     def __init__(
-        self, kind: str, detail: str, seq: Any = None, event_id: Any = None
+        self,
+        kind: str,
+        detail: str,
+        seq: Any = None,
+        event_id: Any = None,
+        section: str | None = None,
     ) -> None:
         super().__init__(kind, detail)
         self.kind = kind
         self.detail = detail
         self.seq = seq
         self.event_id = event_id
+        self.section = section  # the bundle's section where it failed, when known
 
     def __str__(self) -> str:
-        where = ""
+        where = f" in section {self.section}" if self.section else ""
         if self.seq is not None:
             where += f" at #{self.seq}"
         if self.event_id is not None:
@@ -353,6 +368,8 @@ class Intact:
     log_size: int | None = None  # the signed tree head's size; None: no log proof
     logged: int = 0  # events proven included in it
     not_checked: tuple[str, ...] = ()
+    bound: tuple[str, ...] = ()  # sections the export record binds (version 3)
+    export_event: str | None = None  # that record's event id
     witnessed: tuple[str, ...] = ()  # witnesses whose cosignature on it verified
     timestamps: int = 0  # RFC 3161 tokens on it, one verified to a given root
 
@@ -368,6 +385,11 @@ class Intact:
             text += (
                 f"\nlog: {self.logged} of the {self.events} events included in the "
                 f"signed tree head of {self.log_size} events"
+            )
+        if self.bound:
+            text += (
+                f"\nbound: every section ({', '.join(self.bound)}) by the export "
+                f"record, event {self.export_event}, in the signed tree head"
             )
         if self.witnessed:
             names = ", ".join(self.witnessed)
@@ -625,9 +647,9 @@ def _check_log(
     *,
     tenant_id: str,
     public_keys: Mapping[str, Ed25519PublicKey],
-) -> tuple[int, int]:
-    """The tree head's signature and each inclusion proof; (head size, events
-    proven included)."""
+) -> tuple[int, bytes, int]:
+    """The tree head's signature and each inclusion proof; (head size, root,
+    events proven included)."""
     log = _object(log, "log")
     origin = LOG_ORIGIN_PREFIX + tenant_id
     size, root = _open_checkpoint(
@@ -650,7 +672,78 @@ def _check_log(
             detail = "its inclusion proof does not lead to the signed tree head"
             raise Failure(FORGED_PROOF, detail, row.get("seq"), entry["event_id"])
         proven.add(entry["event_id"])
-    return size, len(proven)
+    return size, root, len(proven)
+
+
+# --- The export record: every section bound (bundle version 3) --------------------
+
+
+def section_digest(value: Any) -> str:
+    """SHA-256 hex of a section's RFC 8785 JSON, by the payload digest's rule."""
+    return payload_digest(value)
+
+
+def _check_export(
+    bundle: Mapping[str, Any], *, tenant_id: str, task_id: str, size: int, root: bytes
+) -> tuple[tuple[str, ...], str]:
+    """The export record (an ``audit.exported`` event of the tenant) proven in the
+    signed tree head, and every other section against the digest it lists.
+
+    Returns (the bound sections, the record's event id)."""
+    export = _object(bundle.get("export"), "export")
+    event = _object(export.get("event"), "export.event")
+    content = _object(event.get("content"), "export.event.content")
+    event_id = content.get("id")
+    try:
+        recomputed = event_hash(prev_hash=event.get("prev_hash"), content=content)
+    except (CanonicalizationError, UnicodeEncodeError, AttributeError, TypeError):
+        recomputed = None
+    if recomputed != event.get("hash"):
+        detail = "the export record's content does not match its hash"
+        raise Failure(ALTERED, detail, event_id=event_id, section="export")
+    if content.get("v") != CHAIN_FORMAT_V2 or payload_digest(
+        event.get("payload")
+    ) != content.get("payload_digest"):
+        detail = "the export record's payload does not match its digest"
+        raise Failure(ALTERED, detail, event_id=event_id, section="export")
+    payload = _object(event["payload"], "export.event.payload")
+    if (content.get("code"), content.get("tenant_id"), payload.get("task_id")) != (
+        EXPORT_CODE,
+        tenant_id,
+        task_id,
+    ):
+        detail = "the export record is not this task's export"
+        raise Failure(NOT_COVERED, detail, event_id=event_id, section="export")
+    proof, index = export.get("proof"), export.get("index")
+    if proof is None:
+        detail = (
+            "the export record is not in the signed tree head yet (export the bundle "
+            "again in a minute): no section but chain, checkpoint and log is checked"
+        )
+        raise Failure(NOT_COVERED, detail, event_id=event_id, section="export")
+    nodes = [bytes.fromhex(node) for node in proof]
+    leaf = leaf_hash(bytes.fromhex(str(event["hash"])))
+    if (
+        not isinstance(index, int)
+        or inclusion_root(leaf=leaf, index=index, size=size, proof=nodes) != root
+    ):
+        detail = "the export record's inclusion proof does not lead to the signed root"
+        raise Failure(FORGED_PROOF, detail, event_id=event_id, section="export")
+    listed: dict[str, Any] = {}
+    for item in payload.get("sections") or []:
+        item = _object(item, "a listed section")
+        listed[str(item.get("section"))] = item.get("digest")
+    present = {name for name in bundle if name not in UNBOUND_SECTIONS}
+    for name in sorted(present | set(listed)):
+        if name not in listed:
+            detail = "not in the export record: added after the export"
+            raise Failure(ALTERED, detail, section=name)
+        if name not in bundle:
+            raise Failure(DELETED, "listed by the export record, missing", section=name)
+        if section_digest(bundle[name]) != listed[name]:
+            detail = "not what was exported (its digest is not the export record's)"
+            raise Failure(ALTERED, detail, section=name)
+    return tuple(sorted(present)), str(event_id)
 
 
 # --- Witnesses' cosignatures and RFC 3161 tokens on the tree head -----------------
@@ -915,8 +1008,19 @@ def _verify(
     log_size: int | None = None
     logged = 0
     if bundle.get("log") is not None:
-        log_size, logged = _check_log(
+        log_size, root, logged = _check_log(
             bundle["log"], rows, tenant_id=tenant_id, public_keys=public_keys
+        )
+    bound: tuple[str, ...] = ()
+    export_event: str | None = None
+    if bundle["version"] >= BOUND_FROM_VERSION:
+        # Every other section against the export record proven in the head: an
+        # edit the checks above cannot see (operations, task, …) is named here.
+        if log_size is None:
+            detail = "no signed tree head: the export record is not proven"
+            raise Failure(NOT_COVERED, detail, section="log")
+        bound, export_event = _check_export(
+            bundle, tenant_id=tenant_id, task_id=task_id, size=log_size, root=root
         )
     witnessed: tuple[str, ...] = ()
     timestamps = 0
@@ -944,7 +1048,9 @@ def _verify(
         key_id=str(checkpoint["key_id"]),
         log_size=log_size,
         logged=logged,
-        not_checked=(*_not_checked(bundle), *unchecked),
+        not_checked=(() if bound else _not_checked(bundle)) + tuple(unchecked),
+        bound=bound,
+        export_event=export_event,
         witnessed=witnessed,
         timestamps=timestamps,
     )

@@ -145,7 +145,8 @@ def test_the_bundle_proves_each_event_in_the_tenants_signed_tree_head(
     story: Task, api: AgentClient, tmp_path: Path
 ) -> None:
     """Issue 19 §2: every exported event has an inclusion proof in the tenant's
-    signed log head, and what no signature covers is named, never passed over."""
+    signed log head, and every section is bound by the export record proven in
+    it: an edit to any section is caught and named."""
     # when the bundle is exported (the on-demand run also extends the log)
     response = api.get(url(story))
     bundle = json.loads(response.content)
@@ -157,8 +158,22 @@ def test_the_bundle_proves_each_event_in_the_tenants_signed_tree_head(
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     assert lines[1].startswith("log: 7 of the 7 events included in the signed tree")
-    assert lines[2].startswith("not covered (no signature vouches for them")
+    assert lines[2].startswith("bound: every section (chain, checkpoint, coverage,")
     assert "operations" in lines[2] and "escalations" in lines[2]
+    assert "not covered" not in done.stdout
+    # and the export record lists each section's digest, and is in the head
+    assert bundle["version"] == 3
+    record = bundle["export"]["event"]
+    assert record["content"]["code"] == "audit.exported"
+    sections = {s["section"] for s in record["payload"]["sections"]}
+    assert sections == set(bundle) - {"log", "export"}
+    # and an edited operations section (unseen before) is named, exit 1
+    edited_ops = json.loads(response.content)
+    edited_ops["operations"][0]["state"] = "failed"
+    (tmp_path / "edited.json").write_text(json.dumps(edited_ops))
+    done = run_verifier(tmp_path / "edited.json", tmp_path / "key.pem")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.startswith("FAILED altered in section operations: not what")
     # and a proof node changed, or a decision edited, is caught with its kind
     forged = json.loads(response.content)
     entry = next(e for e in forged["log"]["inclusion"] if e["proof"])
@@ -251,10 +266,15 @@ def test_events_are_exported_in_chain_format_v2_with_their_payloads_beside(
     assert tool.payload_digest(first["payload"]) == first["content"]["payload_digest"]
     assert bundle["chain"]["anchor"] is None
     assert verdict(bundle, public_pem()) == "intact"
-    # retention drops old payloads: the digests still stand for them
+    # retention drops old payloads: the digests still stand for them (the chain's
+    # check, as in a version 2 bundle, which the export record does not bind) ...
     dropped = json.loads(json.dumps(bundle))
     drop_payloads(dropped)
-    assert verdict(dropped, public_pem()) == "intact"
+    unbound = {**dropped, "version": 2}
+    del unbound["export"]
+    assert verdict(unbound, public_pem()) == "intact"
+    # ... but in a version 3 bundle, dropped after the export, it is an edit
+    assert verdict(dropped, public_pem()) == tool.ALTERED
 
 
 def test_a_chain_retention_purged_is_exported_from_its_anchor(
