@@ -14,6 +14,7 @@ import base64
 import datetime as dt
 import io
 import json
+import random
 import subprocess
 import sys
 import uuid
@@ -501,3 +502,69 @@ def test_the_export_only_appends(tenant, witnessed):
     with scope.tenant_scope([tenant.pk]):
         assert export.head_export(heads(tenant)[0]) is False
     assert path.read_text() == text
+
+
+TRIALS = 100
+
+
+@pytest.fixture
+def six_heads(tenant: Tenant, witnessed) -> Tenant:
+    """Six runs of the job, each head cosigned and time-stamped."""
+    for n in range(6):
+        append(tenant, n)
+        checkpoint()
+    return tenant
+
+
+def _forged_line(line: str, rng: random.Random) -> str:
+    raw = bytearray(base64.b64decode(line.split(" ")[2]))
+    how = rng.choice(["another key", "flipped bit", "changed time"])
+    if how == "another key":
+        raw[12:] = Ed25519PrivateKey.generate().sign(b"anything")
+        raw[:4] = witness.cosignature_key_hash(
+            line.split(" ")[1], Ed25519PrivateKey.generate().public_key()
+        )
+    elif how == "flipped bit":
+        raw[rng.randrange(4, 76)] ^= 1 << rng.randrange(8)
+    else:
+        later = int.from_bytes(raw[4:12], "big") + rng.randint(1, 10**6)
+        raw[4:12] = later.to_bytes(8, "big")
+    return f"{line.split(' ')[0]} {line.split(' ')[1]} {base64.b64encode(bytes(raw)).decode()}\n"
+
+
+@pytest.mark.parametrize(
+    ("kind", "stamp_kind"),
+    [
+        ("forged cosignature", "cosignature"),
+        ("replayed cosignature", "cosignature"),
+        ("timestamp for another head", "rfc3161"),
+    ],
+)
+def test_verify_audit_exits_1_with_the_kind_in_100_random_trials(
+    six_heads, superuser, kind, stamp_kind
+):
+    """§4: each trial changes one stored stamp in the database (superuser, triggers
+    off), runs verify_audit, and puts the stamp back."""
+    tenant = six_heads
+    rows = stamps(tenant, stamp_kind)
+    assert len(rows) == 6
+    caught = 0
+    for seed in range(TRIALS):
+        rng = random.Random(f"{kind}-{seed}")
+        target = rng.randrange(len(rows))
+        if kind == "forged cosignature":
+            changed = _forged_line(rows[target].stamp, rng)
+        else:  # another head's genuine cosignature or token
+            changed = rows[
+                rng.choice([i for i in range(len(rows)) if i != target])
+            ].stamp
+        update = "UPDATE audit_headstamp SET stamp = %s WHERE id = %s"
+        superuser((update, [changed, rows[target].pk]))
+        try:
+            code, output = verify(tenant)
+        finally:
+            superuser((update, [rows[target].stamp, rows[target].pk]))
+        assert (code, kind_of(output)) == (1, kind), (seed, output)
+        caught += 1
+    assert caught == TRIALS
+    assert verify(tenant)[0] == 0
