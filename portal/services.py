@@ -48,6 +48,18 @@ def tenant_create(
     *, slug: str, name: str, events_on_delete: str = EventsOnDelete.KEEP
 ) -> Tenant:
     """Create a tenant."""
+    return tenant_write(slug=slug, name=name, events_on_delete=events_on_delete)
+
+
+def tenant_write(
+    *, slug: str, name: str, events_on_delete: str = EventsOnDelete.KEEP
+) -> Tenant:
+    """Create a tenant in the caller's transaction (with its first members).
+
+    Raises:
+        TransactionRequired: called outside a transaction.
+    """
+    portal_db.require_transaction()
     return Tenant.objects.create(
         slug=slug, name=name, events_on_delete=events_on_delete
     )
