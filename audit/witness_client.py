@@ -181,7 +181,11 @@ def head_vouch(*, tenant_id: uuid.UUID) -> None:
     raised (the head stays signed; verify_audit reports what is missing)."""
     if connection.in_atomic_block:
         raise RuntimeError("head_vouch calls out over HTTP: never inside a transaction")
-    witnesses = configured()
+    try:
+        witnesses = configured()
+    except WitnessConfigError:
+        logger.exception("PORTAL_AUDIT_WITNESSES is malformed: no head is witnessed")
+        witnesses = []
     with scope.tenant_scope([tenant_id]):
         head = TreeHead.objects.filter(tenant_id=tenant_id).order_by("-size").first()
         if head is None:

@@ -195,3 +195,29 @@ def test_two_racing_submissions_never_roll_the_state_back(made, tree):
     assert sorted(answers).count(200) == 1 and answers.count(409) == 7
     stored = made.state.latest(ORIGIN)
     assert "\n12\n" in stored or "\n30\n" in stored
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "",
+        "witness.test/w1 http://127.0.0.1:1",  # no key
+        "witness.test/w1+00000000+AAAA http://127.0.0.1:1",  # not a 0x04 key
+        f"{witness.verifier_key(NAME, WITNESS_KEY.public_key()).replace('+', '+0', 1)}",
+        f"{witness.verifier_key(NAME, WITNESS_KEY.public_key())} ftp://host",
+    ],
+)
+def test_a_malformed_witness_setting_is_refused(entry):
+    from audit import witness_client
+
+    with pytest.raises(witness_client.WitnessConfigError):
+        witness_client.witness_parse(entry)
+
+
+def test_a_witness_setting_names_key_and_url():
+    from audit import witness_client
+
+    vkey = witness.verifier_key(NAME, WITNESS_KEY.public_key())
+    config = witness_client.witness_parse(f"{vkey} http://127.0.0.1:7380/")
+    assert (config.name, config.url) == (NAME, "http://127.0.0.1:7380")
+    assert witness.verifier_key(config.name, config.public) == vkey
