@@ -17,20 +17,25 @@ does not extend that one, so a cut or rewritten log shows against the witness.
 This module is the protocol on both sides, no database: ``cosign`` and
 ``cosignature_open`` (the format), ``WitnessState`` (the files, written with
 fsync and rename), ``Witness.add_checkpoint`` (the spec's checks and answers) and
-``serve`` (the HTTP front). ``audit/witness_client.py`` is the portal's side.
+``serve`` (the HTTP front), and ``run``, which ``manage.py witness`` and
+``python -m audit.witness`` (no Django settings, no database: what a third party
+runs) share. ``audit/witness_client.py`` is the portal's side.
 """
 
 from __future__ import annotations
 
+import argparse
 import base64
 import binascii
 import fcntl
 import hashlib
 import http.server
 import os
+import signal
+import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -453,3 +458,85 @@ def log_keys_load(pems: Mapping[str, bytes]) -> list[Ed25519PublicKey]:
             raise ValueError(f"{name}: not an Ed25519 public key")
         keys.append(key)
     return keys
+
+
+def run(
+    *,
+    name: str,
+    key_file: Path,
+    state_dir: Path,
+    log_key_files: Sequence[str],
+    listen: str,
+    origin_prefix: str = tlog.ORIGIN_PREFIX,
+    print_key: bool = False,
+    write: Callable[[str], None] = print,
+) -> None:
+    """Load (or make) the key, then print the verifier key (``print_key``) or
+    serve until SIGTERM. Writes ``witness <name> on <url> state <dir>`` and ``key
+    <vkey>`` once it listens.
+
+    Raises:
+        OSError, ValueError: an unreadable or wrong key file.
+    """
+    private = load_or_make_key(key_file)
+    vkey = verifier_key(name, private.public_key())
+    if print_key:
+        write(vkey)
+        return
+    log_keys = log_keys_load({f: Path(f).read_bytes() for f in log_key_files})
+    host, _, port = listen.rpartition(":")
+    server = serve(
+        Witness(
+            name=name,
+            private=private,
+            state=WitnessState(state_dir),
+            log_keys=log_keys,
+            origin_prefix=origin_prefix,
+        ),
+        host or "127.0.0.1",
+        int(port),
+    )
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    bound_host, bound_port = server.server_address[:2]
+    write(f"witness {name} on http://{bound_host!s}:{bound_port} state {state_dir}")
+    write(f"key {vkey}")
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m audit.witness --state-dir DIR --key-file F --log-key PEM``."""
+    parser = argparse.ArgumentParser(
+        description="A C2SP tlog-witness for the portal's tree heads."
+    )
+    parser.add_argument("--state-dir", required=True, type=Path)
+    parser.add_argument("--key-file", required=True, type=Path)
+    parser.add_argument("--log-key", action="append", default=[], metavar="PEM")
+    parser.add_argument("--name", default="witness.local/portal-dev")
+    parser.add_argument("--origin-prefix", default=tlog.ORIGIN_PREFIX)
+    parser.add_argument("--listen", default="127.0.0.1:7380", metavar="HOST:PORT")
+    parser.add_argument("--print-key", action="store_true")
+    args = parser.parse_args(argv)
+    if not args.log_key and not args.print_key:
+        parser.error("--log-key (the portal's public key file) is required")
+    try:
+        run(
+            name=args.name,
+            key_file=args.key_file,
+            state_dir=args.state_dir,
+            log_key_files=args.log_key,
+            listen=args.listen,
+            origin_prefix=args.origin_prefix,
+            print_key=args.print_key,
+            write=lambda line: print(line, flush=True),
+        )
+    except (OSError, ValueError) as error:
+        print(f"witness: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -221,3 +221,55 @@ def test_a_witness_setting_names_key_and_url():
     config = witness_client.witness_parse(f"{vkey} http://127.0.0.1:7380/")
     assert (config.name, config.url) == (NAME, "http://127.0.0.1:7380")
     assert witness.verifier_key(config.name, config.public) == vkey
+
+
+def test_the_standalone_witness_runs_without_django_settings_and_cosigns(tmp_path):
+    """``python -m audit.witness``: what a third party runs, with no portal
+    settings and no database, trusting the log key it is given."""
+    import os
+    import subprocess
+    import sys
+
+    import httpx
+    from cryptography.hazmat.primitives import serialization
+
+    from tests.support.net import free_port
+
+    log_pub = tmp_path / "log.pub"
+    log_pub.write_bytes(
+        LOG_KEY.public_key().public_bytes(
+            encoding=serialization.Encoding.PEM,
+            format=serialization.PublicFormat.SubjectPublicKeyInfo,
+        )
+    )
+    port = free_port()
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("DJANGO", "PORTAL"))
+    }
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    process = subprocess.Popen(
+        [sys.executable, "-m", "audit.witness", "--name", NAME,
+         "--state-dir", str(tmp_path / "state"), "--key-file", str(tmp_path / "w.pem"),
+         "--log-key", str(log_pub), "--listen", f"127.0.0.1:{port}"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None
+        assert process.stdout.readline().startswith(f"witness {NAME} on ")
+        vkey = process.stdout.readline().removeprefix("key ").strip()
+        name, public = witness.verifier_key_parse(vkey)
+        tree = merkle.Tree([merkle.leaf_hash(bytes([i]) * 32) for i in range(3)])
+        answer = httpx.post(
+            f"http://127.0.0.1:{port}/add-checkpoint",
+            content=_request(0, [], _note(tree, 3)),
+        )
+        assert answer.status_code == 200
+        body = _note(tree, 3).rpartition("\n\n")[0] + "\n"
+        assert witness.cosignature_open(
+            answer.text, body=body, name=name, public=public
+        )
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+        process.stdout.close()
+    assert process.returncode == 0

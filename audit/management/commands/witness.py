@@ -9,8 +9,6 @@ take) and serves until stopped.
 
 from __future__ import annotations
 
-import signal
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -44,45 +42,23 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        def write(line: str) -> None:
+            self.stdout.write(line)
+            self.stdout.flush()
+
         try:
-            private = witness.load_or_make_key(options["key_file"])
-        except (OSError, ValueError) as error:
-            raise CommandError(str(error)) from error
-        vkey = witness.verifier_key(options["name"], private.public_key())
-        if options["print_key"]:
-            self.stdout.write(vkey)
-            return
-        log_files = options["log_key"] or [self._published_key_file()]
-        try:
-            log_keys = witness.log_keys_load(
-                {name: Path(name).read_bytes() for name in log_files}
+            witness.run(
+                name=options["name"],
+                key_file=options["key_file"],
+                state_dir=options["state_dir"],
+                log_key_files=options["log_key"] or [self._published_key_file()],
+                listen=options["listen"],
+                origin_prefix=options["origin_prefix"],
+                print_key=options["print_key"],
+                write=write,
             )
         except (OSError, ValueError) as error:
-            raise CommandError(f"log key: {error}") from error
-        host, _, port = options["listen"].rpartition(":")
-        state = witness.WitnessState(options["state_dir"])
-        server = witness.serve(
-            witness.Witness(
-                name=options["name"],
-                private=private,
-                state=state,
-                log_keys=log_keys,
-                origin_prefix=options["origin_prefix"],
-            ),
-            host or "127.0.0.1",
-            int(port),
-        )
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-        bound_host, bound_port = server.server_address[:2]
-        self.stdout.write(
-            f"witness {options['name']} on http://{bound_host!s}:{bound_port} "
-            f"state {options['state_dir']}\nkey {vkey}",
-        )
-        self.stdout.flush()
-        try:
-            server.serve_forever()
-        finally:
-            server.server_close()
+            raise CommandError(str(error)) from error
 
     @staticmethod
     def _published_key_file() -> str:
