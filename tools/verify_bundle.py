@@ -898,7 +898,8 @@ def _check_derived(
     if chain.get("length") != len(rows) or chain.get("head_hash") != (
         rows[-1]["hash"] if rows else None
     ):
-        raise Failure(ALTERED, "chain.length or chain.head_hash is not the chain's")
+        detail = "chain.length or chain.head_hash is not the chain's"
+        raise Failure(ALTERED, detail, section="chain")
     given = bundle.get("takeover_decisions")
     expected: list[Any] = []
     unchecked: list[str] = []
@@ -933,7 +934,7 @@ def _check_derived(
         expected.append(decision)
     if given is not None and given != expected:
         detail = "takeover_decisions does not say what the chain's events say"
-        raise Failure(ALTERED, detail)
+        raise Failure(ALTERED, detail, section="takeover_decisions")
     return unchecked
 
 
@@ -943,6 +944,31 @@ def _not_checked(bundle: Mapping[str, Any]) -> tuple[str, ...]:
         f"chain.{name}" for name in bundle["chain"] if name not in CHECKED_CHAIN_MEMBERS
     ]
     return tuple(sorted(names))
+
+
+# What the checks of log and export read; their other members only describe.
+CHECKED_LOG_MEMBERS: Final = frozenset({"checkpoint", "inclusion"})
+CHECKED_EXPORT_MEMBERS: Final = frozenset({"event", "index", "proof"})
+
+
+def _unbound_members(
+    bundle: Mapping[str, Any], *, timestamps_checked: bool
+) -> tuple[str, ...]:
+    """The members of log and export (which the export record does not bind) that
+    no check reads: their descriptions, and the RFC 3161 tokens without
+    ``--tsa-root``."""
+    checked = {
+        "log": CHECKED_LOG_MEMBERS | ({"rfc3161"} if timestamps_checked else set()),
+        "export": CHECKED_EXPORT_MEMBERS,
+    }
+    return tuple(
+        sorted(
+            f"{section}.{name}"
+            for section, members in checked.items()
+            for name in _object(bundle[section], section)
+            if name not in members
+        )
+    )
 
 
 def verify_bundle(
@@ -975,16 +1001,20 @@ def _verify(
 ) -> Intact:
     bundle = _object(bundle, "the bundle")
     if bundle.get("format") != BUNDLE_FORMAT:
-        raise _malformed(f"not an evidence bundle (format {bundle.get('format')!r})")
-    if bundle.get("version") not in BUNDLE_VERSIONS:
-        raise _malformed(f"bundle version {bundle.get('version')!r} is not known")
+        detail = f"not an evidence bundle (format {bundle.get('format')!r})"
+        raise Failure(MALFORMED, detail, section="format")
+    version = bundle.get("version")
+    if not isinstance(version, int) or version not in BUNDLE_VERSIONS:
+        detail = f"bundle version {version!r} is not known"
+        raise Failure(MALFORMED, detail, section="version")
     chain = _object(bundle.get("chain"), "chain")
     tenant_id, task_id = chain.get("tenant_id"), chain.get("task_id")
     if not isinstance(tenant_id, str) or not isinstance(task_id, str):
         raise _malformed("the chain does not name its tenant and task")
     task = _object(bundle.get("task"), "task")
     if task.get("id") != task_id:
-        raise _malformed("the task section names another task than the chain")
+        detail = "the task section names another task than the chain"
+        raise Failure(MALFORMED, detail, section="task")
     events = chain.get("events")
     if not isinstance(events, list):
         raise _malformed("chain.events is not a list")
@@ -1048,7 +1078,12 @@ def _verify(
         key_id=str(checkpoint["key_id"]),
         log_size=log_size,
         logged=logged,
-        not_checked=(() if bound else _not_checked(bundle)) + tuple(unchecked),
+        not_checked=(
+            _unbound_members(bundle, timestamps_checked=bool(tsa_roots))
+            if bound
+            else _not_checked(bundle)
+        )
+        + tuple(unchecked),
         bound=bound,
         export_event=export_event,
         witnessed=witnessed,
