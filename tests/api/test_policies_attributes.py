@@ -14,6 +14,7 @@ import pytest
 from django.test import Client
 
 from audit.models import Event, EventCode
+from console.admin.policies import published_contract_specs
 from policies import services as policy_services
 from policies.exceptions import PolicyInvalid
 from portal import services as portal_services
@@ -21,7 +22,7 @@ from portal.models import Agent, Role, Tenant
 from tasks import services as task_services
 from tasks.models import Approval
 from tests.api.test_actions import body as action_body
-from tests.api.test_policies import PERMIT_ALL, publish
+from tests.api.test_policies import PERMIT_ALL
 from tests.console.test_desk import make_person
 from tests.gateway import conftest as gateway_world
 from tests.gateway.conftest import SPEC, World
@@ -45,6 +46,17 @@ def declare(world: World, **spec: Any) -> None:
     """A new published version of the world's contract; new tasks pin it."""
     task_services.contract_create(
         tenant=world.tenant, key=world.contract.key, spec={**SPEC, **spec}, publish=True
+    )
+
+
+def publish(world: World, text: str) -> None:
+    """Draft and publish against the schema of the tenant's published contracts,
+    as the admin does (console.admin.policies.published_contract_specs)."""
+    draft = policy_services.policy_set_draft(tenant=world.tenant, text=text)
+    policy_services.policy_set_publish(
+        tenant=world.tenant,
+        version=draft.version,
+        contract_specs=published_contract_specs(tenant=world.tenant),
     )
 
 
