@@ -39,7 +39,9 @@ from routing import services as routing_services
 from routing.exceptions import AssignmentNotFound
 from routing.models import Assignment
 from tasks import takeover
+from tasks.contracts import contract_sensitive_fields
 from tasks.gateway import FieldValue
+from tasks.gateway.checks import field_problems
 from tasks.gateway.common import db_now
 from tasks.models import (
     Contract,
@@ -49,6 +51,7 @@ from tasks.models import (
     OperationState,
     Task,
 )
+from tasks.sealed import operation_given_fields
 
 from .display import ActorNames
 
@@ -489,10 +492,11 @@ RESOLUTION_CHOICES: Final[tuple[ResolutionChoice, ...]] = (
     ),
 )
 EDIT_HELP: Final = (
-    "You give the fresh values, with their source and when you read them; the "
-    "gateway checks everything again and calls once, under the operation's own "
-    "key. If it is verified, the task goes back to the agent; if not, it stays "
-    "with you."
+    "You give a fresh value for each asked field, with its source and when you "
+    "read it; a field whose value still passes is kept unless you give another. "
+    "The gateway checks everything again and calls once, under the operation's "
+    "own key. If it is verified, the task goes back to the agent; if not, it "
+    "stays with you."
 )
 HAND_BACK_NOTE: Final = "what should the agent read again?"
 
@@ -521,20 +525,92 @@ def resolution_label(resolution: str) -> str:
 
 
 @dataclass(frozen=True, kw_only=True)
+class GivenField:
+    """A value given at the operation's last refused execute, as the desk shows it:
+    the value redacted (the contract's sensitive fields too), its source and read
+    time. The real value stays sealed; an edit takes it from there, never the form."""
+
+    shown: str
+    source: str
+    observed_at: dt.datetime
+
+
+@dataclass(frozen=True, kw_only=True)
 class EditRow:
-    """One required field of the task's pinned contract."""
+    """One required field of the task's pinned contract, kept or asked.
+
+    ``kept``: the value given last passes the field check now (right source, fresh
+    enough), so the edit keeps it unless the person gives another. Otherwise the
+    row is asked, and ``why`` says which check failed and what was read.
+    """
 
     name: str
     source: str
     max_age_s: int
+    given: GivenField | None = None
+    kept: bool = False
+    why: str = ""
 
     @property
     def max_age(self) -> str:
         return human_age(dt.timedelta(seconds=self.max_age_s))
 
+    @property
+    def kept_text(self) -> str:
+        """A kept row's line: what is kept and until when it passes."""
+        if not self.kept or self.given is None:
+            return ""
+        until = self.given.observed_at + dt.timedelta(seconds=self.max_age_s)
+        return (
+            f"{self.given.shown} from {self.given.source}, read at "
+            f"{_when(self.given.observed_at)}; passes the fields check until "
+            f"{_when(until)}. Leave it empty to keep it."
+        )
 
-def desk_edit_rows(*, task: Task) -> list[EditRow] | None:
+
+def _when(moment: dt.datetime) -> str:
+    return moment.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _asked_why(
+    *,
+    required: dict[str, Any],
+    given: GivenField | None,
+    refused: dict[str, Any] | None,
+    now_problem: dict[str, Any] | None,
+) -> str:
+    """Why a row is asked: the check that refused it (the escalation's evidence),
+    else what fails now (the value aged since), with the value read as redacted."""
+    if given is None:
+        return (
+            "no value was given for it at the refused execute"
+            if refused is None or refused.get("problem") == ReasonCode.FIELD_MISSING
+            else "the value given is not kept; give it again"
+        )
+    read = f"read {given.shown} from {given.source} at {_when(given.observed_at)}"
+    problem = refused or now_problem
+    words = _problem_words(problem) if problem else None
+    if refused is not None:
+        return (
+            f"the fields check refused it ({refused.get('problem')}): {words}; {read}"
+        )
+    if now_problem is not None and now_problem.get("problem") == ReasonCode.FIELD_STALE:
+        return (
+            f"it passed at the check but is now older than the contract allows "
+            f"({human_age(dt.timedelta(seconds=int(required['max_age_s'])))}); {read}"
+        )
+    return f"{words or 'it does not pass the fields check now'}; {read}"
+
+
+def desk_edit_rows(
+    *, task: Task, operation: Operation | None = None
+) -> list[EditRow] | None:
     """The edit form's rows: the pinned contract's ``required_fields``, in order.
+
+    With ``operation``, each row knows the value given at its last refused execute
+    (sealed with it) and whether that value passes the field check on the
+    database's clock now: passing rows are kept, the others asked with the reason,
+    taken from the open escalation's ``conflicting_fields`` where it names the field.
 
     None when the task pins no contract (there is nothing to check values against,
     and the gateway would refuse to execute).
@@ -552,14 +628,122 @@ def desk_edit_rows(*, task: Task) -> list[EditRow] | None:
     )
     if not isinstance(spec, dict):
         return None
-    return [
-        EditRow(
-            name=str(required["name"]),
-            source=str(required["source"]),
-            max_age_s=int(required["max_age_s"]),
+    required_fields = list(spec.get("required_fields") or [])
+    given = _given_fields(operation=operation) if operation is not None else {}
+    if not given:
+        return [
+            EditRow(
+                name=str(required["name"]),
+                source=str(required["source"]),
+                max_age_s=int(required["max_age_s"]),
+            )
+            for required in required_fields
+        ]
+    _, problems = field_problems(
+        spec={"required_fields": required_fields},
+        fields=list(given.values()),
+        now=db_now(),
+    )
+    failing = {str(problem["field"]): problem for problem in problems}
+    refused = (
+        _refused_fields(task=task, operation=operation) if operation is not None else {}
+    )
+    shown = redact(
+        {name: field.value for name, field in given.items()},
+        tenant_id=task.tenant_id,
+        sensitive=contract_sensitive_fields(spec),
+    )
+    rows = []
+    for required in required_fields:
+        name = str(required["name"])
+        value = given.get(name)
+        seen = (
+            GivenField(
+                shown=_shown(shown.get(name)),
+                source=value.source,
+                observed_at=value.observed_at,
+            )
+            if value is not None
+            else None
         )
-        for required in spec.get("required_fields") or []
-    ]
+        kept = name not in failing
+        rows.append(
+            EditRow(
+                name=name,
+                source=str(required["source"]),
+                max_age_s=int(required["max_age_s"]),
+                given=seen,
+                kept=kept,
+                why=""
+                if kept
+                else _asked_why(
+                    required=required,
+                    given=seen,
+                    refused=refused.get(name),
+                    now_problem=failing.get(name),
+                ),
+            )
+        )
+    return rows
+
+
+def _shown(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, default=str)
+
+
+def _given_fields(*, operation: Operation) -> dict[str, FieldValue]:
+    """The fields sealed with the operation at its last refused execute, by name."""
+    given: dict[str, FieldValue] = {}
+    for item in operation_given_fields(operation):
+        try:
+            given[str(item["name"])] = FieldValue(
+                name=str(item["name"]),
+                value=item["value"],
+                source=str(item["source"]),
+                observed_at=dt.datetime.fromisoformat(str(item["observed_at"])),
+            )
+        except (KeyError, TypeError, ValueError):
+            continue
+    return given
+
+
+def _refused_fields(*, task: Task, operation: Operation) -> dict[str, dict[str, Any]]:
+    """The open escalation's ``conflicting_fields`` for this operation, by field."""
+    evidence = (
+        Escalation.objects.filter(
+            tenant_id=task.tenant_id,
+            task_id=task.pk,
+            operation_id=operation.pk,
+            resolved_at__isnull=True,
+        )
+        .order_by("-created_at", "-id")
+        .values_list("evidence", flat=True)
+        .first()
+    )
+    problems = (
+        evidence.get("conflicting_fields") if isinstance(evidence, dict) else None
+    )
+    return {
+        str(problem["field"]): problem
+        for problem in problems or []
+        if isinstance(problem, dict) and "field" in problem
+    }
+
+
+def edit_fields(
+    *, rows: Sequence[EditRow], operation: Operation, given: Sequence[FieldValue]
+) -> list[FieldValue]:
+    """The fields an edit executes with: what the person gave, and for each kept row
+    the person left empty, the value sealed with the operation (never one posted)."""
+    by_name = {field.name: field for field in given}
+    sealed = _given_fields(operation=operation)
+    fields = []
+    for row in rows:
+        if row.name in by_name:
+            fields.append(by_name[row.name])
+        elif row.kept and row.name in sealed:
+            fields.append(sealed[row.name])
+    return fields
 
 
 def edit_operations(*, operations: Iterable[Operation]) -> list[Operation]:

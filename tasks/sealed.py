@@ -121,6 +121,49 @@ def connector_key_unseal(
     )
 
 
+def operation_given_fields(operation: Any) -> list[dict[str, Any]]:
+    """The fields (value, source, read time) given at the operation's last refused
+    execute, sealed beside its input by ``keep_given_fields``; [] when none were
+    kept (a refusal before this existed, or none yet). The desk keeps the ones that
+    still pass and asks a person only for the others."""
+    if not operation.sealed:
+        return []
+    values = unseal(
+        tenant_id=operation.tenant_id,
+        operation_id=operation.pk,
+        sealed=operation.sealed,
+    )
+    given = values.get("given_fields")
+    return list(given) if isinstance(given, list) else []
+
+
+def keep_given_fields(operation: Any, fields: Any) -> None:
+    """Seal ``fields`` (``FieldValue``-like) beside the operation's real values and
+    write the column; the caller holds the operation's row lock. Emptied with the
+    rest when the operation settles."""
+    real_input, call_fields = operation_values(operation)
+    operation.sealed = seal(
+        tenant_id=operation.tenant_id,
+        operation_id=operation.pk,
+        values={
+            "input": real_input,
+            "call_fields": call_fields,
+            "given_fields": [
+                {
+                    "name": field.name,
+                    "value": field.value,
+                    "source": field.source,
+                    "observed_at": field.observed_at.isoformat(),
+                }
+                for field in fields
+            ],
+        },
+    )
+    type(operation).objects.filter(
+        tenant_id=operation.tenant_id, pk=operation.pk
+    ).update(sealed=operation.sealed)
+
+
 def operation_values(operation: Any) -> tuple[Any, dict[str, Any] | None]:
     """The real (input, call fields) of an operation, for its call.
 

@@ -39,7 +39,7 @@ from portal.models import TenantPerm
 from portal.roles import PermissionDenied, TenantNotVisible
 from tasks import keyset, takeover
 from tasks.gateway import FieldValue
-from tasks.models import Escalation, TaskState
+from tasks.models import Escalation, Operation, TaskState
 
 from .. import takeover_desk as desk
 from ..models import TakeoverItem
@@ -162,6 +162,7 @@ class EditFieldForm(forms.Form):
     """One field's fresh value, with where and when the person read it."""
 
     name = forms.CharField(max_length=200, widget=forms.HiddenInput)
+    # Required unless the row is kept (the view decides, from the sealed values).
     value = forms.CharField(
         max_length=2000, error_messages={"required": "give the fresh value"}
     )
@@ -355,7 +356,11 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
             )
             if context["can_settle"] and edit_operations:
                 context.update(
-                    edit_rows=desk.desk_edit_rows(task=task),
+                    # Kept and asked rows for the first operation (the one the
+                    # form executes when there is one; the usual case).
+                    edit_rows=desk.desk_edit_rows(
+                        task=task, operation=edit_operations[0]
+                    ),
                     edit_operations=edit_operations,
                     edit_now=timezone.localtime(desk.desk_now()).strftime(
                         "%Y-%m-%dT%H:%M:%S"
@@ -540,19 +545,33 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
 
         The rows come from the task's pinned contract, not from the POST: a value
         for a field the contract does not require is ignored, a missing one is a
-        message. Bad input is a message and changes nothing.
+        message. A kept row left empty executes with the value sealed with the
+        operation at its refused execute (desk.edit_fields), never one posted.
+        Bad input is a message and changes nothing.
         """
         task = self._desk_task(request, task_id)
         back = HttpResponseRedirect(
             reverse("admin:console_takeoveritem_change", args=[task.pk])
         )
-        rows = desk.desk_edit_rows(task=task) or []
         form = EditForm(request.POST)
+        operation = (
+            Operation.objects.filter(
+                tenant_id=task.tenant_id,
+                task_id=task.pk,
+                pk=form.cleaned_data["operation_id"],
+            ).first()
+            if form.is_valid()
+            else None
+        )
+        rows = desk.desk_edit_rows(task=task, operation=operation) or []
         problems = [] if rows else ["the task pins no contract with fields to give"]
         problems += _form_problems(form)
-        fields: list[FieldValue] = []
+        given: list[FieldValue] = []
         for index, row in enumerate(rows):
-            field_form = EditFieldForm(request.POST, prefix=f"field-{index}")
+            prefix = f"field-{index}"
+            if row.kept and not request.POST.get(f"{prefix}-value", "").strip():
+                continue  # kept: the sealed value, never one posted
+            field_form = EditFieldForm(request.POST, prefix=prefix)
             if not field_form.is_valid():
                 problems += _form_problems(field_form, label=f"{row.name} ")
                 continue
@@ -560,7 +579,7 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
             if data["name"] != row.name:
                 problems.append(f"{row.name}: the form is out of date; reload it")
                 continue
-            fields.append(
+            given.append(
                 FieldValue(
                     name=row.name,
                     value=data["value"],
@@ -568,6 +587,11 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
                     observed_at=data["observed_at"],
                 )
             )
+        fields = (
+            desk.edit_fields(rows=rows, operation=operation, given=given)
+            if operation is not None
+            else given
+        )
         if problems:
             self.message_user(
                 request, "Not executed: " + "; ".join(problems), messages.ERROR

@@ -32,7 +32,7 @@ from portal.tracing import NO_TRACE, Trace
 from ..contracts import contract_sensitive_fields
 from ..exceptions import ActionNotGranted, OperationNotFound
 from ..models import Contract, Escalation, Operation, OperationState, TaskState
-from ..sealed import operation_values, seal
+from ..sealed import keep_given_fields, operation_values, seal
 from .call import authorize_call, begin_call, call
 from .checks import (
     CHECKS,
@@ -131,6 +131,9 @@ def authorize(
     for name, check in CHECKS:
         verdict = check(context)
         if isinstance(verdict, Refusal):
+            # A person settles it: the values given stay sealed with the operation
+            # so the desk asks only for those that fail (console/takeover_desk.py).
+            keep_given_fields(operation, fields)
             return refuse(
                 tenant=tenant,
                 task=task,
@@ -342,26 +345,27 @@ def _run_queued(
 
 
 @contextmanager
-def tool_span(
-    *, operation_id: uuid.UUID, trace: Trace
-) -> Iterator[tuple[Span, Trace]]:
+def tool_span(*, operation_id: uuid.UUID, trace: Trace) -> Iterator[tuple[Span, Trace]]:
     """The gateway's span: a GenAI ``execute_tool`` span (docs/observability.md).
 
     The tool's name is the operation's action, known once the operation is read:
     ``verdict_recorded`` completes the name and sets the verdict.
     """
-    with tracing.child_span(
-        gen_ai.GenAiOperationNameValues.EXECUTE_TOOL.value,
-        parent=trace,
-        attributes={
-            gen_ai.GEN_AI_OPERATION_NAME: (
-                gen_ai.GenAiOperationNameValues.EXECUTE_TOOL.value
-            ),
-            gen_ai.GEN_AI_TOOL_CALL_ID: str(operation_id),
-            # A tool the agent runs through us to call an external API.
-            gen_ai.GEN_AI_TOOL_TYPE: "extension",
-        },
-    ) as (span, current), logs.bind(operation_id=operation_id):
+    with (
+        tracing.child_span(
+            gen_ai.GenAiOperationNameValues.EXECUTE_TOOL.value,
+            parent=trace,
+            attributes={
+                gen_ai.GEN_AI_OPERATION_NAME: (
+                    gen_ai.GenAiOperationNameValues.EXECUTE_TOOL.value
+                ),
+                gen_ai.GEN_AI_TOOL_CALL_ID: str(operation_id),
+                # A tool the agent runs through us to call an external API.
+                gen_ai.GEN_AI_TOOL_TYPE: "extension",
+            },
+        ) as (span, current),
+        logs.bind(operation_id=operation_id),
+    ):
         yield span, current
 
 

@@ -59,9 +59,21 @@ def test_support_edits_a_stale_field_and_the_desk_makes_one_ticket(
     page.click("#desk-claim")
     page.wait_for_selector("ul.messagelist")
 
-    # the edit form has the contract's fields, sources prefilled, approve not offered
+    # the edit form has the contract's fields: the stale e-mail asked and why, the
+    # plan the agent read kept (it still passes); approve is not offered
     form = page.locator("#desk-edit-form")
     assert form.locator("tr[data-field]").count() == 2
+    assert form.locator("tr.desk-asked").get_attribute("data-field") == "email"
+    assert form.locator("tr.desk-kept").get_attribute("data-field") == "plan"
+    asked = page.inner_text("#desk-edit-0-why")
+    assert re.search(
+        r"Asked — the fields check refused it \(FIELD_STALE\): email was read "
+        r"10 min before the check; the contract allows 5 min; read \[email:hm_\w+\] "
+        r"from crm at ",
+        asked,
+    ), asked
+    assert "Kept — pro from billing" in page.inner_text("#desk-edit-1-why")
+    assert page.get_attribute("#desk-edit-1-value", "placeholder") == "keep pro"
     assert page.input_value("#desk-edit-0-source") == "crm"
     assert page.input_value("#desk-edit-1-source") == "billing"
     assert "read at most 5 min before the check" in form.inner_text()
@@ -70,11 +82,10 @@ def test_support_edits_a_stale_field_and_the_desk_makes_one_ticket(
     assert "Approve as is" not in options
     assert "Hand back for a fresh read" in options
 
-    # When sam first types a read time of a quarter of an hour ago
+    # When sam first types a read time of a quarter of an hour ago (the plan kept)
     quarter_ago = db_now().astimezone(dt.UTC) - dt.timedelta(minutes=15)
     page.fill("#desk-edit-0-value", "ana.new@example.com")
     page.fill("#desk-edit-0-observed-at", quarter_ago.strftime("%Y-%m-%dT%H:%M:%S"))
-    page.fill("#desk-edit-1-value", "pro")
     page.click("#desk-edit-submit")
     page.wait_for_selector("ul.messagelist li.error")
 
@@ -87,12 +98,16 @@ def test_support_edits_a_stale_field_and_the_desk_makes_one_ticket(
     assert "Claimed by sam" in page.inner_text("#desk-status")
     page.screenshot(path=str(REPORTS / "desk-edit-refused.png"))
 
-    # When sam gives the values read in the CRM and in billing just now
+    # When sam gives the e-mail read in the CRM just now, the plan still kept
+    assert page.get_attribute("#desk-edit-1-value", "placeholder") == ("keep pro")
+    assert "15 min before the check" in page.inner_text("#desk-edit-0-why")
     page.fill("#desk-edit-0-value", "ana.new@example.com")
-    page.fill("#desk-edit-1-value", "pro")
     page.fill("#desk-edit-note", "Called Ana; the CRM has her new address.")
     page.locator("#desk-edit").scroll_into_view_if_needed()
     page.screenshot(path=str(REPORTS / "desk-edit-form.png"))
+    page.locator("#desk-edit").screenshot(
+        path=str(ROOT / "docs" / "screenshots" / "desk-edit-form.png")
+    )
     page.click("#desk-edit-submit")
     page.wait_for_selector("ul.messagelist li.success")
 

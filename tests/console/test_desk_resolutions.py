@@ -20,7 +20,8 @@ from django.test import Client
 from audit.models import Event, EventCode
 from portal.actors import Actor
 from portal.models import Role, Tenant
-from tasks import takeover
+from tasks import sealed, takeover
+from tasks.gateway import FieldValue
 from tasks.models import (
     Approval,
     Escalation,
@@ -143,10 +144,30 @@ def test_the_edit_form_has_one_row_per_required_field_of_the_pinned_contract(
     body = response.content.decode()
     assert 'id="desk-edit-form"' in body
     assert f'value="{operation.pk}"' in body
-    rows = re.findall(r'<tr data-field="([^"]+)">', body)
-    assert rows == ["email", "plan"]
+    rows = re.findall(r'<tr data-field="([^"]+)" class="([^"]+)">', body)
+    # the stale e-mail is asked; the plan the agent gave passes still and is kept
+    assert rows == [("email", "desk-asked"), ("plan", "desk-kept")]
     assert 'name="field-0-source" id="desk-edit-0-source" value="crm"' in body
     assert 'name="field-1-source" id="desk-edit-1-source" value="billing"' in body
+    why = re.search(r'id="desk-edit-0-why">(.*?)</td>', body, re.S)
+    assert why is not None
+    assert re.search(
+        r"Asked</strong> &mdash; the fields check refused it \(FIELD_STALE\): "
+        r"email was read 10 min before the check; the contract allows 5 min; "
+        r"read \[email:hm_\w+\] from crm at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC",
+        why.group(1),
+    ), why.group(1)
+    assert "ana@example.com" not in body  # the value read, as the redaction allows
+    kept = re.search(r'id="desk-edit-1-why">(.*?)</td>', body, re.S)
+    assert kept is not None
+    assert re.search(
+        r"Kept</strong> &mdash; pro from billing, read at [\d-]+ [\d:]+ UTC; "
+        r"passes the fields check until [\d-]+ [\d:]+ UTC",
+        kept.group(1),
+    ), kept.group(1)
+    assert 'placeholder="keep pro"' in body
+    assert re.search(r'name="field-0-value"[^>]*required', body)
+    assert not re.search(r'name="field-1-value"[^>]*required', body)
     assert "read at most 5 min before the check" in body  # max_age_s 300
     assert "read at most 1 h before the check" in body  # max_age_s 3600
     # read at is prefilled with the database's now, as a datetime-local value
@@ -199,6 +220,99 @@ def test_support_edits_the_stale_email_and_the_desk_makes_exactly_one_ticket(
     assert re.search(
         r"operation\.fields_edited</td>\s*<td>sam</td>", response.content.decode()
     )
+
+
+def test_an_edit_that_gives_only_the_asked_field_keeps_the_agents_plan(
+    world: World, claimed, sam
+):
+    # Given sam holds the FIELD_STALE task; the agent's plan passed the check
+    task, operation, client = claimed
+    agent_read = Event.objects.filter(
+        task_id=task.pk, code=EventCode.GATEWAY_CHECKED
+    ).count()
+    assert agent_read
+
+    # When sam gives only the e-mail, leaving the kept plan empty (as the page sends)
+    response = client.post(
+        f"{DESK}{task.pk}/edit/",
+        edit_post(operation, **{"field-1-value": "", "field-1-source": ""}),
+        follow=True,
+    )
+
+    # Then one ticket, executed with the plan the agent read (source and read time)
+    assert messages_of(response)[0].startswith("Executed: ticket "), messages_of(
+        response
+    )
+    assert world.tickets() == 1
+    edited = Event.objects.get(task_id=task.pk, code=EventCode.OPERATION_FIELDS_EDITED)
+    plan = next(f for f in edited.payload["fields"] if f["name"] == "plan")
+    email = next(f for f in edited.payload["fields"] if f["name"] == "email")
+    assert plan["source"] == "billing"
+    # the agent's read time, not the person's (they read the e-mail just now)
+    assert dt.datetime.fromisoformat(plan["observed_at"]) < dt.datetime.fromisoformat(
+        email["observed_at"]
+    )
+    assert Task.objects.get(pk=task.pk).state == TaskState.PENDING
+
+
+def test_a_kept_value_that_aged_past_the_contract_is_asked_with_the_reason(
+    world: World, claimed
+):
+    # Given time passed: the plan the agent read is now 2 h old (max 1 h)
+    task, operation, client = claimed
+    two_hours_ago = db_now() - dt.timedelta(hours=2)
+    with transaction.atomic():
+        locked = Operation.objects.select_for_update().get(pk=operation.pk)
+        sealed.keep_given_fields(
+            locked,
+            [
+                FieldValue(
+                    name="email",
+                    value="ana@example.com",
+                    source="crm",
+                    observed_at=db_now() - dt.timedelta(minutes=10),
+                ),
+                FieldValue(
+                    name="plan",
+                    value="pro",
+                    source="billing",
+                    observed_at=two_hours_ago,
+                ),
+            ],
+        )
+
+    body = client.get(page(task)).content.decode()
+
+    rows = re.findall(r'<tr data-field="([^"]+)" class="([^"]+)">', body)
+    assert rows == [("email", "desk-asked"), ("plan", "desk-asked")]
+    why = re.search(r'id="desk-edit-1-why">(.*?)</td>', body, re.S)
+    assert why is not None
+    assert (
+        "it passed at the check but is now older than the contract allows (1 h); "
+        "read pro from billing at " + two_hours_ago.strftime("%Y-%m-%d %H:%M:%S UTC")
+    ) in why.group(1)
+    # and leaving it empty is now a message, not a refused call
+    before = snapshot(task)
+    response = client.post(
+        f"{DESK}{task.pk}/edit/",
+        edit_post(operation, **{"field-1-value": ""}),
+        follow=True,
+    )
+    assert any("plan value: give the fresh value" in m for m in messages_of(response))
+    assert snapshot(task) == before
+    assert world.tickets() == 0
+
+
+def test_a_member_of_another_tenant_sees_neither_the_kept_values_nor_the_form(
+    world: World, claimed, other_tenant: Tenant
+):
+    task, _, _ = claimed
+    bob = make_person("bob", {other_tenant: Role.ADMIN})
+    client = as_(bob)
+    response = client.get(page(task))
+    assert response.status_code == 302  # the admin's "no such object"
+    followed = client.get(response["Location"]).content.decode()
+    assert "keep pro" not in followed and "issue-1042" not in followed
 
 
 def test_an_edit_that_is_still_stale_is_refused_and_stays_with_the_person(
