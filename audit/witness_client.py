@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import logging
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,6 +47,10 @@ WITNESS_GRACE: Final = tlog.IN_FLIGHT_GRACE
 # How far a witness's clock may trail the database's before a cosignature older
 # than the head it is on counts as replayed.
 CLOCK_SKEW: Final = dt.timedelta(seconds=60)
+# A witness that did not answer is left alone this long by this process, so that
+# one run over many tenants does not wait for it once per tenant.
+DOWN_FOR_S: Final = 60.0
+_down_until: dict[str, float] = {}
 
 
 class WitnessConfigError(ValueError):
@@ -129,6 +134,8 @@ def head_witness(
             ):
                 response = _submit(config, head, theirs, client)
     except (httpx.HTTPError, ValueError) as error:
+        if isinstance(error, httpx.TransportError):
+            _down_until[config.name] = time.monotonic() + DOWN_FOR_S
         logger.warning(
             "witness %s: head %s not cosigned: %s", config.name, head.size, error
         )
@@ -195,6 +202,8 @@ def head_vouch(*, tenant_id: uuid.UUID) -> None:
         )
         with httpx.Client() as client:
             for config in witnesses:
+                if _down_until.get(config.name, 0.0) > time.monotonic():
+                    continue  # it did not answer a moment ago: the next run
                 if (HeadStamp.Kind.COSIGNATURE, config.name) not in have:
                     head_witness(head, config, client)
             url = settings.PORTAL_AUDIT_TSA_URL

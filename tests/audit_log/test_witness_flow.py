@@ -15,8 +15,10 @@ import datetime as dt
 import io
 import json
 import random
+import socket
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -88,6 +90,14 @@ def stamps(tenant: Tenant, kind: str) -> list[HeadStamp]:
             .select_related("tree_head")
             .order_by("tree_head__size")
         )
+
+
+@pytest.fixture(autouse=True)
+def no_witness_marked_down() -> Iterator[None]:
+    """A witness one test stopped is not skipped by the next (same name)."""
+    witness_client._down_until.clear()
+    yield
+    witness_client._down_until.clear()
 
 
 @pytest.fixture
@@ -568,3 +578,32 @@ def test_verify_audit_exits_1_with_the_kind_in_100_random_trials(
         caught += 1
     assert caught == TRIALS
     assert verify(tenant)[0] == 0
+
+
+def test_a_witness_that_does_not_answer_is_asked_once_per_minute_not_per_tenant(
+    tenant, other_tenant, tmp_path
+):
+    """A witness that accepts the connection and never answers: the first tenant's
+    run waits for the timeout, the second tenant's run in the same process skips
+    it (the job's time limit is for all tenants together)."""
+    vkey = witness.verifier_key(
+        "witness.test/mute", Ed25519PrivateKey.generate().public_key()
+    )
+    with socket.socket() as mute:
+        mute.bind(("127.0.0.1", 0))
+        mute.listen(8)  # accepts into the backlog, never reads or answers
+        url = f"http://127.0.0.1:{mute.getsockname()[1]}"
+        configured = override_settings(
+            PORTAL_AUDIT_WITNESSES=[f"{vkey} {url}"], PORTAL_AUDIT_WITNESS_TIMEOUT_S=1.0
+        )
+        with configured:
+            append(tenant, 0)
+            append(other_tenant, 0)
+            started = time.monotonic()
+            checkpoints.tenant_checkpoint_scoped(tenant_id=tenant.pk)
+            first = time.monotonic() - started
+            started = time.monotonic()
+            checkpoints.tenant_checkpoint_scoped(tenant_id=other_tenant.pk)
+            second = time.monotonic() - started
+    assert first >= 1.0 and second < 1.0, (first, second)
+    assert len(heads(other_tenant)) == 1  # signed all the same
