@@ -12,6 +12,11 @@ the database last. If any of them exits, the others are stopped and ``up`` exits
 non-zero. Every child also gets a parent-death signal, so even a SIGKILLed ``up``
 leaves nothing behind. The management command only parses its options and calls
 ``Up.run``.
+
+Quiet by default: the children log warnings and errors only (``PORTAL_LOG_LEVEL``,
+default ``WARNING`` here; ``INFO`` brings back every job, request and access line),
+so the banner with the one-time agent key is the last thing printed; pressing
+Enter prints it again.
 """
 
 from __future__ import annotations
@@ -54,6 +59,24 @@ _TICKETDESK_LISTENING: Final = re.compile(
 # And the MCP server's (``manage.py mcp --http``).
 _MCP_LISTENING: Final = re.compile(r"mcp listening on (?P<url>http://\S+)")
 DEV_WITNESS_NAME: Final = "witness.local/portal-dev"
+# The children's log level unless PORTAL_LOG_LEVEL names one (README, "Logs").
+QUIET_LOG_LEVEL: Final = "WARNING"
+
+
+def children_log_level() -> str:
+    """``PORTAL_LOG_LEVEL`` (upper case), or WARNING: what the children log."""
+    return (os.environ.get("PORTAL_LOG_LEVEL") or QUIET_LOG_LEVEL).upper()
+
+
+def _verbose(level: str) -> bool:
+    return level in ("DEBUG", "INFO")
+
+
+def _wait_for_enter(stream: IO[str], asked: threading.Event) -> None:
+    """Set ``asked`` each time a line (Enter) arrives on ``stream``, until EOF."""
+    with contextlib.suppress(OSError, ValueError):
+        for _line in stream:
+            asked.set()
 
 
 class _StopRequested(BaseException):
@@ -94,8 +117,10 @@ def _pump_stdout(stream: IO[bytes], lines: queue.Queue[str | None]) -> None:
     with stream:
         for raw in stream:
             line = raw.decode("utf-8", "replace").rstrip("\n")
-            lines.put(line)
+            # Printed before it is handed on: the banner that waits for this line
+            # comes after it.
             print(line, flush=True)
+            lines.put(line)
     lines.put(None)
 
 
@@ -149,9 +174,17 @@ def _exit_code(returncode: int) -> int:
 class Up:
     """One run of ``manage.py up``: progress to ``stderr``, the banner to ``stdout``."""
 
-    def __init__(self, *, stdout: OutputWrapper, stderr: OutputWrapper) -> None:
+    def __init__(
+        self,
+        *,
+        stdout: OutputWrapper,
+        stderr: OutputWrapper,
+        stdin: IO[str] | None = None,
+    ) -> None:
         self.stdout = stdout
         self.stderr = stderr
+        # Enter on ``stdin`` prints the banner again (None: it is not read).
+        self.stdin = stdin
         self.witness_line: str | None = None
 
     def run(
@@ -377,6 +410,11 @@ class Up:
         env["DATABASE_URL"] = database_url
         env.setdefault("DJANGO_DEBUG", "1")
         env["PYTHONUNBUFFERED"] = "1"  # logs appear as they happen
+        level = children_log_level()
+        env["PORTAL_LOG_LEVEL"] = level  # portal/settings.py's root logger
+        # The access log and Celery's start-up banner only when logs are verbose.
+        access_log = ["--access-logfile", "-"] if _verbose(level) else []
+        quiet = [] if _verbose(level) else ["--quiet"]
         var_dir = Path(settings.VAR_DIR)
         if "PROMETHEUS_MULTIPROC_DIR" not in env:
             # One metrics folder for gunicorn's workers and the Celery worker's pool,
@@ -389,7 +427,8 @@ class Up:
             "web server": [
                 "gunicorn", "portal.wsgi:application", "-b", f"127.0.0.1:{port}",
                 "--config", str(Path(settings.BASE_DIR) / "gunicorn.conf.py"),
-                "--workers", "2", "--graceful-timeout", "10", "--access-logfile", "-",
+                "--workers", "2", "--graceful-timeout", "10", *access_log,
+                "--log-level", level.lower(),
                 # Its default socket is one per user ($HOME/.gunicorn): a second
                 # portal checkout would fight over it.
                 "--no-control-socket",
@@ -404,11 +443,11 @@ class Up:
             if not settings.PRODUCTION and "PORTAL_AUDIT_WITNESSES" not in env:
                 env["PORTAL_AUDIT_WITNESSES"] = self._start_witness(children, env=env)
             commands["Celery worker"] = [
-                "celery", "-A", "portal", "worker",
-                "--loglevel=INFO", "--concurrency=2",
+                "celery", *quiet, "-A", "portal", "worker",
+                f"--loglevel={level}", "--concurrency=2",
             ]  # fmt: skip
             commands["Celery beat"] = [
-                "celery", "-A", "portal", "beat", "--loglevel=INFO",
+                "celery", *quiet, "-A", "portal", "beat", f"--loglevel={level}",
                 "--schedule", str(var_dir / "celerybeat-schedule"),
             ]  # fmt: skip
         for name, command in commands.items():
@@ -440,8 +479,12 @@ class Up:
         desk_url: str | None,
         mcp_url: str,
     ) -> int:
-        """Wait until a child or the database exits; return the exit code for up."""
+        """Wait until a child or the database exits; return the exit code for up.
+
+        Once the web server listens, the banner; again each time Enter is pressed.
+        """
         web_deadline: float | None = time.monotonic() + WEB_START_TIMEOUT
+        asked = threading.Event()
         while True:
             if server is not None and (returncode := server.poll()) is not None:
                 self._say(f"PostgreSQL exited with code {returncode}; stopping")
@@ -460,9 +503,25 @@ class Up:
                         desk_url=desk_url,
                         mcp_url=mcp_url,
                     )
+                    if self.stdin is not None:
+                        threading.Thread(
+                            target=_wait_for_enter,
+                            args=(self.stdin, asked),
+                            name="up-enter",
+                            daemon=True,
+                        ).start()
                 elif time.monotonic() > web_deadline:
                     self._say(f"the web server did not listen on port {port}; stopping")
                     return 1
+            elif asked.is_set():
+                asked.clear()
+                self._banner(
+                    port=port,
+                    server=server,
+                    secret=secret,
+                    desk_url=desk_url,
+                    mcp_url=mcp_url,
+                )
             time.sleep(_POLL_SECONDS)
 
     def _stop_children(self, children: list[Child]) -> None:
@@ -518,7 +577,11 @@ class Up:
                 "  Try:        .venv/bin/python examples/customer_issue_agent.py "
                 f"--base-url {base} --api-key {secret}"
             )
-        lines += ["Press Ctrl-C to stop everything.", ""]
+        lines += [
+            "Press Enter to show this again, Ctrl-C to stop everything. Logs: "
+            f"{children_log_level()} and above (PORTAL_LOG_LEVEL=INFO for all).",
+            "",
+        ]
         self.stdout.write("\n".join(lines))
         # A pipe (`up | tee log`, a test) buffers stdout; the banner is needed now.
         self.stdout.flush()

@@ -203,6 +203,9 @@ AUTH_PASSWORD_VALIDATORS = [
 # office behind one address is not locked out by one person. A success clears the
 # count. The operator unlocks sooner: manage.py axes_reset_username NAME.
 AXES_FAILURE_LIMIT = 5
+# No INFO line at every process start ("AXES: BEGIN version ..."); lockouts are
+# still logged as warnings.
+AXES_VERBOSE = False
 AXES_COOLOFF_TIME = dt.timedelta(minutes=15)
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True

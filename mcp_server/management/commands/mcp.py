@@ -100,7 +100,8 @@ class Command(BaseCommand):
             host=host,
             port=port,
             workers=processes,
-            log_level="info",
+            # The portal's level (manage.py up: WARNING unless PORTAL_LOG_LEVEL).
+            log_level=os.environ.get("PORTAL_LOG_LEVEL", "INFO").lower(),
             access_log=False,
         )
         # Bound and listening before the announcement: a client that connects at

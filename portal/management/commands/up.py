@@ -49,7 +49,9 @@ class Command(BaseCommand):
         no_worker: bool,
         **options: Any,
     ) -> None:
-        up = Up(stdout=self.stdout, stderr=self.stderr)
+        # Enter prints the banner again; a closed stdin (a service, a test) is
+        # simply at its end.
+        up = Up(stdout=self.stdout, stderr=self.stderr, stdin=sys.stdin)
         try:
             code = up.run(
                 port=port,
