@@ -392,6 +392,8 @@ class Up:
         process = subprocess.Popen(  # noqa: S603 (this interpreter, fixed arguments)
             command,
             stdin=subprocess.DEVNULL,
+            # Its two start-up lines (URL, key) are the banner's Witness line.
+            stdout=subprocess.DEVNULL,
             cwd=settings.BASE_DIR,
             env=env,
             preexec_fn=embedded_db.die_with_parent(signal.SIGTERM),
