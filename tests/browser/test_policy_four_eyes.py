@@ -176,8 +176,7 @@ def test_a_tenant_admin_writes_a_four_eyes_policy_and_finance_approves(
     rows = page.locator("#policy-what-if-changes tbody tr")
     assert rows.count() == 2
     changed = {
-        rows.nth(i).locator("a").get_attribute("href").split("/")[-3]
-        for i in range(2)
+        rows.nth(i).locator("a").get_attribute("href").split("/")[-3] for i in range(2)
     }
     assert changed == {recorded["refund-900"], recorded["refund-650"]}
     assert sorted(rows.nth(i).locator("td").nth(5).inner_text() for i in range(2)) == [
