@@ -311,16 +311,9 @@ PORTAL_IDEMPOTENCY_WINDOW_S = int(
 # How long a first delivery may run before a duplicate may take its key over.
 PORTAL_IDEMPOTENCY_LOCK_S = 60
 
-# Django's cache: Redis when configured, per-process memory otherwise. Nothing in
-# the portal relies on it: the API throttle counts in PostgreSQL (portal/api.py,
-# docs/limits.md), the one counter every process shares.
-if os.environ.get("REDIS_URL"):
-    CACHES = {
-        "default": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
-            "LOCATION": os.environ["REDIS_URL"],
-        }
-    }
+# Django's cache stays its default, per-process memory: nothing in the portal uses
+# it. The API throttle counts in PostgreSQL (portal/api.py, docs/limits.md), the one
+# counter every process shares; there is no Redis to configure.
 
 # Celery: RabbitMQ (or any broker URL) when configured; kombu's filesystem transport
 # under var/broker/ otherwise, so one laptop needs no broker service.

@@ -172,7 +172,7 @@ def test_a_placeholder_password_in_a_url_is_refused(
 ) -> None:
     env = _good_environment(tmp_path)
     scheme = {"DATABASE_URL": "postgres", "DATABASE_OWNER_URL": "postgres"}.get(
-        variable, "redis" if variable == "REDIS_URL" else "amqp"
+        variable, "amqp"
     )
     env[variable] = f"{scheme}://portal:change-me@127.0.0.1:1/portal"
 
