@@ -160,6 +160,12 @@ class DeskEvidence:
         return self.names.get(owner, owner) if owner else "—"
 
     @property
+    def settled_as(self) -> str:
+        """What the person did with the escalation: its label and recorded code."""
+        code = self.escalation.resolution if self.escalation else ""
+        return f"{resolution_label(code)} ({code})" if code else "resolved"
+
+    @property
     def version_differs(self) -> bool:
         return self.current_version != self.version_read
 
@@ -515,6 +521,8 @@ def resolution_choices(*, task: Task) -> list[ResolutionChoice]:
 
 
 def resolution_label(resolution: str) -> str:
+    if resolution == takeover.EDITED_AND_EXECUTED:
+        return "Edited the fields and executed"
     for choice in RESOLUTION_CHOICES:
         if choice.value == resolution:
             return choice.label

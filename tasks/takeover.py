@@ -70,6 +70,10 @@ RESOLUTIONS: Final[tuple[str, ...]] = (
     "hand_back",
     "complete",
 )
+# What an escalation records when the person edited the fields and the gateway
+# executed and verified with them (task_human_edit): the task moves as on a hand
+# back, the record says what the person did.
+EDITED_AND_EXECUTED: Final = "edited_and_executed"
 _TASK_AFTER: Final[dict[str, str]] = {
     "verify": TaskState.PENDING,
     "approve": TaskState.PENDING,
@@ -449,8 +453,6 @@ class ResolutionOutcome:
     operation: Operation | None
 
 
-@portal_db.translate_integrity_errors
-@transaction.atomic(durable=True)
 def task_human_resolve(
     *,
     task: Task,
@@ -481,6 +483,34 @@ def task_human_resolve(
         OperationNotFound: the operation is not this task's.
         ApprovalNotAllowed: approving the same input would repeat a refusal.
     """
+    return _resolve(
+        task=task,
+        user=user,
+        resolution=resolution,
+        recorded=resolution,
+        operation_id=operation_id,
+        provider_reference=provider_reference,
+        note=note,
+        trace=trace,
+    )
+
+
+@portal_db.translate_integrity_errors
+@transaction.atomic(durable=True)
+def _resolve(
+    *,
+    task: Task,
+    user: Person,
+    resolution: Resolution | str,
+    recorded: str,
+    operation_id: uuid.UUID | None,
+    provider_reference: str | None,
+    note: str,
+    trace: Trace,
+) -> ResolutionOutcome:
+    """``task_human_resolve``; the escalation and the ``task.resolved`` event record
+    ``recorded``, what the person did (``resolution``, or ``EDITED_AND_EXECUTED``
+    for an edit, which moves the task as a hand back)."""
     if resolution not in RESOLUTIONS:
         raise ValidationFailed(field="resolution", value=str(resolution))
     _require_role(tenant=task.tenant, user=user)
@@ -543,7 +573,7 @@ def task_human_resolve(
     resolved = _move_claimed_task(task=current, to=_TASK_AFTER[resolution])
     Escalation.objects.filter(
         tenant_id=task.tenant_id, task_id=task.pk, resolved_at__isnull=True
-    ).update(resolved_at=Now(), resolved_by_id=user.pk, resolution=resolution)
+    ).update(resolved_at=Now(), resolved_by_id=user.pk, resolution=recorded)
     audit_services.event_append(
         tenant_id=task.tenant_id,
         code=EventCode.TASK_RESOLVED,
@@ -553,7 +583,7 @@ def task_human_resolve(
         reason=current.reason_code,
         trace=trace,
         data={
-            "resolution": resolution,
+            "resolution": recorded,
             "from": "human_claimed",
             "to": resolved.state,
             "provider_reference": provider_reference,
@@ -584,7 +614,8 @@ def task_human_edit(
     runs every check again (contract, fields, target, permission, version) and calls
     the remote system under the operation's own idempotency key, with the person as
     actor, so at most one side effect exists whoever executes. On ``verified`` the
-    task goes back to automation (``hand_back`` with the note) to finish its
+    task goes back to automation (as on ``hand_back``, recorded on the escalation
+    and the ``task.resolved`` event as ``edited_and_executed``) to finish its
     workflow; otherwise the person keeps the claim, and a refusal leaves a new
     escalation with its evidence.
 
@@ -616,11 +647,13 @@ def task_human_edit(
         trace=_on_task_trace(task, trace),
     )
     if result.outcome == "verified":
-        resolved = task_human_resolve(
+        resolved = _resolve(
             task=task,
             user=user,
             resolution="hand_back",
+            recorded=EDITED_AND_EXECUTED,
             operation_id=operation_id,
+            provider_reference=None,
             note=note or "executed with values a person gave; verified",
             trace=trace,
         )

@@ -126,7 +126,9 @@ def test_support_edits_a_stale_field_and_the_desk_makes_one_ticket(
     assert list(edits) == [("user", str(sam.pk))] * 2  # the refused one and this
     first_rows = page.locator("#desk-timeline tr").nth(1).inner_text()
     assert "task.resolved" in first_rows and "sam" in first_rows
-    assert "settled: hand_back by sam" in page.inner_text("#desk-evidence-settled")
+    assert (
+        "settled: Edited the fields and executed (edited_and_executed) by sam"
+    ) in page.inner_text("#desk-evidence-settled")
     page.screenshot(path=str(REPORTS / "desk-edit-done.png"))
     page.locator("#desk-timeline").screenshot(
         path=str(REPORTS / "desk-edit-timeline.png")

@@ -215,7 +215,16 @@ def test_support_edits_the_stale_email_and_the_desk_makes_exactly_one_ticket(
     assert [f["name"] for f in edited.payload["fields"]] == ["email", "plan"]
     assert "ana.new@example.com" not in str(edited.payload)  # names and times only
     resolved = Event.objects.get(task_id=task.pk, code=EventCode.TASK_RESOLVED)
-    assert resolved.payload["resolution"] == "hand_back"
+    # recorded as what sam did, not as a hand back (the task moves as on one)
+    assert resolved.payload["resolution"] == "edited_and_executed"
+    assert set(
+        Escalation.objects.filter(task_id=task.pk).values_list("resolution", flat=True)
+    ) == {"edited_and_executed"}
+    # and the task's story says so, to a reviewer
+    rita = make_person("rita", {world.tenant: Role.REVIEWER})
+    story = as_(rita).get(f"/admin/tasks/task/{task.pk}/change/").content.decode()
+    assert re.search(r"<td>edited_and_executed</td>\s*<td>sam</td>", story)
+    assert "<dt>resolution</dt><dd>edited_and_executed</dd>" in story
     # the page, still readable, shows the step by name
     assert re.search(
         r"operation\.fields_edited</td>\s*<td>sam</td>", response.content.decode()
@@ -514,6 +523,8 @@ def test_hand_back_asks_what_to_read_again(world: World, claimed):
     resolved = Event.objects.get(task_id=task.pk, code=EventCode.TASK_RESOLVED)
     assert resolved.payload["note"] == "read the e-mail from the CRM again"
     assert world.tickets() == 0  # the agent's next execute makes the call
+    assert resolved.payload["resolution"] == "hand_back"
+    assert Escalation.objects.get(task_id=task.pk).resolution == "hand_back"
 
 
 @pytest.mark.django_db
