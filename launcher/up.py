@@ -487,6 +487,16 @@ class Up:
         """
         web_deadline: float | None = time.monotonic() + WEB_START_TIMEOUT
         asked = threading.Event()
+
+        def banner() -> None:
+            self._banner(
+                port=port,
+                server=server,
+                secret=secret,
+                desk_url=desk_url,
+                mcp_url=mcp_url,
+            )
+
         while True:
             if server is not None and (returncode := server.poll()) is not None:
                 self._say(f"PostgreSQL exited with code {returncode}; stopping")
@@ -498,13 +508,7 @@ class Up:
             if web_deadline is not None:
                 if _accepts_connections(port):
                     web_deadline = None
-                    self._banner(
-                        port=port,
-                        server=server,
-                        secret=secret,
-                        desk_url=desk_url,
-                        mcp_url=mcp_url,
-                    )
+                    banner()
                     if self.stdin is not None:
                         threading.Thread(
                             target=_wait_for_enter,
@@ -517,13 +521,7 @@ class Up:
                     return 1
             elif asked.is_set():
                 asked.clear()
-                self._banner(
-                    port=port,
-                    server=server,
-                    secret=secret,
-                    desk_url=desk_url,
-                    mcp_url=mcp_url,
-                )
+                banner()
             time.sleep(_POLL_SECONDS)
 
     def _stop_children(self, children: list[Child]) -> None:
