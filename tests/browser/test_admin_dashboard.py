@@ -1,11 +1,10 @@
 """The admin's front page in Chromium, as the demo reviewer and as staff with no
-tenant; and the API docs rendered with the network cut off but for this server."""
+tenant. (The API docs offline: tests/browser/test_api_docs_offline.py.)"""
 
 from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pytest
 from django.contrib.auth.models import User
@@ -144,47 +143,3 @@ def test_staff_without_a_tenant_is_told_whom_to_ask(page, live_server, demo):
     assert page.locator("#dashboard").count() == 0
     page.set_viewport_size({"width": 1366, "height": 600})
     page.screenshot(path=str(REPORTS / "admin-dashboard-no-tenant.png"))
-
-
-def _offline(page, live_server) -> list[str]:
-    """Cut every request to a host other than this server; return what was cut."""
-    own = urlsplit(live_server.url).hostname
-    blocked: list[str] = []
-
-    def route(request_route) -> None:
-        url = request_route.request.url
-        if urlsplit(url).hostname == own:
-            request_route.continue_()
-        else:
-            blocked.append(url)
-            request_route.abort()
-
-    page.route("**/*", route)
-    return blocked
-
-
-def test_swagger_ui_renders_offline(page, live_server):
-    blocked = _offline(page, live_server)
-
-    page.goto(f"{live_server.url}/api/docs/")
-
-    page.locator(".swagger-ui .info .title").wait_for()
-    assert "Agent governance portal API" in page.inner_text(".swagger-ui .info")
-    page.locator(".swagger-ui .opblock").first.wait_for()
-    assert page.locator(".swagger-ui .opblock").count() >= 15
-    assert blocked == []
-    page.screenshot(path=str(REPORTS / "api-docs-offline.png"))
-
-
-def test_redoc_renders_offline(page, live_server):
-    blocked = _offline(page, live_server)
-
-    page.goto(f"{live_server.url}/api/redoc/")
-
-    title = page.locator("h1", has_text="Agent governance portal API")
-    title.wait_for()
-    assert page.get_by_text("contracts_list").count() >= 1
-    # The Redoc bundle's own "API docs by Redocly" footer asks for its logo from
-    # Redocly's CDN; offline it is missing and nothing else is.
-    assert {urlsplit(url).path for url in blocked} <= {"/redoc/logo-mini.svg"}
-    page.screenshot(path=str(REPORTS / "api-redoc-offline.png"))

@@ -87,7 +87,7 @@ def test_the_docs_pages_reference_no_external_host(client, page):
 @pytest.mark.parametrize("page", ["/api/docs/", "/api/redoc/"])
 def test_the_sidecar_assets_are_static_files_of_this_server(client, settings, page):
     # collectstatic (``manage.py up``) gathers what the finders find; WhiteNoise
-    # serves it. tests/browser/test_admin_dashboard.py loads them for real.
+    # serves it. tests/browser/test_api_docs_offline.py loads them for real.
     html = client.get(page).content.decode()
     parser = _References()
     parser.feed(html)
