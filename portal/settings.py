@@ -259,6 +259,8 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
+# The admin shows times to the second with the zone (console/formats/en/formats.py).
+FORMAT_MODULE_PATH = ["console.formats"]
 
 STATIC_URL = "static/"
 STATIC_ROOT = Path(os.environ.get("DJANGO_STATIC_ROOT", BASE_DIR / "staticfiles"))

@@ -178,6 +178,10 @@ class TenantScopedAdmin(admin.ModelAdmin):
         for field in saved._meta.concrete_fields:
             setattr(obj, field.attname, getattr(saved, field.attname))
 
+    def row_name(self, row: Model) -> str:
+        """How an action's message names a row; its ``str`` unless an admin says."""
+        return str(row)
+
     def run_service(
         self,
         request: HttpRequest,
@@ -185,16 +189,18 @@ class TenantScopedAdmin(admin.ModelAdmin):
         change: Any,
         done: str,
     ) -> None:
-        """Apply ``change(row)`` to each row the person may manage; report each."""
+        """Apply ``change(row)`` to each row the person may manage; report each,
+        by ``row_name`` (the message keeps the name's case: admin/base_site.html)."""
         allowed = self.manageable(request, queryset)
         skipped = queryset.count() - allowed.count()
         for row in allowed.order_by("pk"):
+            name = self.row_name(row)
             try:
                 change(row)
             except PortalError as error:
-                self.message_user(request, f"{row}: {error.detail}", messages.ERROR)
+                self.message_user(request, f"{name}: {error.detail}", messages.ERROR)
             else:
-                self.message_user(request, f"{row}: {done}.")
+                self.message_user(request, f"{name}: {done}.")
         if skipped:
             self.message_user(
                 request,

@@ -1,0 +1,120 @@
+"""The console's lists and messages as a tenant administrator reads them, in Chromium
+(issue 24 §1): a message keeps an object's case ("walk-refund v1: published.", not
+"Walk-refund v1 (draft): published."), list times carry seconds and the zone, the
+outbox list keeps a long error inside its box at 1,400 px, and the connector list
+links nowhere that 404s. Never a superuser; another tenant's administrator sees
+none of these rows."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from audit.models import Outbox, OutboxState
+from portal import services as portal_services
+from portal.models import AgentKey, Role
+from tasks import services as task_services
+from tasks.models import Contract
+from tests.browser.conftest import PASSWORD, log_in
+from tests.console.test_desk import make_person
+from tests.gateway.conftest import SPEC
+from tests.support.outbound import allow as outbound_allow
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ROOT = Path(__file__).resolve().parents[2]
+REPORTS = ROOT / "reports"
+SECONDS = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC")
+LONG_ERROR = "broker unreachable: amqp://" + "x" * 400 + "/vhost"
+
+
+def act(page, action: str, value: str) -> str:
+    page.check(f"input[name=_selected_action][value='{value}']")
+    page.select_option("select[name=action]", action)
+    page.click("button[name=index]")
+    page.wait_for_selector("ul.messagelist")
+    return page.inner_text("ul.messagelist")
+
+
+def test_a_tenant_admin_reads_messages_times_the_outbox_and_connectors(
+    page, live_server, tenant, other_tenant, settings, monkeypatch
+):
+    # Given a tenant admin (not a superuser), a draft contract, a key and a connector
+    ada = make_person("ada", {tenant: Role.ADMIN}, password=PASSWORD)
+    assert not ada.is_superuser
+    agent = portal_services.agent_create(tenant=tenant, name="triage-bot")
+    key = portal_services.agent_key_issue(agent=agent).key
+    draft = task_services.contract_create(tenant=tenant, key="walk-refund", spec=SPEC)
+    assert draft.status == "draft"
+    outbound_allow(settings, monkeypatch, "http://127.0.0.1:9")
+    task_services.connector_save(
+        tenant=tenant, target="ticket-desk", values={"base_url": "http://127.0.0.1:9"}
+    )
+    page.set_viewport_size({"width": 1400, "height": 900})
+    log_in(page, live_server, "ada")
+
+    # When she publishes the draft and revokes the key, the messages keep the case
+    page.goto(f"{live_server.url}/admin/tasks/contract/")
+    assert act(page, "publish_versions", str(draft.pk)) == "walk-refund v1: published."
+    assert Contract.objects.get(pk=draft.pk).status == "published"
+    page.goto(f"{live_server.url}/admin/portal/agentkey/")
+    assert act(page, "revoke_keys", str(key.pk)) == f"{key.prefix}…: revoked."
+
+    # and the lists show times to the second, with the zone
+    for column in ("created_at", "revoked_at"):
+        shown = page.inner_text(f"#result_list tbody tr td.field-{column}")
+        assert SECONDS.fullmatch(shown.strip()), (column, shown)
+    assert not re.search(r"[ap]\.m\.", page.inner_text("#result_list"))
+    page.locator("#changelist").screenshot(path=str(REPORTS / "agent-keys-times.png"))
+
+    # The connector list shows its base URL as text: no link to the desk's root
+    page.goto(f"{live_server.url}/admin/tasks/connector/")
+    row = page.locator("#result_list tbody tr").first
+    assert "http://127.0.0.1:9" in row.inner_text()
+    hrefs = row.locator("a").evaluate_all("links => links.map(a => a.href)")
+    assert hrefs and all("/admin/tasks/connector/" in href for href in hrefs), hrefs
+
+    # The outbox list keeps a long unbroken error inside its box at 1,400 px
+    row_id = Outbox.objects.filter(tenant=tenant).order_by("id").values("id")[:1]
+    Outbox.objects.filter(pk__in=row_id).update(
+        state=OutboxState.DEAD, attempts=8, last_error=LONG_ERROR
+    )
+    page.goto(f"{live_server.url}/admin/audit/outbox/?state__exact=dead")
+    page.wait_for_selector("#result_list")
+    widths = page.evaluate(
+        """() => ({
+            page: document.documentElement.scrollWidth,
+            view: window.innerWidth,
+            results: document.querySelector('#changelist .results').getBoundingClientRect().right,
+            table: document.querySelector('#result_list').getBoundingClientRect().right,
+            filter: document.querySelector('#changelist-filter').getBoundingClientRect().left,
+        })"""
+    )
+    assert widths["page"] <= widths["view"], widths  # nothing cut off to the right
+    assert widths["results"] <= widths["filter"], widths  # not under the filter
+    # and the error is read whole, not cut at the box's edge (it wraps)
+    assert widths["table"] <= widths["results"] + 1, widths
+    assert SECONDS.search(page.inner_text("#result_list .field-created_at"))
+    page.screenshot(path=str(REPORTS / "outbox-long-error.png"), full_page=True)
+    page.screenshot(
+        path=str(ROOT / "docs" / "screenshots" / "admin-outbox-monitor.png"),
+        full_page=True,
+    )
+
+    # Another tenant's administrator sees none of these rows
+    page.context.clear_cookies()
+    make_person("bob", {other_tenant: Role.ADMIN}, password=PASSWORD)
+    log_in(page, live_server, "bob")
+    for path in (
+        "tasks/connector",
+        "audit/outbox",
+        "tasks/contract",
+        "portal/agentkey",
+    ):
+        page.goto(f"{live_server.url}/admin/{path}/")
+        text = page.inner_text("#content")
+        assert "walk-refund" not in text and "127.0.0.1:9" not in text, path
+        assert key.prefix not in text and "amqp://xxxx" not in text, path
+    assert AgentKey.objects.get(pk=key.pk).revoked_at is not None
