@@ -1,4 +1,4 @@
-"""Celery jobs of the audit app (STYLE.md R10: thin, one service call, idempotent)."""
+"""Celery jobs of the audit app (docs/style.md R10: thin, one call, idempotent)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The outbox relay: claim due rows, publish them with confirms, record each outcome.
 
-STYLE.md R9, and docs/outbox.md for the operator's view. One relay pass:
+docs/style.md R9, and docs/outbox.md for the operator's view. One relay pass:
 
 1. **Claim** (one short durable transaction): lock due ``pending`` rows with
    ``FOR UPDATE SKIP LOCKED``, lease them by pushing ``available_at`` out by
@@ -71,7 +71,7 @@ RELAY_JOB_NAME: Final = "audit.jobs.relay_outbox_job"
 NUDGE_EXPIRES_S: Final = 30.0
 # After a failed nudge, this process sends none for a while (beat covers the gap).
 NUDGE_PAUSE_AFTER_FAILURE_S: Final = 5.0
-# Named points where tests crash the relay (STYLE.md R18); no-ops otherwise.
+# Named points where tests crash the relay (docs/style.md R18); no-ops otherwise.
 # after_claim: once per batch; after_publish, after_record: once per wave.
 FAULT_POINTS: Final = ("after_claim", "after_publish", "after_record")
 

@@ -292,7 +292,7 @@ Method:
   `BEGIN … COMMIT`, without argument checks, redaction or model building. Django's
   connection is configured by the settings: server-side binding, statements
   prepared after five uses (`PORTAL_DB_PREPARE_THRESHOLD`). *Plain ORM* is
-  STYLE.md R4's readable form (read, guarded `update()`, `Event` and `Outbox` via
+  docs/style.md R4's readable form (read, guarded `update()`, `Event` and `Outbox` via
   `create()`, `refresh_from_db()`).
 {what_if}- Transition: each client moves its own prepared, leased `running` tasks to
   `succeeded`. Reservation: each client reserves new keys on its own leased task

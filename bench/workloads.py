@@ -476,7 +476,7 @@ def orm_task_transition(
     lease_token: int,
     actor: Actor,
 ) -> Task:
-    """STYLE.md R4's readable ORM form of ``task_transition``, same guarantees.
+    """docs/style.md R4's readable ORM form of ``task_transition``, same guarantees.
 
     Five statements: read, guarded update, event, outbox row, read back.
     """

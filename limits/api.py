@@ -1,7 +1,7 @@
 """The kill switch over HTTP: the staff endpoints, and the record of frozen callers.
 
 ``portal.api.AgentKeyAuthentication`` refuses a frozen agent or tenant before any
-view runs; portal's base modules write no events (STYLE.md R1), so the denial is
+view runs; portal's base modules write no events (docs/style.md R1), so the denial is
 written here, where the answer is made, in a transaction of its own.
 """
 

@@ -1,4 +1,4 @@
-"""Reads of a tenant's policy sets; every one takes the tenant first (STYLE.md R3)."""
+"""Reads of a tenant's policy sets; each takes the tenant first (docs/style.md R3)."""
 
 from __future__ import annotations
 

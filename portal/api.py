@@ -395,7 +395,7 @@ class PortalApi(APIView):
     """What every endpoint shares: traces, validation, and no queries in views.
 
     ``get_queryset``/``get_object`` are refused at class creation, so every read
-    goes through a selector that requires the tenant (STYLE.md R11).
+    goes through a selector that requires the tenant (docs/style.md R11).
     """
 
     trace: Trace
@@ -410,7 +410,7 @@ class PortalApi(APIView):
             if name in cls.__dict__:
                 raise TypeError(
                     f"{cls.__name__}.{name}: API views hold no queries; call a "
-                    "selector with the tenant instead (STYLE.md R11)."
+                    "selector with the tenant instead (docs/style.md R11)."
                 )
 
     def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:

@@ -1,7 +1,8 @@
 """Stable reason codes: in events, API errors and the takeover queue.
 
 Append only; never rename or reuse a code. The list is copied into CHECK constraints by
-migrations (STYLE.md R7); ``tests/db/test_copies.py`` checks every copy.
+migrations (docs/style.md R7); ``tests/db/test_constraints.py``
+(``test_database_enums_equal_the_python_enums``) checks every copy.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Transaction guards and the one place database errors become domain errors.
 
 ``require_transaction`` and ``forbid_transaction`` are the only transaction helpers
-(STYLE.md R5). Both ignore the atomic blocks that Django's test cases wrap around each
-test (their private ``_from_testcase`` flag, read nowhere else), so tests see the same
-guard behaviour as production.
+(docs/style.md R5). Both ignore the atomic blocks that Django's test cases wrap
+around each test (their private ``_from_testcase`` flag, read nowhere else), so tests
+see the same guard behaviour as production.
 """
 
 from __future__ import annotations

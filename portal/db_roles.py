@@ -113,7 +113,7 @@ GRANT INSERT ON tenant_deletion_tombstone TO {app};
 """
 )
 
-# Only the test suite moves the database clock (RELIABILITY.md D.2).
+# Only the test suite moves the database clock (docs/invariants.md, "The one clock").
 TEST_CLOCK_GRANT: Final = """
 GRANT EXECUTE ON FUNCTION portal_set_clock_offset(interval) TO {app};
 GRANT EXECUTE ON FUNCTION portal_reset_clock_offset() TO {app};

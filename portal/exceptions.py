@@ -1,4 +1,4 @@
-"""The one error hierarchy (STYLE.md R12).
+"""The one error hierarchy (docs/style.md R12).
 
 The first docstring line is the default ``detail``; keyword arguments become extension
 members of the problem+json answer; ``code`` is a reason code or an API-only code.
@@ -97,7 +97,7 @@ class TransactionForbidden(PortalError):
 
     If you're hitting this, a caller wrapped a network call in ``atomic()``. Reserve and
     commit first, make the call with no transaction open, then record the result in a
-    new transaction (STYLE.md R5).
+    new transaction (docs/style.md R5).
     """
 
     code = "TRANSACTION_FORBIDDEN"

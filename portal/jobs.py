@@ -1,4 +1,4 @@
-"""Celery jobs of the portal app (STYLE.md R10: thin, ids in, one call, idempotent)."""
+"""Celery jobs of the portal app (docs/style.md R10: thin, ids in, idempotent)."""
 
 from __future__ import annotations
 

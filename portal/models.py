@@ -1,8 +1,8 @@
 """Tenancy and identity: tenants, agents and their keys, memberships.
 
 Every tenant-owned table has ``UNIQUE (tenant_id, id)`` so that children can point at
-it with a composite foreign key (DESIGN.md invariant 1); the composite keys themselves
-are added by hand-written migrations.
+it with a composite foreign key (docs/architecture.md, invariant 1); the composite
+keys themselves are added by hand-written migrations.
 """
 
 from __future__ import annotations

@@ -337,7 +337,7 @@ def _require_desk_role(*, tenant: Tenant, user: Person) -> None:
 # --- The SLA clock ------------------------------------------------------------------
 
 # An escalation is done when its app says so: routing reads the item's table by name
-# (no import of tasks, STYLE.md R1), as audit names tasks by id.
+# (no import of tasks, docs/style.md R1), as audit names tasks by id.
 _CLOSE_RESOLVED: Final = """
 UPDATE routing_assignment a SET closed_at = e.resolved_at
 FROM tasks_escalation e

@@ -1,4 +1,4 @@
-"""The field-contract spec and its JSON Schema (the seed's contract, DESIGN.md)."""
+"""The field-contract spec and its JSON Schema (docs/architecture.md, domain model)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Execute an operation now, or authorise it now and hand the call to a worker.
 
-What the execute endpoint asks of the gateway, out of the view (STYLE.md R11): whether
-the caller wants an asynchronous answer, the gateway's execute, and the nudge that
-starts a queued run on a Celery worker.
+What the execute endpoint asks of the gateway, out of the view (docs/style.md R11):
+whether the caller wants an asynchronous answer, the gateway's execute, and the nudge
+that starts a queued run on a Celery worker.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Celery jobs of the task domain (STYLE.md R10: thin, ids in, idempotent)."""
+"""Celery jobs of the task domain (docs/style.md R10: thin, ids in, idempotent)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Writes of tasks, leases, operations and contracts.
 
 Each use-case service is one durable transaction that writes the state change, one
-event and (through ``event_append``) one outbox row together (STYLE.md R4, R5).
+event and (through ``event_append``) one outbox row together (docs/style.md R4, R5).
 
 The hot paths (transition, lease, claim, reserve, outcome) are hand-written single
 statements: the guard, the write and the read-back happen in one round trip, so a

@@ -10,7 +10,7 @@ statement then only touches rows whose current state is one of the move's source
 by one exactly when the state changes. The ``tasks_task_guard_trg`` trigger
 (migration ``tasks/0002``) is the second wall.
 
-Hot paths stay one data-modifying statement per call (STYLE.md R4): each caller
+Hot paths stay one data-modifying statement per call (docs/style.md R4): each caller
 declares its statement once, as a ``TaskStateWrite`` (its own guard, extra
 assignments for lease, reason or step, and an optional ``WITH`` that picks rows
 ``FOR UPDATE SKIP LOCKED``); the state guard and the state change themselves are

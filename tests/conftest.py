@@ -58,7 +58,7 @@ def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[N
     """After the owner migrated: the test clock for the app role, then connect as it.
 
     Fails the run when the tests' connection is not the app role, so no test can
-    pass by the owner's or a superuser's power (RELIABILITY.md S01).
+    pass by the owner's or a superuser's power (docs/database-roles.md).
     """
     with django_db_blocker.unblock():
         with (

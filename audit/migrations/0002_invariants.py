@@ -1,4 +1,5 @@
-"""Events are append-only and bounded (DESIGN.md 5 and 7); outbox rows stay in tenant.
+"""Events are append-only and bounded (docs/architecture.md, invariants 5 and 7);
+outbox rows stay in tenant.
 
 The one exception to append-only is the purge path in
 ``tenant_deletion/services.py``, which sets ``portal.purge`` for its own transaction

@@ -1,8 +1,9 @@
 """Composite keys and row-level security for the limits (docs/limits.md).
 
 Every limit points at its agent, and every usage row at its limit, by
-``(tenant_id, …)`` (DESIGN.md invariant 1); a usage row goes with its limit. Each
-table gets the scope policy every tenant-owned table has (tasks migration 0017).
+``(tenant_id, …)`` (docs/architecture.md, invariant 1); a usage row goes with its
+limit. Each table gets the scope policy every tenant-owned table has (tasks migration
+0017).
 """
 
 from __future__ import annotations

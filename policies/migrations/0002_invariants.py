@@ -1,11 +1,11 @@
 """A published policy set never changes; row-level security (docs/policies.md).
 
-Like a contract version (DESIGN.md invariant 8): a draft may be edited or dropped;
-``draft -> published`` is the one move out of draft; a published version may only be
-retired (``retired_at`` set with it); a retired one is frozen. Deleting a published
-or retired version is the tenant deletion's alone: it runs as the operator role
-(``tenant_deletion``, docs/tenant-deletion.md), so the trigger lets a member of that
-role (or the owner) delete, and refuses the app role.
+Like a contract version (docs/architecture.md, invariant 8): a draft may be edited or
+dropped; ``draft -> published`` is the one move out of draft; a published version may
+only be retired (``retired_at`` set with it); a retired one is frozen. Deleting a
+published or retired version is the tenant deletion's alone: it runs as the operator
+role (``tenant_deletion``, docs/tenant-deletion.md), so the trigger lets a member of
+that role (or the owner) delete, and refuses the app role.
 
 The table gets the scope policy every tenant-owned table has (tasks migration 0017).
 """

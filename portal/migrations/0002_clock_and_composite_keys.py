@@ -2,7 +2,7 @@
 
 ``app_now()`` is the clock for every lease and expiry comparison. It is the statement
 time, shifted by the ``portal.clock_offset`` setting that only tests set, so Python and
-SQL agree on time in tests that move it (RELIABILITY.md D.2).
+SQL agree on time in tests that move it (docs/invariants.md, "The one clock").
 """
 
 from __future__ import annotations

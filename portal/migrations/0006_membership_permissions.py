@@ -2,7 +2,7 @@
 
 From 0005 on, ``services.membership_write`` keeps the permissions in step with the
 role; memberships made before need them once. The role table is copied here (no app
-imports in migrations, STYLE.md R7); ``tests/unit/portal/test_roles.py`` checks the
+imports in migrations, docs/style.md R7); ``tests/unit/portal/test_roles.py`` checks the
 copy equals ``portal.roles.ROLE_PERMISSIONS``.
 """
 

@@ -1,7 +1,8 @@
 """Agent endpoints: tasks, leases, transitions, events, operations, object versions.
 
 Authenticated by the agent's Bearer key; the tenant always comes from the key. One
-view per operation; each validates, calls one service and serialises (STYLE.md R11).
+view per operation; each validates, calls one service and serialises
+(docs/style.md R11).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Request and response shapes shared by the task API's views (plain serializers).
 
-Output serializers only read attributes; nothing here queries or writes (STYLE.md
+Output serializers only read attributes; nothing here queries or writes (docs/style.md
 R2, R11). A view's own input, filter and path serializers stay nested in the view.
 """
 

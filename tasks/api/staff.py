@@ -1,7 +1,7 @@
 """Staff endpoints (people, session-authenticated): human takeover, contract changes.
 
 ``StaffApi`` authenticates the Django session and checks CSRF; each service checks the
-person's role in the tenant (STYLE.md R13). One view per operation (R11).
+person's role in the tenant (docs/style.md R13). One view per operation (R11).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Database invariants Django cannot express (DESIGN.md 1, 3, 6 and 8).
+"""Database invariants Django cannot express (docs/architecture.md, 1, 3, 6 and 8).
 
-Constants are copied in, not imported (STYLE.md R7); tests/db/test_transitions.py
+Constants are copied in, not imported (docs/style.md R7); tests/db/test_transitions.py
 proves these tables equal ``TASK_TRANSITIONS`` and ``OPERATION_TRANSITIONS``.
 Every trigger raises with a CONSTRAINT name, so errors translate like constraints.
 """

@@ -1,6 +1,6 @@
 """Races between real connections: threads, each with its own PostgreSQL session,
-lined up on a barrier (STYLE.md R18). Sizes are parameters: PORTAL_RACE_SCALE=10 runs
-the same tests ten times larger by hand.
+lined up on a barrier (docs/style.md R18). Sizes are parameters: PORTAL_RACE_SCALE=10
+runs the same tests ten times larger by hand.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """``manage.py load_scale_data``: a small load keeps every database invariant.
 
 The load goes through COPY with triggers and foreign keys in force; these tests read
-the result back with raw SQL, as STYLE.md R17 asks, rather than trusting the loader.
+the result back with raw SQL, as docs/style.md R17 asks, rather than trusting the
+loader.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The redaction canary (issue 9 §4, RELIABILITY.md S10): secrets and personal data
+"""The redaction canary (issue 9 §4, docs/redaction.md): secrets and personal data
 planted in everything an agent or a person controls never reach a sink.
 
 Canaries (fresh random values each run, one per detector family) go into task

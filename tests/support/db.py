@@ -22,7 +22,7 @@ from portal import db_roles
 
 @contextmanager
 def db_clock_offset(offset: float | str) -> Iterator[None]:
-    """Move ``app_now()`` for this thread's connection (RELIABILITY.md D.2).
+    """Move ``app_now()`` for this thread's connection (docs/invariants.md, the clock).
 
     Through the owner's ``portal_set_clock_offset``, which only the test suite's app
     role may execute; ``offset`` is seconds or an interval such as ``'6 minutes'``.

@@ -1,4 +1,4 @@
-"""The apps' imports point down only (STYLE.md R1): tasks → audit → portal.
+"""The apps' imports point down only (docs/style.md R1): tasks → audit → portal.
 
 Read from the source with ``ast``, so an import inside a function or under
 ``TYPE_CHECKING`` counts as much as one at the top of a module. What spans every app

@@ -1,6 +1,6 @@
 """Every lookup by primary key in ``tasks/`` and ``audit/`` names its tenant too.
 
-STYLE.md R3: a query without ``tenant`` is a smell, and a bare-``pk`` lookup is the
+docs/style.md R3: a query without ``tenant`` is a smell, and a bare-``pk`` lookup is the
 easiest one to write by accident (a row loaded in one place, looked up again
 somewhere else by its id alone). This test reads the source, not the database: it
 finds each queryset call ``.get(``/``.filter(``/``.exclude(`` (and the other

@@ -1,4 +1,4 @@
-"""Fault tests of the relay (RELIABILITY.md R10, R12, R14): real processes, SIGKILL,
+"""Fault tests of the relay (docs/outbox.md, "Tests"): real processes, SIGKILL,
 a RabbitMQ node stopped under load, and a real Celery worker.
 
 Each prints its figures and writes reports/<test>.json.

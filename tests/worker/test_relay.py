@@ -1,4 +1,4 @@
-"""The outbox relay against real RabbitMQ and PostgreSQL (STYLE.md R9, R18).
+"""The outbox relay against real RabbitMQ and PostgreSQL (docs/style.md R9, R18).
 
 Publishing with confirms, many relays at once, backoff and dead rows, a writer that
 dies after its commit, the commit-hook nudge, and the consumer's inbox.
@@ -229,9 +229,10 @@ def test_four_relays_publish_2000_rows_once_each_in_task_order(
 def test_rows_committed_out_of_id_order_are_neither_skipped_nor_reordered(
     tenant: Tenant, event_queue: EventQueue
 ) -> None:
-    """RELIABILITY.md R09 (CI smoke, smaller): eight writers hold each transaction open
-    for a random while after the insert, so commits land out of id order, while two
-    relays run. Every row is published exactly once and each task keeps its order."""
+    """The outbox gap test (docs/outbox.md, "Tests"; smaller): eight writers hold each
+    transaction open for a random while after the insert, so commits land out of id
+    order, while two relays run. Every row is published exactly once and each task
+    keeps its order."""
     rng = random.Random(20261130)
     print("seed 20261130")
     writers, per_writer = 8, 60
