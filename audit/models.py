@@ -102,7 +102,7 @@ class Event(models.Model):
 
     id = models.UUIDField(primary_key=True, default=new_id, editable=False)
     # No index of its own: every index of the table leads with tenant_id, and each
-    # one more costs every append (docs/performance.md).
+    # one more costs every append (docs/performance-log.md, issue 11).
     tenant = models.ForeignKey(
         "portal.Tenant", on_delete=models.PROTECT, db_index=False
     )
@@ -553,7 +553,7 @@ class Outbox(models.Model):
     id = models.UUIDField(primary_key=True, default=new_id, editable=False)
     # Neither has an index of its own: (tenant_id, id), (tenant_id, key) and
     # (tenant_id, event_id) are unique and serve every lookup, and each index more
-    # costs every append (docs/performance.md).
+    # costs every append (docs/performance-log.md, issue 11).
     tenant = models.ForeignKey(
         "portal.Tenant", on_delete=models.PROTECT, db_index=False
     )

@@ -5,7 +5,7 @@
 
 A discrete-event simulation (standard library only, seeded) of the portal as a network
 of FIFO multi-server queues. Every cost in it is a CPU time per operation or a
-per-relay rate measured by the benchmarks in docs/performance.md (``FIGURES`` names
+per-relay rate measured by the benchmarks in docs/performance-log.md (``FIGURES`` names
 each one and its table); nothing else is fitted. What it is not: a benchmark. It says
 which resource runs out first and how queue age behaves past that point, under the
 assumptions printed with its output.
@@ -55,7 +55,7 @@ class Figure:
     source: str
 
 
-# Measured single-node figures, docs/performance.md (2 CPUs, PostgreSQL on the host),
+# Measured single-node figures, docs/performance-log.md (2 CPUs, PostgreSQL on host),
 # 4 clients, CPU per operation in microseconds: "client" is the process running the
 # portal's Python, "server" the PostgreSQL backends (or, for the API, gunicorn's
 # workers and the backends together).
@@ -476,7 +476,7 @@ def render(runs: Sequence[RunReport], command: str, today: float) -> str:
         command,
         "```",
         "",
-        "Inputs, all from docs/performance.md (2 CPUs; its tables' 4-client rows):",
+        "Inputs, all from docs/performance-log.md (2 CPUs; its tables' 4-client rows):",
         "",
     ]
     for name, figure in FIGURES.items():

@@ -87,7 +87,8 @@ _AGENT_FIELDS, _AGENT_COLUMNS = portal_db.returning_columns(Agent, "a")
 _TENANT_FIELDS, _TENANT_COLUMNS = portal_db.returning_columns(Tenant, "t")
 # The key, its agent and the agent's tenant in one fixed statement: it runs on every
 # API request, and building the equal ORM query (two joins and an annotation) cost
-# about as much client CPU as the rest of the authentication (docs/performance.md).
+# about as much client CPU as the rest of the authentication
+# (docs/performance-log.md, "One round trip for BEGIN and the scope").
 _KEY_BY_PREFIX = f"""
 SELECT {_KEY_COLUMNS}, {_AGENT_COLUMNS}, {_TENANT_COLUMNS},
        k.expires_at IS NOT NULL AND k.expires_at <= app_now()
@@ -117,7 +118,8 @@ def _agent_key_by_prefix(prefix: str) -> tuple[AgentKey, bool] | None:
 
 # One fixed statement rather than an ORM query: it runs on every reservation and
 # gateway execution, and building the query cost more client CPU than the rest of a
-# reservation (docs/performance.md); fixed text is also prepared once per connection.
+# reservation (docs/performance-log.md, issue 11); fixed text is also prepared once
+# per connection.
 _AGENT_MAY = f"""
 SELECT EXISTS (
     SELECT 1 FROM {AgentGrant._meta.db_table}

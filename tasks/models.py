@@ -134,7 +134,7 @@ class Task(models.Model):
     id = models.UUIDField(primary_key=True, default=new_id, editable=False)
     # No index of its own: every index of the table leads with tenant_id, and a
     # state change (never a HOT update: state and lease columns are indexed) adds
-    # an entry to each (docs/performance.md).
+    # an entry to each (docs/performance-log.md, issue 11).
     tenant = models.ForeignKey(
         "portal.Tenant", on_delete=models.PROTECT, db_index=False
     )

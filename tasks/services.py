@@ -585,7 +585,7 @@ _CLAIM_NEXT: Final = TaskStateWrite(
 )""",
     # A scalar subquery, not a join with ``next``: the row is then found by its
     # primary key whatever the planner estimates for the CTE (a join let it scan
-    # every pending task of every tenant, docs/performance.md).
+    # every pending task of every tenant, docs/performance-log.md, issue 11).
     where="t.id = (SELECT id FROM next)",
     assignments=(
         "reason_code = NULL",
