@@ -1,7 +1,7 @@
 """Proxy models that give the people's portal its own pages over domain tables.
 
 No table lives here: a proxy only names a second admin page for rows that
-``tasks`` owns (STYLE.md R13: the takeover desk is a proxy-model admin whose only
+``tasks`` owns (docs/style.md R13: the takeover desk is a proxy-model admin whose only
 changes are buttons calling the takeover services).
 """
 

@@ -182,7 +182,7 @@ _database["OPTIONS"] = {
 _database["TEST"] = {"NAME": os.environ.get("PORTAL_TEST_DATABASE", "test_portal")}
 DATABASES = {"default": _database}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-# Each service opens its own durable transaction (STYLE.md R5).
+# Each service opens its own durable transaction (docs/style.md R5).
 ATOMIC_REQUESTS = False
 
 AUTHENTICATION_BACKENDS = [

@@ -1,9 +1,9 @@
 """Tenant deletion: the one privileged purge path (docs/tenant-deletion.md).
 
 The audit trail is append-only and published contract versions are immutable
-(DESIGN.md invariants 5 and 8); their triggers let a row go only when the current
-user owns the table. Nobody who runs the portal owns anything: a deletion removes
-those rows through the owner's ``SECURITY DEFINER`` function
+(docs/architecture.md, invariants 5 and 8); their triggers let a row go only when the
+current user owns the table. Nobody who runs the portal owns anything: a deletion
+removes those rows through the owner's ``SECURITY DEFINER`` function
 ``tenant_deletion_purge`` (this package's migration 0001), which only the operator
 role may execute. ``tenant_delete`` therefore runs on a connection as the operator
 (``manage.py delete_tenant`` opens it); on the app role's it is refused. The

@@ -4,7 +4,7 @@ One module per step (docs/gateway.md has the whole flow):
 
 - ``execute``: the entry points (``operation_execute``, ``operation_run_queued``);
   the ordered checks run as a loop, then the call;
-- ``checks``: the checks of DESIGN.md, one function each, in order (``CHECKS``);
+- ``checks``: the checks of docs/gateway.md, one function each, in order (``CHECKS``);
 - ``call``: the credential, the last-moment checks, the call with no transaction
   open, under the operation's own idempotency key;
 - ``results``: what an execution comes to, and the record of the call's answer;

@@ -1,7 +1,7 @@
 """The gateway's checks, each a function of what the execution knows so far.
 
-``CHECKS`` lists them in the order of DESIGN.md; ``execute.authorize`` runs them as
-a loop. Each returns ``Passed`` (its facts go in a ``gateway.checked`` event), a
+``CHECKS`` lists them in the order of docs/gateway.md; ``execute.authorize`` runs them
+as a loop. Each returns ``Passed`` (its facts go in a ``gateway.checked`` event), a
 ``Refusal`` (the reason and the evidence), or None when it does not apply (no
 event). The first refusal hands the task to a person (``refuse``).
 
