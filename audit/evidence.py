@@ -36,6 +36,13 @@ The bundle also carries the tenant's transparency log's newest signed tree head
 its leaf index and RFC 9162 inclusion proof in that head (``log``): a third party
 checks one event against the signed head without the rest of the trail, and a
 witness that saw later heads can check that they extend it.
+
+Where witnesses (``PORTAL_AUDIT_WITNESSES``) or a TSA (``PORTAL_AUDIT_TSA_URL``)
+are configured, the export also waits, in the same loop and within the same
+bound, for that head's stamps: the worker stores them after its run commits, so
+a head read at once would lack them. ``log.stamps`` says which were expected and
+which had not arrived when the bundle was read (``complete`` false, and a note
+telling the reader to export again); never a silent omission.
 """
 
 from __future__ import annotations
@@ -52,7 +59,7 @@ from django.db import connection, transaction
 
 from portal import process
 
-from . import chain, checkpoints, jobs, merkle, tlog
+from . import chain, checkpoints, jobs, merkle, tlog, witness_client
 from .models import Checkpoint, HeadStamp, LogEntry, RetentionAnchor, TreeHead
 from .verify import EVENT_COLUMNS, row_content
 
@@ -214,7 +221,7 @@ def _log_json(
     # The witnesses' cosignature lines join the note's signatures (C2SP style);
     # RFC 3161 tokens ride beside it (audit/witness_client.py, audit/timestamp.py).
     stamps = list(HeadStamp.objects.filter(tree_head=head).order_by("kind", "signer"))
-    return {
+    log: dict[str, Any] = {
         "format": "c2sp.org/tlog-checkpoint, c2sp.org/signed-note (Ed25519)",
         "tree": "RFC 9162 2.1: leaf = SHA-256(0x00 || event hash bytes), "
         "node = SHA-256(0x01 || left || right)",
@@ -226,6 +233,66 @@ def _log_json(
             for s in stamps
             if s.kind == HeadStamp.Kind.RFC3161
         ],
+    }
+    expected = stamps_expected()
+    if expected:
+        log["stamps"] = _stamps_json(
+            expected, have={(s.kind, s.signer) for s in stamps}
+        )
+    return log
+
+
+def stamps_expected() -> list[tuple[str, str]]:
+    """The stamps a new head gets after its run commits, as ``head_vouch`` asks
+    for them: each configured witness's cosignature and the TSA's token, as
+    ``(kind, signer)``."""
+    try:
+        witnesses = witness_client.configured()
+    except witness_client.WitnessConfigError:
+        witnesses = []  # head_vouch witnesses nothing either (and logs why)
+    expected = [(HeadStamp.Kind.COSIGNATURE.value, w.name) for w in witnesses]
+    if settings.PORTAL_AUDIT_TSA_URL:
+        expected.append((HeadStamp.Kind.RFC3161.value, settings.PORTAL_AUDIT_TSA_URL))
+    return expected
+
+
+def _stamp_name(kind: str, signer: str) -> str:
+    if kind == HeadStamp.Kind.COSIGNATURE:
+        return f"cosignature of witness {signer}"
+    return f"RFC 3161 token of TSA {signer}"
+
+
+def _stamps_json(
+    expected: list[tuple[str, str]], *, have: set[tuple[str, str]]
+) -> dict[str, Any]:
+    """What vouches for the head from outside, against what is configured: a
+    description for the reader (the verifier checks the stamps themselves)."""
+    missing = [stamp for stamp in expected if stamp not in have]
+    if not missing:
+        note = "The tree head carries every configured stamp."
+    else:
+        kinds = {kind for kind, _ in missing}
+        says = " and ".join(
+            word
+            for kind, word in (
+                (HeadStamp.Kind.COSIGNATURE, "'not witnessed' (--witness-key)"),
+                (HeadStamp.Kind.RFC3161, "'not timestamped' (--tsa-root)"),
+            )
+            if kind in kinds
+        )
+        note = (
+            "The tree head's "
+            + "; ".join(_stamp_name(*stamp) for stamp in missing)
+            + f" had not arrived when the bundle was read (waited up to "
+            f"{settings.PORTAL_EVIDENCE_SIGN_WAIT_S:g} s): tools/verify_bundle.py "
+            f"says {says}. Export it again in a minute; if that does not help, "
+            "the witness or TSA is not answering the portal's workers."
+        )
+    return {
+        "complete": not missing,
+        "expected": [_stamp_name(*stamp) for stamp in expected],
+        "missing": [_stamp_name(*stamp) for stamp in missing],
+        "note": note,
     }
 
 
@@ -292,6 +359,12 @@ class ExportEvidence:
     def covered(self) -> bool:
         return self.export["proof"] is not None
 
+    @property
+    def stamped(self) -> bool:
+        """Whether the head carries every configured stamp (True when none is)."""
+        stamps = self.log.get("stamps") if self.log else None
+        return stamps is None or bool(stamps["complete"])
+
 
 _EVENT: Final = (
     f"SELECT {EVENT_COLUMNS} FROM audit_event WHERE tenant_id = %s AND id = %s"
@@ -338,6 +411,10 @@ def export_evidence(
     head (signed now if needed, as ``task_chain_evidence`` signs), and that head's
     proofs of ``events`` (the bundle's chain). Outside a transaction.
 
+    Where witnesses or a TSA are configured, the head's stamps are awaited too
+    (in the web within the same ``PORTAL_EVIDENCE_SIGN_WAIT_S``); when they do not
+    come, ``log.stamps`` says which are missing.
+
     Raises:
         SigningKeyMissing: outside the web, a head is needed and no signing key is
             configured.
@@ -349,6 +426,7 @@ def export_evidence(
         ),
         covered=lambda evidence: evidence.covered,
         key=key,
+        stamped=lambda evidence: evidence.stamped,
     )
 
 
@@ -358,42 +436,70 @@ def _signed_until(
     read: Callable[[], _T],
     covered: Callable[[_T], bool],
     key: checkpoints.SigningKey | None,
+    stamped: Callable[[_T], bool] = lambda _: True,
 ) -> _T:
-    """``read()`` (in a transaction) until ``covered`` says so, having the tenant's
-    checkpoint run sign what is new: by a worker when this is the web server (it
-    waits at most ``PORTAL_EVIDENCE_SIGN_WAIT_S``), else here, up to
-    ``SIGN_ATTEMPTS`` runs. Returns the last read, covered or not."""
+    """``read()`` (in a transaction) until ``covered`` and ``stamped`` say so,
+    having the tenant's checkpoint run sign what is new: by a worker when this is
+    the web server (it waits at most ``PORTAL_EVIDENCE_SIGN_WAIT_S`` for both),
+    else here, up to ``SIGN_ATTEMPTS`` runs, each of which has the new head
+    stamped before it returns. Returns the last read, covered or not."""
     if process.is_web():
-        return _signed_by_worker(tenant_id=tenant_id, read=read, covered=covered)
+        return _signed_by_worker(
+            tenant_id=tenant_id, read=read, covered=covered, stamped=stamped
+        )
+    ran = False
     for _ in range(SIGN_ATTEMPTS):
         with transaction.atomic():
             found = read()
         if covered(found):
-            return found
+            break
         key = key or checkpoints.signing_key()
         # The job's own run for the tenant, and the witnesses' and TSA's stamps
         # on its head once committed, as the worker's run has them.
         checkpoints.tenant_checkpoint_scoped(tenant_id=tenant_id, key=key)
+        ran = True
+    else:
+        with transaction.atomic():
+            return read()
+    if stamped(found) or ran:
+        return found
+    # Signed by another process's run, whose stamps may not be stored yet: ask
+    # for them here, as that run does (what is there already is not asked again).
+    witness_client.head_vouch(tenant_id=tenant_id)
     with transaction.atomic():
         return read()
 
 
 def _signed_by_worker(
-    *, tenant_id: uuid.UUID, read: Callable[[], _T], covered: Callable[[_T], bool]
+    *,
+    tenant_id: uuid.UUID,
+    read: Callable[[], _T],
+    covered: Callable[[_T], bool],
+    stamped: Callable[[_T], bool],
 ) -> _T:
     deadline = time.monotonic() + settings.PORTAL_EVIDENCE_SIGN_WAIT_S
     asked = False
     while True:
         with transaction.atomic():
             found = read()
-        if covered(found):
+        signed = covered(found)
+        if signed and stamped(found):
             return found
-        if not asked:
+        if not signed and not asked:
             if not _ask_worker(tenant_id=tenant_id):
                 return found
             asked = True
         if time.monotonic() >= deadline:
+            if signed:
+                logger.warning(
+                    "evidence export of tenant %s: the tree head's stamps did not "
+                    "arrive within %s s; the bundle says which are missing",
+                    tenant_id,
+                    settings.PORTAL_EVIDENCE_SIGN_WAIT_S,
+                )
             return found
+        # The worker commits the head, then asks the witnesses and the TSA: the
+        # stamps come after the head, so the head alone is not yet the answer.
         time.sleep(SIGN_POLL_S)
 
 

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -89,6 +90,8 @@ class Tsa:
     url: str
     directory: Path
     requests: int = 0
+    # Seconds each answer waits before it is sent: a remote TSA's latency.
+    delay_s: float = 0.0
 
     @property
     def root_file(self) -> Path:
@@ -128,6 +131,7 @@ def running_tsa() -> Iterator[Tsa]:
                     self.send_response(415)
                     self.end_headers()
                     return
+                time.sleep(tsa.delay_s)
                 with lock:
                     tsa.requests += 1
                     answer = tsa.reply(query)

@@ -10,8 +10,10 @@ test process is never given.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -29,7 +31,9 @@ from portal.actors import Actor
 from portal.models import Agent
 from tasks.models import Task
 from tests.support.celery_worker import celery_worker_running
-from tests.support.evidence import run_verifier
+from tests.support.evidence import TOOL, run_verifier
+from tests.support.tsa import Tsa, running_tsa
+from tests.support.witness import RunningWitness, running_witness
 
 from .conftest import subprocess_env
 
@@ -156,3 +160,140 @@ def test_without_a_worker_the_web_exports_the_chain_as_not_yet_signed(
     verified = run_verifier(tmp_path / "bundle.json", key_pair[1])
     assert verified.returncode == 1, verified.stdout + verified.stderr
     assert "not covered" in verified.stdout, verified.stdout
+
+
+@pytest.fixture
+def witness_and_tsa(
+    tmp_path: Path, key_pair: tuple[Path, Path], settings: pytest.FixtureRequest
+) -> Iterator[tuple[RunningWitness, Tsa]]:
+    """A real witness process trusting the worker's key, and a real TSA; both
+    configured for this process (the web) as for the worker (``worker_env``)."""
+    with (
+        running_tsa() as tsa,
+        running_witness(tmp_path / "w1", log_key=key_pair[1]) as w1,
+    ):
+        settings.PORTAL_AUDIT_WITNESSES = [w1.entry]  # type: ignore[attr-defined]
+        settings.PORTAL_AUDIT_TSA_URL = tsa.url  # type: ignore[attr-defined]
+        yield w1, tsa
+
+
+def _stamping_worker_env(
+    amqp_url: str,
+    events_exchange: str,
+    queue: str,
+    key_pair: tuple[Path, Path],
+    w1: RunningWitness,
+    tsa: Tsa,
+) -> dict[str, str]:
+    return subprocess_env(
+        amqp_url=amqp_url,
+        exchange=events_exchange,
+        CELERY_BROKER_URL=amqp_url,
+        PORTAL_CELERY_QUEUE=queue,
+        PORTAL_AUDIT_SIGNING_KEY_FILE=str(key_pair[0]),
+        PORTAL_AUDIT_PUBLIC_KEY_FILE=str(key_pair[1]),
+        PORTAL_AUDIT_WITNESSES=w1.entry,
+        PORTAL_AUDIT_TSA_URL=tsa.url,
+    )
+
+
+def _verify_stamped(
+    bundle_file: Path, public_file: Path, w1: RunningWitness, tsa: Tsa
+) -> subprocess.CompletedProcess[str]:
+    args = [sys.executable, "-I", str(TOOL), str(bundle_file)]
+    args += ["--public-key", str(public_file), "--witness-key", w1.vkey]
+    args += ["--tsa-root", str(tsa.root_file)]
+    return subprocess.run(
+        args, cwd="/", capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_a_fresh_web_export_waits_for_the_heads_cosignature_and_token(
+    make_task: Callable[..., Task],
+    agent: Agent,
+    key_pair: tuple[Path, Path],
+    witness_and_tsa: tuple[RunningWitness, Tsa],
+    as_web: None,
+    amqp_url: str,
+    events_exchange: str,
+    celery_test_queue: str,
+    tmp_path: Path,
+) -> None:
+    """Issue 19: the web read the head the worker had just committed, before the
+    worker stored its stamps, and the bundle was 'not witnessed'."""
+    # given a witness and a TSA that answers in 1.5 s (a remote one's latency),
+    # configured for the web and for the worker, and a task no head covers
+    w1, tsa = witness_and_tsa
+    tsa.delay_s = 1.5
+    task = _task_with_events(make_task, 3)
+    env = _stamping_worker_env(
+        amqp_url, events_exchange, celery_test_queue, key_pair, w1, tsa
+    )
+    http = _agent_client(agent)
+    with celery_worker_running(queue=celery_test_queue, env=env):
+        # when its agent exports the evidence through the web, right away
+        started = time.monotonic()
+        response = http.get(f"/api/v1/tasks/{task.pk}/evidence")
+        waited = time.monotonic() - started
+
+    # then the export waited for the head's cosignature and token, the bundle
+    # says so, and the offline tool finds both
+    assert response.status_code == 200, response.content
+    (tmp_path / "bundle.json").write_bytes(response.content)
+    verified = _verify_stamped(tmp_path / "bundle.json", key_pair[1], w1, tsa)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert f"witnessed: the tree head is cosigned by {w1.name}" in verified.stdout
+    assert "timestamped: an RFC 3161 token over the tree head verifies" in (
+        verified.stdout
+    )
+    log = response.json()["log"]
+    assert len(log["rfc3161"]) == 1
+    assert log["stamps"]["complete"], log["stamps"]
+    assert log["stamps"]["missing"] == []
+    assert 1.5 <= waited < 10, waited
+    print(f"\nexport waited {waited:.2f} s for the head and its stamps")
+
+
+def test_a_web_export_whose_stamps_do_not_come_says_so_within_its_bound(
+    make_task: Callable[..., Task],
+    agent: Agent,
+    key_pair: tuple[Path, Path],
+    witness_and_tsa: tuple[RunningWitness, Tsa],
+    as_web: None,
+    amqp_url: str,
+    events_exchange: str,
+    celery_test_queue: str,
+    settings: pytest.FixtureRequest,
+    tmp_path: Path,
+) -> None:
+    # given a configured witness that is down (its process stopped) and a TSA
+    # that answers, a wait of 3 s, and a task no head covers
+    w1, tsa = witness_and_tsa
+    w1.stop()
+    settings.PORTAL_EVIDENCE_SIGN_WAIT_S = 3.0  # type: ignore[attr-defined]
+    task = _task_with_events(make_task, 2)
+    env = _stamping_worker_env(
+        amqp_url, events_exchange, celery_test_queue, key_pair, w1, tsa
+    )
+    with celery_worker_running(queue=celery_test_queue, env=env):
+        # when its agent exports the evidence through the web
+        started = time.monotonic()
+        response = _agent_client(agent).get(f"/api/v1/tasks/{task.pk}/evidence")
+        waited = time.monotonic() - started
+
+    # then the export waited its bound, not more, and the bundle names the
+    # missing cosignature and what the tool will say; the token is there
+    assert response.status_code == 200, response.content
+    bundle = response.json()
+    assert bundle["coverage"]["complete"]
+    stamps = bundle["log"]["stamps"]
+    assert not stamps["complete"], stamps
+    assert stamps["missing"] == [f"cosignature of witness {w1.name}"]
+    assert "'not witnessed'" in stamps["note"]
+    assert "Export it again" in stamps["note"]
+    assert len(bundle["log"]["rfc3161"]) == 1
+    assert 3.0 <= waited < 8, waited
+    (tmp_path / "bundle.json").write_bytes(response.content)
+    verified = _verify_stamped(tmp_path / "bundle.json", key_pair[1], w1, tsa)
+    assert verified.returncode == 1, verified.stdout + verified.stderr
+    assert verified.stdout.startswith("FAILED not witnessed"), verified.stdout
