@@ -31,6 +31,8 @@ from audit.models import Event, EventCode
 from portal.actors import Actor
 from portal.roles import Person
 
+from .display import ActorNames
+
 CHUNK_ROWS: Final = 2000
 FORMATS: Final = {
     "csv": ("text/csv; charset=utf-8", "csv"),
@@ -51,10 +53,25 @@ COLUMNS: Final = (
     "contract_version",
     "trace_id",
     "span_id",
+    "chain_seq",
+    "prev_hash",
+    "hash",
+    "payload_digest",
     "payload",
 )
-HEADER: Final = tuple(name.replace("tenant__slug", "tenant") for name in COLUMNS)
+# What a row says, in this order: the stored columns with the actor's name (the
+# agent's or the person's, as the pages show it) after its id, and the chain's
+# sequence number and hashes, so a reader can place each row in its chain.
+HEADER: Final = (
+    *(
+        name.replace("tenant__slug", "tenant")
+        for name in COLUMNS[: COLUMNS.index("actor_id") + 1]
+    ),
+    "actor_name",
+    *COLUMNS[COLUMNS.index("actor_id") + 1 :],
+)
 _TENANT_ID = COLUMNS.index("tenant_id")
+_ACTOR = COLUMNS.index("actor_type")
 # A spreadsheet runs a cell that starts with one of these as a formula.
 _FORMULA_START: Final = ("=", "+", "-", "@", "\t", "\r")
 
@@ -97,6 +114,23 @@ def _encode_jsonl(rows: Sequence[tuple[Any, ...]]) -> bytes:
     ).encode()
 
 
+def _named(rows: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """The rows with their actors' names (two queries a chunk at most)."""
+    names = ActorNames(
+        [(row[_ACTOR], row[_ACTOR + 1]) for row in rows],
+        tenant_ids={row[_TENANT_ID] for row in rows},
+    )
+    return [
+        (
+            *row[: _ACTOR + 2],
+            names.name(row[_ACTOR], row[_ACTOR + 1])
+            or (row[_ACTOR + 1] if row[_ACTOR] == "system" else ""),
+            *row[_ACTOR + 2 :],
+        )
+        for row in rows
+    ]
+
+
 def export_stream(
     *,
     queryset: QuerySet[Event],
@@ -116,8 +150,8 @@ def export_stream(
 
     def encode(batch: Sequence[tuple[Any, ...]]) -> bytes:
         if fmt == "csv":
-            return _encode_csv(batch, header=False)
-        return _encode_jsonl(batch)
+            return _encode_csv(_named(batch), header=False)
+        return _encode_jsonl(_named(batch))
 
     try:
         if fmt == "csv":

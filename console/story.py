@@ -153,11 +153,11 @@ def task_story(*, task: Task, event_limit: int = EVENT_LIMIT) -> TaskStory:
     )
 
 
-def story_context(story: TaskStory) -> dict[str, Any]:
-    """The rows the task page renders: links, names and readable payloads."""
-    names = story.names
-    task = story.task
-    events = [
+def event_rows(events: list[Event], names: ActorNames) -> list[dict[str, Any]]:
+    """Events as the task's story shows them (admin/console/event_table.html), in
+    the order given: time to the millisecond, the actor by name, the payload as
+    key/value lines. The takeover desk shows a task's events the same way."""
+    return [
         {
             "id": model_link("audit.event", event.pk),
             "when": when(event.created_at),
@@ -176,8 +176,15 @@ def story_context(story: TaskStory) -> dict[str, Any]:
             if event.span_id
             else "",
         }
-        for event in story.events
+        for event in events
     ]
+
+
+def story_context(story: TaskStory) -> dict[str, Any]:
+    """The rows the task page renders: links, names and readable payloads."""
+    names = story.names
+    task = story.task
+    events = event_rows(story.events, names)
     operations = [
         {
             "id": model_link("tasks.operation", item.operation.pk),

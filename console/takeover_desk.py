@@ -54,6 +54,7 @@ from tasks.models import (
 from tasks.sealed import operation_given_fields
 
 from .display import ActorNames
+from .story import event_rows
 
 EVENTS_SHOWN: Final = 50
 
@@ -125,17 +126,6 @@ class OperationEvidence:
 
 
 @dataclass(frozen=True, kw_only=True)
-class TimelineEntry:
-    event: Event
-    actor: str
-
-    @property
-    def payload_json(self) -> str:
-        # Stored redacted by event_append; shown as stored.
-        return _pretty(self.event.payload)
-
-
-@dataclass(frozen=True, kw_only=True)
 class DeskEvidence:
     """What a person reads before deciding, all of it redacted for display."""
 
@@ -148,7 +138,10 @@ class DeskEvidence:
     receipts: list[Any]
     evidence: dict[str, Any]
     operations: list[OperationEvidence]
-    timeline: list[TimelineEntry]
+    # The task's latest events, oldest first, as the story shows them
+    # (story.event_rows); ``more_events``: older ones are in the event browser.
+    timeline: list[dict[str, Any]]
+    more_events: bool = False
     names: dict[str, str] = field(default_factory=dict)
     # Who has the item and its SLA clock (routing/), when it was routed.
     sla: routing_selectors.SlaClock | None = None
@@ -228,27 +221,22 @@ def desk_evidence(*, task: Task) -> DeskEvidence:
             tenant_id=task.tenant_id, task_id=task.pk
         ).order_by("created_at", "id")
     ]
-    events = list(
+    latest = list(
         Event.objects.filter(tenant_id=task.tenant_id, task_id=task.pk).order_by("-id")[
-            :EVENTS_SHOWN
+            : EVENTS_SHOWN + 1
         ]
     )
+    events = latest[:EVENTS_SHOWN][::-1]  # the latest ones, oldest first
     names = owner_names(
-        [f"{e.actor_type}:{e.actor_id}" for e in events]
-        + [task.lease_owner]
-        + [e.responsible_owner for e in escalations],
+        [task.lease_owner] + [e.responsible_owner for e in escalations],
         tenant_ids=[task.tenant_id],
     )
-    timeline = [
-        TimelineEntry(
-            event=event,
-            actor=names.get(
-                f"{event.actor_type}:{event.actor_id}",
-                f"{event.actor_type} {event.actor_id}",
-            ),
-        )
-        for event in events
-    ]
+    timeline = event_rows(
+        events,
+        ActorNames(
+            [(e.actor_type, e.actor_id) for e in events], tenant_ids=[task.tenant_id]
+        ),
+    )
     return DeskEvidence(
         escalation=escalation,
         escalations=escalations,
@@ -260,6 +248,7 @@ def desk_evidence(*, task: Task) -> DeskEvidence:
         evidence=evidence,
         operations=operations,
         timeline=timeline,
+        more_events=len(latest) > EVENTS_SHOWN,
         names=names,
         sla=desk_clock(task=task),
     )

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 from django.contrib import admin, messages
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.utils.text import capfirst
 
 from portal.exceptions import PortalError
 from portal.models import Tenant, TenantPerm
@@ -72,6 +73,19 @@ class TenantScopedAdmin(admin.ModelAdmin):
     show_full_result_count = False
     # Ids are UUIDv7, so this is newest first; autocomplete needs an order too.
     ordering = ["-pk"]
+    # The list page's title (heading and browser tab); None: the plural name.
+    # Django's own reads "Select takeover desk item to view".
+    list_title: ClassVar[str | None] = None
+
+    # --- titles -------------------------------------------------------------------
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        title = self.list_title or capfirst(str(self.model._meta.verbose_name_plural))
+        return super().changelist_view(
+            request, {"title": title, **(extra_context or {})}
+        )
 
     # --- whose rows -------------------------------------------------------------
 
@@ -163,6 +177,13 @@ class TenantScopedAdmin(admin.ModelAdmin):
         # Services open their own durable transaction (STYLE.md R5), which the
         # admin's atomic wrapper around the save would nest: take the view without
         # it. A refusal from a service (role, validation, race) is shown, not a 500.
+        if object_id is not None:
+            # The row's kind as the title, its name as the subtitle (the admin's
+            # "View task" / "Change agent" says what the buttons already say).
+            extra_context = {
+                "title": capfirst(str(self.model._meta.verbose_name)),
+                **(extra_context or {}),
+            }
         try:
             return self._changeform_view(  # type: ignore[attr-defined]
                 request, object_id, form_url, extra_context

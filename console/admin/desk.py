@@ -43,6 +43,7 @@ from tasks.models import Escalation, Operation, TaskState
 
 from .. import takeover_desk as desk
 from ..models import TakeoverItem
+from ..story import events_of_task_url as story_events_url
 from .base import TenantScopedAdmin, tenant_ids
 
 DIR_VAR: Final = "dir"
@@ -323,6 +324,7 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
             claimed = task.state == TaskState.HUMAN_CLAIMED
             context.update(
                 evidence=evidence,
+                events_url=story_events_url(task.pk),
                 may_act=may_act,
                 can_claim=may_act and task.state == TaskState.HUMAN_REQUIRED,
                 can_settle=may_act and claimed and mine,

@@ -87,9 +87,11 @@ def test_support_claims_reads_evidence_and_resolves_with_a_receipt(
     page.wait_for_selector("ul.messagelist")
     assert "Resolved: verify." in page.inner_text("ul.messagelist")
 
-    # Then the timeline's task.resolved names sam, and so does the stored event
-    first_row = page.locator("#desk-timeline tr").nth(1).inner_text()
-    assert "task.resolved" in first_row and "sam" in first_row
+    # Then the timeline (oldest first, as the story shows it) ends with sam's
+    # task.resolved, its payload as key/value lines; so does the stored event
+    last_row = page.locator("#desk-events tbody tr").last.inner_text()
+    assert "task.resolved" in last_row and "sam (person)" in last_row
+    assert "resolution\nverify" in last_row or "resolution\tverify" in last_row
     page.locator("#desk-timeline").evaluate("e => e.scrollIntoView()")
     page.screenshot(path=str(REPORTS / "desk-resolved.png"))
     event = Event.objects.get(task_id=task.pk, code=EventCode.TASK_RESOLVED)

@@ -124,12 +124,19 @@ def test_support_edits_a_stale_field_and_the_desk_makes_one_ticket(
         task_id=task_id, code=EventCode.OPERATION_FIELDS_EDITED
     ).values_list("actor_type", "actor_id")
     assert list(edits) == [("user", str(sam.pk))] * 2  # the refused one and this
-    first_rows = page.locator("#desk-timeline tr").nth(1).inner_text()
-    assert "task.resolved" in first_rows and "sam" in first_rows
+    # the events read oldest first as on the story, sam's resolution last
+    last_row = page.locator("#desk-events tbody tr").last.inner_text()
+    assert "task.resolved" in last_row and "sam (person)" in last_row
+    assert "edited_and_executed" in last_row
+    codes = page.locator("#desk-events tbody tr td:nth-child(3)").all_inner_texts()
+    assert codes[0] == "task.registered", codes
     assert (
         "settled: Edited the fields and executed (edited_and_executed) by sam"
     ) in page.inner_text("#desk-evidence-settled")
     page.screenshot(path=str(REPORTS / "desk-edit-done.png"))
     page.locator("#desk-timeline").screenshot(
         path=str(REPORTS / "desk-edit-timeline.png")
+    )
+    page.locator("#desk-events tbody tr").last.screenshot(
+        path=str(REPORTS / "desk-edit-timeline-last.png")
     )

@@ -10,6 +10,7 @@ tests/console/test_registry.py pins to the policy table.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -81,6 +82,10 @@ def _check_page(cast, rows_a, rows_b, person, client, model, model_admin):
     assert listing.status_code == (200 if reads_some else 403)
     if reads_some:
         text = listing.content.decode()
+        # a real title, not Django's "Select takeover desk item to view"
+        title = re.search(r"<title>(.*?)</title>", text, re.S)
+        assert title and not title.group(1).startswith("Select "), model
+        assert "to view</h1>" not in text and "to change</h1>" not in text, model
         pk_a = _url(model, "change", row_a.pk)
         pk_b = _url(model, "change", row_b.pk)
         assert (pk_a in text) == reads_a
@@ -91,6 +96,8 @@ def _check_page(cast, rows_a, rows_b, person, client, model, model_admin):
     missing = client.get(_url(model, "change", new_id()))
     if reads_a:
         assert change.status_code == 200
+        title = re.search(r"<title>(.*?)</title>", change.content.decode(), re.S)
+        assert title and not title.group(1).startswith(("View ", "Change ")), model
     else:
         assert change.status_code == missing.status_code
         assert change.status_code in (302, 403)

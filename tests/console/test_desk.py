@@ -311,7 +311,10 @@ def test_verify_with_a_receipt_id_names_the_person_in_the_event(people, escalate
     assert resolved.payload["provider_reference"] == "T-1042-a"
     # The page stays readable after the task left the queue, and names them.
     body = response.content.decode()
-    assert re.search(r"task\.resolved</td>\s*<td>sam</td>", body)
+    assert re.search(
+        r"sam \(person\)</span></td>\s*<td class=\"nowrap\"><strong>task\.resolved<",
+        body,
+    )
 
 
 @pytest.mark.parametrize(

@@ -227,7 +227,9 @@ def test_support_edits_the_stale_email_and_the_desk_makes_exactly_one_ticket(
     assert "<dt>resolution</dt><dd>edited_and_executed</dd>" in story
     # the page, still readable, shows the step by name
     assert re.search(
-        r"operation\.fields_edited</td>\s*<td>sam</td>", response.content.decode()
+        r"sam \(person\)</span></td>\s*<td class=\"nowrap\"><strong>"
+        r"operation\.fields_edited</strong>",
+        response.content.decode(),
     )
 
 

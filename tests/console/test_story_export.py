@@ -195,3 +195,57 @@ def test_unknown_formats_and_posts_are_refused(tenant, make_person, login):
     client = login(make_person("rita", tenant=tenant, role="reviewer"))
     assert client.get("/admin/audit/event/export/xlsx/").status_code == 404
     assert client.post("/admin/audit/event/export/csv/").status_code == 405
+
+
+def test_rows_carry_the_actors_names_and_their_place_in_the_chain(
+    make_task, tenant, make_person, make_agent, login
+):
+    # given a task's events by an agent, a person and a component
+    task = make_task()
+    agent = make_agent(tenant=tenant)
+    sam = make_person("sam", tenant=tenant, role="support")
+    with transaction.atomic():
+        for actor in (Actor.of_agent(agent), Actor.of_user(sam), Actor.system("relay")):
+            audit_services.event_append(
+                tenant_id=task.tenant_id,
+                task_id=task.pk,
+                code=EventCode.TASK_WOKEN,
+                actor=actor,
+            )
+    client = login(make_person("rita", tenant=tenant, role="reviewer"))
+    stored = {
+        str(pk): (seq, prev, digest)
+        for pk, seq, prev, digest in Event.objects.filter(task_id=task.pk).values_list(
+            "pk", "chain_seq", "prev_hash", "hash"
+        )
+    }
+    assert all(seq is not None and digest for seq, _, digest in stored.values())
+
+    # when the reviewer exports them, as CSV and as JSON Lines
+    body = _body(client.get("/admin/audit/event/export/csv/", {"task": str(task.pk)}))
+    rows = list(csv.DictReader(io.StringIO(body)))
+    lines = [
+        json.loads(line)
+        for line in _body(
+            client.get("/admin/audit/event/export/jsonl/", {"task": str(task.pk)})
+        ).splitlines()
+    ]
+
+    # then each row names its actor as the pages do, and its chain place and hashes
+    for exported in (rows, lines):
+        names = {(r["actor_type"], r["actor_name"]) for r in exported}
+        assert names == {("agent", agent.name), ("user", "sam"), ("system", "relay")}
+        for r in exported:
+            seq, prev, digest = stored[r["id"]]
+            assert str(r["chain_seq"]) == str(seq)
+            assert (r["prev_hash"] or None) == prev
+            assert r["hash"] == digest
+    header = list(rows[0])
+    assert header[header.index("actor_id") + 1] == "actor_name"
+    assert header[-5:] == [
+        "chain_seq",
+        "prev_hash",
+        "hash",
+        "payload_digest",
+        "payload",
+    ]
