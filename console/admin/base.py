@@ -6,8 +6,8 @@ Each admin names the tenant permission that lets a person read its rows
 holds that permission: the changelist and change pages, foreign-key and
 autocomplete choices, the tenant list filter, history, and actions. Nothing is
 deleted through the admin; changes go through services that check the role again
-and write an event (STYLE.md R13). ``tests/browser`` and ``tests/console`` walk
-the admin registry so a new ModelAdmin cannot skip this base.
+and write an event (docs/style.md R13). ``tests/browser`` and ``tests/console``
+walk the admin registry so a new ModelAdmin cannot skip this base.
 """
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ class TenantScopedAdmin(admin.ModelAdmin):
         form_url: str = "",
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
-        # Services open their own durable transaction (STYLE.md R5), which the
+        # Services open their own durable transaction (docs/style.md R5), which the
         # admin's atomic wrapper around the save would nest: take the view without
         # it. A refusal from a service (role, validation, race) is shown, not a 500.
         if object_id is not None:

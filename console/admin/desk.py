@@ -260,7 +260,7 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return DeskChangeList
 
-    # Read-only form; the buttons are the only changes (STYLE.md R13).
+    # Read-only form; the buttons are the only changes (docs/style.md R13).
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
