@@ -94,12 +94,31 @@ def _cosigned_sizes(tenant_id: uuid.UUID, name: str) -> dict[int, TreeHead]:
 def _submit(
     config: WitnessConfig, head: TreeHead, old_size: int, client: httpx.Client
 ) -> httpx.Response:
+    return _submit_note(
+        config,
+        tenant_id=head.tenant_id,
+        note=head.note,
+        size=head.size,
+        old_size=old_size,
+        client=client,
+    )
+
+
+def _submit_note(
+    config: WitnessConfig,
+    *,
+    tenant_id: uuid.UUID,
+    note: str,
+    size: int,
+    old_size: int,
+    client: httpx.Client,
+) -> httpx.Response:
     proof: list[bytes] = []
-    if 0 < old_size < head.size:
-        tree = tlog.log_tree(tenant_id=head.tenant_id, size=head.size)
-        proof = tree.consistency_proof(old_size, head.size)
+    if 0 < old_size < size:
+        tree = tlog.log_tree(tenant_id=tenant_id, size=size)
+        proof = tree.consistency_proof(old_size, size)
     lines = [f"old {old_size}", *(merkle_b64(node) for node in proof)]
-    body = "".join(f"{line}\n" for line in lines) + "\n" + head.note
+    body = "".join(f"{line}\n" for line in lines) + "\n" + note
     return client.post(
         f"{config.url}/add-checkpoint",
         content=body.encode("utf-8"),
@@ -111,46 +130,68 @@ def merkle_b64(node: bytes) -> str:
     return base64.b64encode(node).decode("ascii")
 
 
-def head_witness(
-    head: TreeHead, config: WitnessConfig, client: httpx.Client
-) -> HeadStamp | None:
-    """Ask one witness to cosign ``head``; store and return its cosignature.
+@dataclass(frozen=True)
+class Cosigned:
+    """A witness's cosignature line on a note, and the time it carries."""
+
+    line: str
+    stamped_at: dt.datetime
+
+
+def note_cosign(
+    *,
+    tenant_id: uuid.UUID,
+    note: str,
+    size: int,
+    config: WitnessConfig,
+    client: httpx.Client,
+) -> Cosigned | None:
+    """Ask one witness to cosign ``note`` (a signed checkpoint of the tenant's log
+    of ``size`` leaves: a tree head, or a purged tenant's tombstone).
 
     The old size is the last head this witness cosigned (from the stored
     cosignatures); on 409 the witness's own size is used once, when the log has a
     head of that size. Returns None when the witness refused or did not answer
-    (logged; the next run submits the next head).
+    (logged). Outside any transaction.
     """
-    tenant_id = head.tenant_id
     sizes = _cosigned_sizes(tenant_id, config.name)
-    old = max((size for size in sizes if size <= head.size), default=0)
+    old = max((known for known in sizes if known <= size), default=0)
+
+    def submit(old_size: int) -> httpx.Response:
+        return _submit_note(
+            config,
+            tenant_id=tenant_id,
+            note=note,
+            size=size,
+            old_size=old_size,
+            client=client,
+        )
+
     try:
-        response = _submit(config, head, old, client)
+        response = submit(old)
         if response.status_code == 409:
             theirs = int(response.text.strip())
-            if theirs <= head.size and (
+            if theirs <= size and (
                 theirs == 0
                 or TreeHead.objects.filter(tenant_id=tenant_id, size=theirs).exists()
             ):
-                response = _submit(config, head, theirs, client)
+                response = submit(theirs)
     except (httpx.HTTPError, ValueError) as error:
         if isinstance(error, httpx.TransportError):
             _down_until[config.name] = time.monotonic() + DOWN_FOR_S
-        logger.warning(
-            "witness %s: head %s not cosigned: %s", config.name, head.size, error
-        )
+        logger.warning("witness %s: head %s not cosigned: %s", config.name, size, error)
         return None
     if response.status_code != 200:
         answer = f"{response.status_code} {response.text.strip()}"
         logger.warning(
             "witness %s refused head %s of %s: %s",
             config.name,
-            head.size,
+            size,
             tenant_id,
             answer,
         )
         return None
-    body = head_body(head)
+    body = note.rpartition("\n\n")[0] + "\n"
     for cosig in witness.cosignature_lines(response.text):
         try:
             stamp = witness.cosignature_open(
@@ -158,20 +199,40 @@ def head_witness(
             )
         except witness.CosignatureError:
             continue
-        try:
-            with transaction.atomic():
-                return HeadStamp.objects.create(
-                    tenant_id=tenant_id,
-                    tree_head=head,
-                    kind=HeadStamp.Kind.COSIGNATURE,
-                    signer=config.name,
-                    stamp=cosig.line,
-                    stamped_at=dt.datetime.fromtimestamp(stamp, dt.UTC),
-                )
-        except IntegrityError:  # another run stored this witness's first
-            return None
+        return Cosigned(
+            line=cosig.line, stamped_at=dt.datetime.fromtimestamp(stamp, dt.UTC)
+        )
     logger.warning("witness %s answered no valid cosignature", config.name)
     return None
+
+
+def head_witness(
+    head: TreeHead, config: WitnessConfig, client: httpx.Client
+) -> HeadStamp | None:
+    """Ask one witness to cosign ``head`` (``note_cosign``); store and return its
+    cosignature. None when it did not cosign (the next run submits the next
+    head), or another run stored this witness's first."""
+    cosigned = note_cosign(
+        tenant_id=head.tenant_id,
+        note=head.note,
+        size=head.size,
+        config=config,
+        client=client,
+    )
+    if cosigned is None:
+        return None
+    try:
+        with transaction.atomic():
+            return HeadStamp.objects.create(
+                tenant_id=head.tenant_id,
+                tree_head=head,
+                kind=HeadStamp.Kind.COSIGNATURE,
+                signer=config.name,
+                stamp=cosigned.line,
+                stamped_at=cosigned.stamped_at,
+            )
+    except IntegrityError:  # another run stored this witness's first
+        return None
 
 
 def vouching_configured() -> bool:
@@ -302,6 +363,53 @@ def cosignature_check(
     if stamp < signed - CLOCK_SKEW.total_seconds():
         detail = f"{where}: cosigned at {stamp}, before the head was signed ({signed})"
         return Break(REPLAYED_COSIGNATURE, PLACE, detail)
+    return None
+
+
+def tombstone_stamps_verify(
+    *,
+    tenant_id: uuid.UUID,
+    note: str,
+    size: int,
+    signed_at: dt.datetime,
+    stamps: Sequence[tuple[str, str]],
+    witnesses: Sequence[WitnessConfig],
+    now: dt.datetime | None = None,
+) -> Break | None:
+    """A purged tenant's tombstone against its witnesses, as ``stamps_verify``
+    checks a head: each stored ``(signer, line)`` of a configured witness must be
+    its cosignature of the tombstone (``forged cosignature``; ``replayed
+    cosignature`` for its cosignature of one of the log's heads, or one dated
+    before the tombstone was signed), and a tombstone signed longer ago than the
+    grace must carry every witness's (``not witnessed``). Call in the tenant's
+    scope, after ``verify_log.tombstone_verify`` found the tombstone valid."""
+    now = now or dt.datetime.now(dt.UTC)
+    heads = list(TreeHead.objects.filter(tenant_id=tenant_id).order_by("size"))
+    others = {head.pk: head_body(head) for head in heads}
+    # Not a stored head: a stand-in with the tombstone's size and time.
+    tombstone = TreeHead(tenant_id=tenant_id, size=size, note=note, signed_at=signed_at)
+    body = note.rpartition("\n\n")[0] + "\n"
+    cosigned = set()
+    for signer, line in stamps:
+        config = next((w for w in witnesses if w.name == signer), None)
+        if config is None:
+            continue
+        broken = cosignature_check(
+            line, head=tombstone, body=body, config=config, others=others
+        )
+        if broken is not None:
+            detail = broken.detail.replace(f"tree head of {size}", "the tombstone", 1)
+            return Break(broken.kind, PLACE, detail)
+        cosigned.add(config.name)
+    if signed_at < now - WITNESS_GRACE:
+        for config in witnesses:
+            if config.name not in cosigned:
+                detail = (
+                    f"the tombstone of size {size} (signed "
+                    f"{signed_at:%Y-%m-%dT%H:%M:%SZ}) has no cosignature by witness "
+                    f"{config.name}"
+                )
+                return Break(NOT_WITNESSED, PLACE, detail)
     return None
 
 

@@ -80,7 +80,8 @@ REVOKE UPDATE ON portal_tenant FROM {app};
 GRANT UPDATE (slug, name, frozen_at, frozen_by_id) ON portal_tenant TO {app};
 REVOKE DELETE ON audit_chainhead FROM {app};
 REVOKE INSERT, UPDATE, DELETE ON audit_retentionpurge, audit_retentionanchor FROM {app};
-REVOKE INSERT, UPDATE, DELETE ON tenant_deletion_tombstone FROM {app};
+REVOKE INSERT, UPDATE, DELETE ON tenant_deletion_tombstone,
+    tenant_deletion_tombstonestamp FROM {app};
 GRANT EXECUTE ON FUNCTION audit_event_partitions_ensure(integer) TO {app};
 GRANT EXECUTE ON FUNCTION audit_retention_purge(uuid, uuid, integer) TO {app};
 GRANT EXECUTE ON FUNCTION audit_retention_drop_partitions(integer) TO {app};
@@ -103,13 +104,14 @@ END $grants$;
 
 # The operator deletes tenants (tenant_delete runs on its connection): the app's
 # rights, the purge function, the one column it may change on a live tenant, and
-# the purged tenant's signed tombstone (which the purge function requires).
+# the purged tenant's signed tombstone (which the purge function requires) and its
+# witnesses' cosignatures (after the purge commits).
 OPERATOR_GRANTS: Final = (
     APP_GRANTS
     + """
 GRANT UPDATE (events_on_delete) ON portal_tenant TO {app};
 GRANT EXECUTE ON FUNCTION tenant_deletion_purge(uuid) TO {app};
-GRANT INSERT ON tenant_deletion_tombstone TO {app};
+GRANT INSERT ON tenant_deletion_tombstone, tenant_deletion_tombstonestamp TO {app};
 """
 )
 

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Now
+
+from portal.ids import new_id
 
 
 class Tombstone(models.Model):
@@ -42,3 +45,37 @@ class Tombstone(models.Model):
 
     def __str__(self) -> str:
         return f"tombstone of tenant {self.slug} at size {self.size}"
+
+
+class TombstoneStamp(models.Model):
+    """A witness's cosignature of a purged tenant's tombstone (audit/witness.py).
+
+    The tombstone is a checkpoint with one extension line; C2SP ``cosignature/v1``
+    signs the whole checkpoint body, extension lines included, so the witness's
+    line binds ``tombstone: tenant purged`` as well as the size and root. Written
+    by the operator after the purge commits (``tombstone_witness``), one per
+    witness; append-only (trigger), row-level security by the tenant's id.
+    """
+
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
+    tombstone = models.ForeignKey(
+        Tombstone, on_delete=models.PROTECT, db_column="tenant_id"
+    )
+    # The witness's name (its verifier key's name).
+    signer = models.CharField(max_length=255)
+    # The cosignature line as the witness answered it.
+    stamp = models.TextField()
+    # The cosignature's own timestamp.
+    stamped_at = models.DateTimeField()
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tombstone", "signer"],
+                name="tenant_deletion_tombstonestamp_uniq",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"cosignature by {self.signer} of {self.tombstone_id}'s tombstone"

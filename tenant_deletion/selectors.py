@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from .models import Tombstone
+import uuid
+
+from .models import Tombstone, TombstoneStamp
 
 
 def tombstones(*, slug: str | None = None) -> list[Tombstone]:
@@ -13,3 +15,9 @@ def tombstones(*, slug: str | None = None) -> list[Tombstone]:
     """
     rows = Tombstone.objects.order_by("slug", "signed_at")
     return list(rows.filter(slug=slug) if slug is not None else rows)
+
+
+def tombstone_stamps(*, tenant_id: uuid.UUID) -> list[tuple[str, str]]:
+    """A purged tenant's tombstone cosignatures as ``(witness name, line)``."""
+    rows = TombstoneStamp.objects.filter(tombstone_id=tenant_id).order_by("created_at")
+    return list(rows.values_list("signer", "stamp"))

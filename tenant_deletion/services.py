@@ -27,13 +27,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+import httpx
 from django.apps import apps
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.backends.utils import CursorWrapper
 from django.db.models import Model
 from guardian.utils import get_group_obj_perms_model, get_user_obj_perms_model
 
-from audit import checkpoints, merkle, tlog
+from audit import checkpoints, merkle, tlog, witness_client
 from audit import services as audit_services
 from audit.models import (
     ChainHead,
@@ -83,7 +84,7 @@ from tasks.models import (
 )
 
 from .exceptions import TenantAlreadyDeleted, TenantDeletionPolicyIncomplete
-from .models import Tombstone
+from .models import Tombstone, TombstoneStamp
 
 # Step a: grants die first. Inside one transaction the order is not visible from
 # outside, but it takes the row locks on keys and credentials before anything else,
@@ -498,3 +499,53 @@ def tenant_delete(
             publish=False,
         )
     return dataclasses.replace(report, event_id=event_id)
+
+
+def tombstone_witness(*, tenant_id: uuid.UUID) -> list[str]:
+    """After the purge committed: the tenant's tombstone to each configured witness
+    (``PORTAL_AUDIT_WITNESSES``), each cosignature stored (``TombstoneStamp``).
+
+    The tombstone goes as the log's last checkpoint, with a consistency proof from
+    the last head that witness cosigned (``witness_client.note_cosign``): the
+    witness's state for the tenant's origin then is the tombstone, a copy of the
+    purge outside the portal's database. Call as the operator, in the tenant's
+    scope, outside any transaction (HTTP). Safe to repeat: a witness whose
+    cosignature is stored is not asked again. Returns the names of the configured
+    witnesses that did not cosign (down, refused: logged).
+
+    Raises:
+        Tombstone.DoesNotExist: the tenant was not purged.
+    """
+    portal_db.forbid_transaction("the witnesses are asked over HTTP")
+    tombstone = Tombstone.objects.get(tenant_id=tenant_id)
+    have = set(
+        TombstoneStamp.objects.filter(tombstone=tombstone).values_list(
+            "signer", flat=True
+        )
+    )
+    missing = []
+    with httpx.Client() as client:
+        for config in witness_client.configured():
+            if config.name in have:
+                continue
+            cosigned = witness_client.note_cosign(
+                tenant_id=tenant_id,
+                note=tombstone.note,
+                size=tombstone.size,
+                config=config,
+                client=client,
+            )
+            if cosigned is None:
+                missing.append(config.name)
+                continue
+            try:
+                with transaction.atomic():
+                    TombstoneStamp.objects.create(
+                        tombstone=tombstone,
+                        signer=config.name,
+                        stamp=cosigned.line,
+                        stamped_at=cosigned.stamped_at,
+                    )
+            except IntegrityError:  # a concurrent call stored this witness's first
+                pass
+    return missing

@@ -62,6 +62,7 @@ DISTRIBUTED = frozenset(
         "tasks_operation",
         "tasks_task",
         "tenant_deletion_tombstone",  # its primary key is the (purged) tenant's id
+        "tenant_deletion_tombstonestamp",
     }
 )
 # Small, global, read far more than written: one copy on every node, so any shard can
@@ -163,6 +164,12 @@ KNOWN_BLOCKERS = frozenset(
         B("tasks_objectversion", _PK, "tasks_objectversion_pkey", "(id)"),
         B("tasks_operation", _PK, "tasks_operation_pkey", "(id)"),
         B("tasks_task", _PK, "tasks_task_pkey", "(id)"),
+        B(
+            "tenant_deletion_tombstonestamp",
+            _PK,
+            "tenant_deletion_tombstonestamp_pkey",
+            "(id)",
+        ),
         # An API key is looked up by its prefix before the tenant is known: globally
         # unique by design. Needs a global lookup (a reference table of prefixes).
         B("portal_agentkey", _UNIQUE, "portal_agentkey_prefix_key", "(prefix)"),

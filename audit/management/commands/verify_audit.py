@@ -143,7 +143,7 @@ class Command(BaseCommand):
                 )
                 for note in stamps.notes:
                     self.stderr.write(f"  {note}")
-        self._purged(public_keys, slug=options["tenant"])
+        self._purged(public_keys, slug=options["tenant"], witnesses=witnesses)
         self.stdout.write(f"intact: {total} events")
 
     def _tombstones(self, gone: list[uuid.UUID], slug: str | None) -> list[Any]:
@@ -151,7 +151,11 @@ class Command(BaseCommand):
             return deletion_selectors.tombstones(slug=slug)
 
     def _purged(
-        self, public_keys: dict[str, Ed25519PublicKey], *, slug: str | None
+        self,
+        public_keys: dict[str, Ed25519PublicKey],
+        *,
+        slug: str | None,
+        witnesses: list[witness_client.WitnessConfig],
     ) -> None:
         """Each purged tenant's kept log and its signed tombstone; then (without
         ``--tenant``) any log whose tenant is gone without a tombstone."""
@@ -168,6 +172,17 @@ class Command(BaseCommand):
                     key_id=tombstone.key_id,
                     public_keys=public_keys,
                 )
+                if broken is None and witnesses:
+                    broken = witness_client.tombstone_stamps_verify(
+                        tenant_id=tombstone.tenant_id,
+                        note=tombstone.note,
+                        size=tombstone.size,
+                        signed_at=tombstone.signed_at,
+                        stamps=deletion_selectors.tombstone_stamps(
+                            tenant_id=tombstone.tenant_id
+                        ),
+                        witnesses=witnesses,
+                    )
             if broken is not None:
                 self.stdout.write(f"BROKEN purged tenant {name}: {broken}")
                 sys.exit(1)
@@ -175,6 +190,11 @@ class Command(BaseCommand):
                 f"ok purged tenant {name}: purged at size {tombstone.size}, "
                 f"tombstone valid; log of {leaves} events under {heads} signed "
                 "tree heads"
+                + (
+                    f"; tombstone witnessed by {', '.join(w.name for w in witnesses)}"
+                    if witnesses
+                    else ""
+                )
             )
         if slug is not None:
             return

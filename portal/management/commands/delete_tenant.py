@@ -141,6 +141,8 @@ class Command(BaseCommand):
 
         report = self._delete(tenant=tenant, actor=actor, dry_run=False)
         self._write(*render(report))
+        if report.events_on_delete == EventsOnDelete.PURGE:
+            self._witness_tombstone(report)
         outcome = f"Tenant {report.slug!r} deleted"
         if report.event_id is not None:
             outcome += f"; events kept, tenant.deleted event {report.event_id}"
@@ -165,6 +167,21 @@ class Command(BaseCommand):
                 'DATABASE_OPERATOR_URL (README, "Database roles"). Nothing was '
                 "deleted."
             ) from error
+
+    def _witness_tombstone(self, report: deletion.TenantDeletionReport) -> None:
+        """The committed tombstone to the configured witnesses (after the purge's
+        transaction: HTTP), as the operator, who alone stores their answers."""
+        with (
+            db_roles.connected_as("default", db_roles.operator_url()),
+            scope.tenant_scope([report.tenant_id]),
+        ):
+            missing = deletion.tombstone_witness(tenant_id=report.tenant_id)
+        if missing:
+            self.stderr.write(
+                "The tombstone is not cosigned by witness(es) "
+                f"{', '.join(missing)} (see the log); verify_audit reports it "
+                "'not witnessed' after 10 minutes."
+            )
 
     def _write(self, *lines: str) -> None:
         for line in lines:
