@@ -28,10 +28,9 @@ from django.db.models import QuerySet
 
 from audit import services as audit_services
 from audit.models import Event, EventCode
+from portal.actor_names import ActorNames
 from portal.actors import Actor
 from portal.roles import Person
-
-from .display import ActorNames
 
 CHUNK_ROWS: Final = 2000
 FORMATS: Final = {

@@ -16,6 +16,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from audit.models import Event
+from portal.actor_names import ActorNames
 from tasks.models import (
     Approval,
     ApprovalDecision,
@@ -26,7 +27,6 @@ from tasks.models import (
 )
 
 from .display import (
-    ActorNames,
     model_link,
     payload_lines,
     redacted_lines,

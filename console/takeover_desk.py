@@ -29,6 +29,7 @@ from typing import Any, Final
 
 from audit.models import Event
 from audit.redaction import redact
+from portal.actor_names import ActorNames
 from portal.actors import ActorType
 from portal.codes import ReasonCode
 from portal.exceptions import ValidationFailed
@@ -53,7 +54,6 @@ from tasks.models import (
 )
 from tasks.sealed import operation_given_fields
 
-from .display import ActorNames
 from .story import event_rows
 
 EVENTS_SHOWN: Final = 50

@@ -35,6 +35,7 @@ from audit.checkpoints import signed_at_text
 from audit.models import EventCode
 from audit.redaction import redact
 from portal import db as portal_db
+from portal.actor_names import ActorNames
 from portal.actors import Actor
 from portal.models import TenantPerm
 from portal.roles import Person, require_tenant_perm, tenant_ids_with_perm
@@ -341,6 +342,46 @@ def _decisions_json(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return decisions
 
 
+def _actors_json(
+    task: Task,
+    events: list[dict[str, Any]],
+    escalations: list[dict[str, Any]],
+    operations: list[dict[str, Any]],
+    by: Actor,
+) -> list[dict[str, Any]]:
+    """Every actor the bundle names (the chain's events, the escalations' and
+    approvals' people, the exporter) with its name as the pages show it: the agent's
+    name, the person's username, the component for a system actor; None when the
+    account is gone. Bound by the export record like every other section."""
+    found: set[tuple[str, str]] = {(by.type.value, by.id)}
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            if isinstance(value.get("actor_type"), str) and isinstance(
+                value.get("actor_id"), str
+            ):
+                found.add((value["actor_type"], value["actor_id"]))
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    walk([event["content"] for event in events])
+    walk(escalations)
+    walk(operations)
+    names = ActorNames(found, tenant_ids=[task.tenant_id])
+    return [
+        {
+            "actor_type": actor_type,
+            "actor_id": actor_id,
+            "name": names.name(actor_type, actor_id)
+            or (actor_id if actor_type == "system" else None),
+        }
+        for actor_type, actor_id in sorted(found)
+    ]
+
+
 def task_evidence_bundle(*, task: Task, by: Actor) -> dict[str, Any]:
     """The evidence bundle of a task the caller may export (checked by the caller).
 
@@ -376,6 +417,7 @@ def task_evidence_bundle(*, task: Task, by: Actor) -> dict[str, Any]:
         "receipts": receipts,
         "escalations": escalations,
         "takeover_decisions": _decisions_json(chain.events),
+        "actors": _actors_json(task, chain.events, escalations, operations, by),
         "chain": {
             "kind": "task",
             "tenant_id": str(task.tenant_id),

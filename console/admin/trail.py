@@ -26,6 +26,7 @@ from django.utils.safestring import SafeString
 
 from audit import outbox_admin
 from audit.models import Event, Outbox, RetentionPolicy
+from portal.actor_names import ActorNames
 from portal.models import Tenant, TenantPerm
 
 from .. import dashboard, display, export, search, services
@@ -39,7 +40,7 @@ class EventChangeList(ChangeList):
 
     def get_results(self, request: HttpRequest) -> None:
         super().get_results(request)
-        names = display.ActorNames(
+        names = ActorNames(
             [(event.actor_type, event.actor_id) for event in self.result_list],
             tenant_ids={event.tenant_id for event in self.result_list},
         )
@@ -155,7 +156,7 @@ class EventAdmin(TenantScopedAdmin):
     def actor(self, event: Event) -> SafeString:
         shown = getattr(event, "actor_html", None)
         if shown is None:  # the change page: one event
-            names = display.ActorNames(
+            names = ActorNames(
                 [(event.actor_type, event.actor_id)], tenant_ids=[event.tenant_id]
             )
             shown = names.actor_html(event.actor_type, event.actor_id)

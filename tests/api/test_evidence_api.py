@@ -158,7 +158,9 @@ def test_the_bundle_proves_each_event_in_the_tenants_signed_tree_head(
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     assert lines[1].startswith("log: 7 of the 7 events included in the signed tree")
-    assert lines[2].startswith("bound: every section (chain, checkpoint, coverage,")
+    assert lines[2].startswith(
+        "bound: every section (actors, chain, checkpoint, coverage,"
+    )
     assert "operations" in lines[2] and "escalations" in lines[2]
     # only the log's and the record's descriptions are not checked, and named
     assert lines[3] == (
@@ -439,3 +441,21 @@ def test_production_without_a_key_answers_503_when_a_checkpoint_is_needed(
     assert response["Content-Type"] == "application/problem+json"
     assert response.json()["code"] == "AUDIT_SIGNING_KEY_MISSING"
     assert not exports(story.tenant)
+
+
+def test_the_bundle_names_its_actors_and_binds_the_names(
+    story: Task, api: AgentClient
+) -> None:
+    # Given the story's events by a component, exported by an agent
+    bundle = api.get(url(story)).json()
+
+    # Then every actor the bundle names has its name as the pages show it
+    actors = {(a["actor_type"], a["actor_id"]): a["name"] for a in bundle["actors"]}
+    assert actors[("system", "evidence-test")] == "evidence-test"
+    agents = [key for key in actors if key[0] == "agent"]
+    assert agents and all(actors[key] for key in agents), actors
+    assert verdict(bundle, public_pem()) == "intact"
+    # and the names are bound by the export record: an edited name is caught
+    forged = json.loads(json.dumps(bundle))
+    forged["actors"][0]["name"] = "someone else"
+    assert verdict(forged, public_pem()) != "intact"
