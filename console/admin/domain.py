@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import uuid
 from functools import partial
-from typing import Any
+from typing import Any, Final
 
 from django import forms
 from django.contrib import admin, messages
@@ -328,10 +328,69 @@ class OperationAdmin(TenantScopedAdmin):
         return self._redacted(operation.result, operation)
 
 
+# The contract form's example: the README demo's customer-issue contract.
+SPEC_EXAMPLE: Final = {
+    "object_type": "customer_issue",
+    "required_fields": [
+        {"name": "email", "source": "crm", "max_age_s": 300},
+        {"name": "plan", "source": "billing", "max_age_s": 3600},
+    ],
+    "policy": {
+        "read_fields": ["email"],
+        "write_targets": ["ticket-desk"],
+        "credential_ttl_s": 60,
+    },
+    "receipt": {"required": True, "type": "ticket_id"},
+    "sensitive_fields": {"email": "personal"},
+}
+SPEC_HELP: Final = format_html(
+    "The contract as JSON. <b>required_fields</b>: what the agent must read, each "
+    "with the system it comes from (<code>source</code>) and how old it may be "
+    "(<code>max_age_s</code>); <b>policy</b>: the fields the call may carry "
+    "(<code>read_fields</code>), the connectors it may write to "
+    "(<code>write_targets</code>) and the credential's lifetime "
+    "(<code>credential_ttl_s</code>, 1 to 3600 s); <b>receipt</b>: whether the target "
+    "must answer with a receipt id, and its kind. Optional: "
+    "<code>sensitive_fields</code> (name → personal | secret: stored as a keyed "
+    "hash), <code>amount_fields</code>, <code>risk_class</code> (low, medium, high, "
+    "critical). A problem is named by its JSON path (e.g. "
+    "<code>/policy/credential_ttl_s</code>). docs/gateway.md has the rest. "
+    'Example:<pre id="spec-example">{}</pre>',
+    json.dumps(SPEC_EXAMPLE, indent=2),
+)
+
+
+class SpecField(forms.JSONField):
+    """The admin's JSON field, saying where the JSON breaks, not only that it does."""
+
+    def to_python(self, value: Any) -> Any:
+        if isinstance(value, str) and value.strip():
+            try:
+                json.loads(value)
+            except json.JSONDecodeError as error:
+                raise forms.ValidationError(
+                    f"not JSON: {error.msg} at line {error.lineno}, column "
+                    f"{error.colno}",
+                    code="invalid",
+                ) from None
+        return super().to_python(value)
+
+
 class ContractVersionForm(forms.ModelForm):
     """A new version: key, tenant and spec; the service numbers and validates it."""
 
     publish = forms.BooleanField(required=False, help_text="Publish at once.")
+    spec = SpecField(
+        help_text=SPEC_HELP,
+        widget=forms.Textarea(
+            attrs={
+                "rows": 18,
+                "cols": 80,
+                "class": "vLargeTextField mono",
+                "placeholder": json.dumps(SPEC_EXAMPLE, indent=2),
+            }
+        ),
+    )
 
     class Meta:
         model = Contract

@@ -69,6 +69,19 @@ def test_a_tenant_admin_reads_messages_times_the_outbox_and_connectors(
     assert not re.search(r"[ap]\.m\.", page.inner_text("#result_list"))
     page.locator("#changelist").screenshot(path=str(REPORTS / "agent-keys-times.png"))
 
+    # The contract form explains the spec with an example, and says where it breaks
+    page.goto(f"{live_server.url}/admin/tasks/contract/add/")
+    assert "required_fields" in page.inner_text("#spec-example")
+    page.select_option("select[name=tenant]", str(tenant.pk))
+    page.fill("input[name=key]", "refund")
+    page.fill("textarea[name=spec]", '{"object_type": "x",\n "policy": }')
+    page.click("input[name=_save]")
+    errors = page.inner_text(".field-spec ul.errorlist")
+    assert "not JSON: Expecting value at line 2, column 12" in errors, errors
+    page.locator("#contract_form").screenshot(
+        path=str(ROOT / "docs" / "screenshots" / "contract-form.png")
+    )
+
     # The connector list shows its base URL as text: no link to the desk's root
     page.goto(f"{live_server.url}/admin/tasks/connector/")
     row = page.locator("#result_list tbody tr").first
