@@ -97,6 +97,9 @@ def test_support_edits_a_stale_field_and_the_desk_makes_one_ticket(
     assert world.tickets() == 0
     assert "Claimed by sam" in page.inner_text("#desk-status")
     page.screenshot(path=str(REPORTS / "desk-edit-refused.png"))
+    # the README's desk picture: the refusal said, e-mail asked, plan kept
+    page.locator("#desk-edit").scroll_into_view_if_needed()
+    page.screenshot(path=str(ROOT / "docs" / "screenshots" / "desk-edit.png"))
 
     # When sam gives the e-mail read in the CRM just now, the plan still kept
     assert page.get_attribute("#desk-edit-1-value", "placeholder") == ("keep pro")
