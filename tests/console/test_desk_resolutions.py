@@ -8,7 +8,9 @@ executed with the values a person gives. Nothing here is mocked.
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
+import os
 import re
 from typing import Any
 
@@ -598,3 +600,18 @@ def test_an_edit_the_ticket_desk_does_not_confirm_is_a_message_and_stays_with_yo
         f"user:{sam.pk}",
     )
     assert Operation.objects.get(pk=operation.pk).state != OperationState.VERIFIED
+
+
+def test_sealed_values_that_do_not_open_leave_every_row_asked(world: World, claimed):
+    # Given the operation's sealed values were sealed under another secret
+    task, operation, client = claimed
+    other = "v1:" + base64.b64encode(os.urandom(60)).decode()
+    Operation.objects.filter(pk=operation.pk).update(sealed=other)
+
+    # Then the page still answers, asking for every field, and keeps nothing
+    response = client.get(page(task))
+    assert response.status_code == 200
+    rows = re.findall(
+        r'<tr data-field="([^"]+)" class="([^"]+)">', response.content.decode()
+    )
+    assert rows == [("email", "desk-asked"), ("plan", "desk-asked")]
