@@ -100,8 +100,8 @@ def credential_mint(*, claims: Mapping[str, Any], connector: Connector) -> str:
     this one signature; the token travels as a Bearer value, ``kid`` in its header.
 
     Raises:
-        cryptography.exceptions.InvalidTag: the sealed key is not this connector's
-            (copied from another row), was changed, or the server secret changed.
+        ConnectorKeyUnsealable: the sealed key is not this connector's (copied
+            from another row), was changed, or the server secret changed.
     """
     raw = connector_key_unseal(
         tenant_id=connector.tenant_id,

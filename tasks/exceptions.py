@@ -119,3 +119,32 @@ portal_db.register_constraint_errors(
         "tasks_operation_idempotency_key_uniq": IdempotencyKeyReused,
     }
 )
+
+
+class ConnectorKeyUnsealable(PortalError):
+    """The connector's private key cannot be unsealed with this PORTAL_REDACTION_SECRET.
+
+    If you're hitting this, the server secret the sealed connector keys were made
+    under (``PORTAL_REDACTION_SECRET``, the key-encryption key, docs/redaction.md)
+    is not the one configured now, or the sealed key was changed or copied from
+    another row. Nothing was sent to the remote system. Configure the secret the
+    keys were sealed under, or give the connector a new key (its public half must
+    then be registered with the remote system). Operations in doubt are handed to
+    a person after the recovery budget (docs/gateway.md, "Recovery protocol").
+    """
+
+    code = "CONNECTOR_KEY_UNSEALABLE"
+    status = 503
+
+
+class SealedValuesUnsealable(PortalError):
+    """The operation's sealed values do not open with this PORTAL_REDACTION_SECRET.
+
+    If you're hitting this, the server secret the operation's real values were
+    sealed under (``PORTAL_REDACTION_SECRET``, docs/redaction.md) is not the one
+    configured now, or the sealed column was changed or copied from another row.
+    Nothing was sent to the remote system.
+    """
+
+    code = "SEALED_VALUES_UNSEALABLE"
+    status = 503

@@ -22,14 +22,21 @@ value, so neither kind opens as the other.
 from __future__ import annotations
 
 import base64
+import binascii
 import json
+import logging
 import os
 import uuid
 from typing import Any, Final
 
+from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from audit.redaction import tenant_key
+
+from .exceptions import ConnectorKeyUnsealable, SealedValuesUnsealable
+
+logger = logging.getLogger(__name__)
 
 _VERSION: Final = "v1"
 _NONCE_BYTES: Final = 12
@@ -79,16 +86,20 @@ def unseal(
     """The values ``seal`` sealed for this tenant and operation.
 
     Raises:
-        cryptography.exceptions.InvalidTag: another tenant's or operation's value,
-            a changed one, or another server secret.
+        SealedValuesUnsealable: another tenant's or operation's value, a changed
+            one, or another server secret.
     """
-    return json.loads(
-        _unseal_bytes(
+    try:
+        opened = _unseal_bytes(
             tenant_id=tenant_id,
             aad=_operation_aad(tenant_id, operation_id),
             sealed=sealed,
         )
-    )
+    except (InvalidTag, ValueError, binascii.Error):
+        raise SealedValuesUnsealable(
+            tenant_id=str(tenant_id), operation_id=str(operation_id)
+        ) from None
+    return json.loads(opened)
 
 
 def connector_key_seal(
@@ -112,12 +123,40 @@ def connector_key_unseal(
     """The raw private key ``connector_key_seal`` sealed for this connector.
 
     Raises:
-        cryptography.exceptions.InvalidTag: another connector's or tenant's value
-            (a sealed key copied onto another row), a changed one, or another
-            server secret.
+        ConnectorKeyUnsealable: another connector's or tenant's value (a sealed key
+            copied onto another row), a changed one, or another server secret.
     """
-    return _unseal_bytes(
-        tenant_id=tenant_id, aad=_connector_aad(tenant_id, connector_id), sealed=sealed
+    try:
+        return _unseal_bytes(
+            tenant_id=tenant_id,
+            aad=_connector_aad(tenant_id, connector_id),
+            sealed=sealed,
+        )
+    except (InvalidTag, ValueError, binascii.Error):
+        raise ConnectorKeyUnsealable(
+            tenant_id=str(tenant_id), connector_id=str(connector_id)
+        ) from None
+
+
+# Connectors whose key this process could not unseal and has said so (logged once
+# per connector per process: the settle job meets it every 10 s).
+_unsealable_reported: set[str] = set()
+
+
+def connector_key_unsealable_log(error: ConnectorKeyUnsealable) -> None:
+    """Log ``error`` once per connector in this process (no traceback: the cause
+    is configuration, and the message says what to do)."""
+    connector_id = str(error.context.get("connector_id"))
+    if connector_id in _unsealable_reported:
+        return
+    _unsealable_reported.add(connector_id)
+    logger.error(
+        "%s: connector %s of tenant %s: %s Nothing is sent with it; operations "
+        "in doubt go to a person after the recovery budget.",
+        error.code,
+        connector_id,
+        error.context.get("tenant_id"),
+        error.detail,
     )
 
 

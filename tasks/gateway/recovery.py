@@ -30,6 +30,7 @@ from portal.tracing import NO_TRACE, Trace
 from .. import services, takeover
 from ..connectors import LookupResult, RemoteSystem, connector_for
 from ..credentials import USE_LOOKUP
+from ..exceptions import ConnectorKeyUnsealable
 from ..models import (
     Connector,
     Contract,
@@ -38,6 +39,7 @@ from ..models import (
     OperationState,
     Task,
 )
+from ..sealed import connector_key_unsealable_log
 from . import revocation
 from .call import authorize_call, call, issue_credential
 from .common import SYSTEM, TestHook, db_now, lock, no_hook, plan
@@ -59,11 +61,15 @@ def backoff(attempt: int) -> dt.timedelta:
 
 @dataclass(frozen=True, kw_only=True)
 class Lookup:
+    """A claimed look: the lookup credential, or (``token`` None) why none could be
+    minted (``refused``: nothing is sent, the look counts as "cannot tell")."""
+
     operation: Operation
     task: Task
     connector: Connector
-    token: str
-    credential_id: uuid.UUID
+    token: str | None
+    credential_id: uuid.UUID | None
+    refused: str = ""
 
 
 @transaction.atomic(durable=True)
@@ -117,19 +123,32 @@ def recovery_claim(
     Operation.objects.filter(tenant=tenant, pk=operation.pk).update(
         next_check_at=now + dt.timedelta(seconds=settings.PORTAL_EXECUTION_DEADLINE_S)
     )
-    token, credential = issue_credential(
-        tenant=tenant,
-        task=task,
-        operation=operation,
-        connector=connector,
-        ttl_s=LOOKUP_CREDENTIAL_TTL_S,
-        field_names=[],
-        action=operation.action,
-        now=now,
-        actor=SYSTEM,
-        trace=trace,
-        use=USE_LOOKUP,
-    )
+    try:
+        token, credential = issue_credential(
+            tenant=tenant,
+            task=task,
+            operation=operation,
+            connector=connector,
+            ttl_s=LOOKUP_CREDENTIAL_TTL_S,
+            field_names=[],
+            action=operation.action,
+            now=now,
+            actor=SYSTEM,
+            trace=trace,
+            use=USE_LOOKUP,
+        )
+    except ConnectorKeyUnsealable as error:
+        # Configuration, not the remote: said once per connector, and the look
+        # counts as "cannot tell", so the budget hands it to a person.
+        connector_key_unsealable_log(error)
+        return Lookup(
+            operation=operation,
+            task=task,
+            connector=connector,
+            token=None,
+            credential_id=None,
+            refused=f"{error.code}: {error.detail}",
+        )
     return Lookup(
         operation=operation,
         task=task,
@@ -164,12 +183,15 @@ def operation_recover(
     if isinstance(claim, GatewayResult):
         return claim
     remote = remote or connector_for(claim.connector)
-    lookup = remote.lookup(
-        idempotency_key=claim.operation.idempotency_key, credential=claim.token
-    )
+    if claim.token is None:  # no credential: nothing is sent
+        lookup = LookupResult(kind="unknown", error=claim.refused)
+    else:
+        lookup = remote.lookup(
+            idempotency_key=claim.operation.idempotency_key, credential=claim.token
+        )
     _test_hook("after_lookup")
     decision = recovery_decide(tenant=tenant, claim=claim, lookup=lookup, trace=trace)
-    if lookup.status != 200:
+    if lookup.status != 200 and claim.credential_id is not None:
         # The lookup may not have reached the target's replay cache.
         revocation.credentials_notify(
             tenant=tenant,
@@ -199,7 +221,8 @@ def recovery_decide(
     assert locked is not None  # operations are never deleted while in doubt
     task, operation = locked
     # The lookup's credential is spent, whatever became of the operation meanwhile.
-    credentials_spend(tenant=tenant, credential_ids=[claim.credential_id])
+    if claim.credential_id is not None:
+        credentials_spend(tenant=tenant, credential_ids=[claim.credential_id])
     if operation.state_version != claim.operation.state_version:
         return GatewayResult(outcome=outcome_of(operation), operation=operation)
     audit_services.event_append(

@@ -22,7 +22,6 @@ from typing import Any
 
 import httpx
 import pytest
-from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.db import connection
@@ -30,6 +29,7 @@ from django.db import connection
 from portal import db_roles
 from portal.models import Tenant
 from tasks.credentials import credential_mint
+from tasks.exceptions import ConnectorKeyUnsealable
 from tasks.models import Connector
 from tests.support.connectors import desk_connector
 from tests.support.outbound import allow as outbound_allow
@@ -177,7 +177,7 @@ def test_a_sealed_key_copied_onto_another_connector_does_not_open(
     )
     other.refresh_from_db()
     assert other.sealed_private_key == connector.sealed_private_key
-    with pytest.raises(InvalidTag):
+    with pytest.raises(ConnectorKeyUnsealable):
         credential_mint(claims=_lookup_claims(other), connector=other)
 
 

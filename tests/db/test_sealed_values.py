@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from cryptography.exceptions import InvalidTag
 from django.db import transaction
 
 from audit.models import Event, EventCode
 from portal.actors import Actor
 from tasks import services
+from tasks.exceptions import SealedValuesUnsealable
 from tasks.models import Operation, OperationState, TaskState
 from tasks.sealed import operation_values, seal, unseal
 
@@ -53,9 +53,9 @@ def test_a_sealed_value_opens_only_for_its_own_tenant_and_operation(
         tenant_id=operation.tenant_id, operation_id=operation.pk, sealed=sealed
     ) == {"a": 1}
     other = make_operation()
-    with pytest.raises(InvalidTag):
+    with pytest.raises(SealedValuesUnsealable):
         unseal(tenant_id=operation.tenant_id, operation_id=other.pk, sealed=sealed)
-    with pytest.raises(InvalidTag):
+    with pytest.raises(SealedValuesUnsealable):
         unseal(tenant_id=other_tenant.pk, operation_id=operation.pk, sealed=sealed)
 
 
