@@ -12,8 +12,8 @@ from portal import scope
 from portal import selectors as portal_selectors
 
 from . import gateway, services
-from .exceptions import ConnectorKeyUnsealable
-from .sealed import connector_key_unsealable_log
+from .exceptions import ConnectorKeyUnsealable, SealedValuesUnsealable
+from .sealed import unsealable_log
 
 logger = logging.getLogger(__name__)
 
@@ -59,8 +59,9 @@ def check_receipts_job(*, limit: int = 100) -> int:
         try:
             with scope.tenant_scope([tenant_id]):  # each settles in its own tenant
                 settle(tenant=tenant, operation_id=operation_id)
-        except ConnectorKeyUnsealable as error:  # configuration: said once
-            connector_key_unsealable_log(error)
+        except (ConnectorKeyUnsealable, SealedValuesUnsealable) as error:
+            # Configuration, not this operation: said once, no traceback.
+            unsealable_log(error)
             continue
         except Exception:  # one bad operation must not stop the others
             logger.exception("recovery of operation %s failed", operation_id)

@@ -138,25 +138,32 @@ def connector_key_unseal(
         ) from None
 
 
-# Connectors whose key this process could not unseal and has said so (logged once
-# per connector per process: the settle job meets it every 10 s).
-_unsealable_reported: set[str] = set()
+# What this process could not unseal and has said so: logged once per connector
+# (or operation) per process, as the settle job meets it every 10 s.
+_unsealable_reported: set[tuple[str, str]] = set()
 
 
-def connector_key_unsealable_log(error: ConnectorKeyUnsealable) -> None:
-    """Log ``error`` once per connector in this process (no traceback: the cause
-    is configuration, and the message says what to do)."""
-    connector_id = str(error.context.get("connector_id"))
-    if connector_id in _unsealable_reported:
+def unsealable_log(error: ConnectorKeyUnsealable | SealedValuesUnsealable) -> None:
+    """Log ``error`` once per connector (a key) or operation (its values) in this
+    process, without a traceback: the cause is configuration, and the message
+    says what to do."""
+    if isinstance(error, ConnectorKeyUnsealable):
+        what, subject = "connector", str(error.context.get("connector_id"))
+        then = "operations in doubt go to a person after the recovery budget."
+    else:
+        what, subject = "operation", str(error.context.get("operation_id"))
+        then = "the operation is not run while the secret differs."
+    if (what, subject) in _unsealable_reported:
         return
-    _unsealable_reported.add(connector_id)
+    _unsealable_reported.add((what, subject))
     logger.error(
-        "%s: connector %s of tenant %s: %s Nothing is sent with it; operations "
-        "in doubt go to a person after the recovery budget.",
+        "%s: %s %s of tenant %s: %s Nothing is sent with it; %s",
         error.code,
-        connector_id,
+        what,
+        subject,
         error.context.get("tenant_id"),
         error.detail,
+        then,
     )
 
 

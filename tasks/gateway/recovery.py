@@ -39,7 +39,7 @@ from ..models import (
     OperationState,
     Task,
 )
-from ..sealed import connector_key_unsealable_log
+from ..sealed import unsealable_log
 from . import revocation
 from .call import authorize_call, call, issue_credential
 from .common import SYSTEM, TestHook, db_now, lock, no_hook, plan
@@ -140,7 +140,7 @@ def recovery_claim(
     except ConnectorKeyUnsealable as error:
         # Configuration, not the remote: said once per connector, and the look
         # counts as "cannot tell", so the budget hands it to a person.
-        connector_key_unsealable_log(error)
+        unsealable_log(error)
         return Lookup(
             operation=operation,
             task=task,

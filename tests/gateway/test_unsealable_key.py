@@ -16,6 +16,7 @@ import logging
 from typing import Any
 
 import pytest
+from django.db import connection
 
 from audit.models import Event
 from tasks import jobs
@@ -104,3 +105,32 @@ def test_an_execute_with_the_changed_secret_is_a_stable_error_and_sends_nothing(
     assert world.desk.effects()["requests"] == requests_before
     operation = Operation.objects.get(pk=started["operation"]["id"])
     assert operation.state == "reserved"
+
+
+def test_a_queued_run_under_the_changed_secret_is_said_once_and_sends_nothing(
+    world: World, settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given: an execution queued (checked, sealed) under the right secret, whose
+    # message was lost, so the settle job is the one to run it
+    started = world.start_task()
+    queued = world.http.post(
+        f"/api/v1/operations/{started['operation']['id']}/execute",
+        json={"field_values": world.fields()},
+        headers={"Lease-Token": str(started["token"]), "Prefer": "respond-async"},
+    )
+    assert queued.status_code == 202, queued.text
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE tasks_operation SET next_check_at = app_now()")
+    requests_before = world.desk.effects()["requests"]
+    # When: the settle job runs three times with another secret
+    settings.PORTAL_REDACTION_SECRET = "another-secret-" + "z" * 32
+    caplog.set_level(logging.INFO)
+    for _ in range(3):
+        jobs.check_receipts_job()
+    # Then: said once, without a traceback; nothing sent; the operation waits
+    said = [r for r in caplog.records if "SEALED_VALUES_UNSEALABLE" in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in said]
+    assert started["operation"]["id"] in said[0].getMessage()
+    assert not [r for r in caplog.records if r.exc_info]
+    assert world.desk.effects()["requests"] == requests_before
+    assert Operation.objects.get(pk=started["operation"]["id"]).state == "reserved"
