@@ -246,6 +246,8 @@ def test_a_fresh_web_export_waits_for_the_heads_cosignature_and_token(
     assert "timestamped: an RFC 3161 token over the tree head verifies" in (
         verified.stdout
     )
+    # (log.stamps describes; the tool checks the stamps themselves and says so)
+    assert "log.stamps" in verified.stdout.splitlines()[-1], verified.stdout
     log = response.json()["log"]
     assert len(log["rfc3161"]) == 1
     assert log["stamps"]["complete"], log["stamps"]
