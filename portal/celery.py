@@ -1,4 +1,4 @@
-"""The Celery app. Jobs live in each app's ``jobs.py`` (STYLE.md R10)."""
+"""The Celery app. Jobs live in each app's ``jobs.py`` (docs/style.md R10)."""
 
 from __future__ import annotations
 
@@ -65,6 +65,8 @@ def _on_process_shutdown(pid: int | None = None, **_: Any) -> None:
         from prometheus_client import multiprocess
 
         multiprocess.mark_process_dead(pid or os.getpid())
+
+
 # The tracer provider, once per process that runs or sends jobs (portal/telemetry.py).
 @worker_process_init.connect(weak=False)
 def _telemetry_in_pool_process(**_: Any) -> None:
