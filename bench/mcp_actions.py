@@ -25,12 +25,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import multiprocessing
 import secrets
 import statistics
 import sys
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -86,54 +87,52 @@ def tool_arguments(name: str) -> dict[str, Any]:
     }
 
 
-def _rest_slice(client: PortalClient, names: list[str], out: list[float]) -> None:
-    for name in names:
-        client.record_object_version(bench_actions.OBJECT_TYPE, name, version="1")
-        started = time.perf_counter()
-        bench_actions.take_action(client, name)
-        out.append((time.perf_counter() - started) * 1000)
+def _rest_slice(base_url: str, secret: str, names: list[str]) -> list[float]:
+    out: list[float] = []
+    with PortalClient(base_url, secret) as client:
+        for name in names:
+            client.record_object_version(bench_actions.OBJECT_TYPE, name, version="1")
+            started = time.perf_counter()
+            bench_actions.take_action(client, name)
+            out.append((time.perf_counter() - started) * 1000)
+    return out
 
 
 async def _mcp_slice(
-    url: str, secret: str, client: PortalClient, names: list[str], out: list[float]
-) -> None:
+    base_url: str, mcp_url: str, secret: str, names: list[str]
+) -> list[float]:
+    out: list[float] = []
     async with (
         httpx2.AsyncClient(
             headers={"Authorization": f"Bearer {secret}"}, timeout=60
         ) as http,
-        streamable_http_client(url, http_client=http) as (read, write),
+        streamable_http_client(mcp_url, http_client=http) as (read, write),
         ClientSession(read, write) as session,
     ):
         await session.initialize()
         listed = await session.list_tools()
         tool = next(t.name for t in listed.tools if t.name.startswith(TOOL_PREFIX))
-        for name in names:
-            client.record_object_version(bench_actions.OBJECT_TYPE, name, version="1")
-            started = time.perf_counter()
-            result = await session.call_tool(tool, tool_arguments(name))
-            out.append((time.perf_counter() - started) * 1000)
-            answer = result.structured_content or {}
-            if result.is_error or answer.get("status") != "verified":
-                raise RuntimeError(f"{name}: {answer or result.content}")
+        with PortalClient(base_url, secret) as client:
+            for name in names:
+                client.record_object_version(
+                    bench_actions.OBJECT_TYPE, name, version="1"
+                )
+                started = time.perf_counter()
+                result = await session.call_tool(tool, tool_arguments(name))
+                out.append((time.perf_counter() - started) * 1000)
+                answer = result.structured_content or {}
+                if result.is_error or answer.get("status") != "verified":
+                    raise RuntimeError(f"{name}: {answer or result.content}")
+    return out
 
 
-def _in_threads(work: Sequence[Callable[[], None]]) -> None:
-    """Run each callable on its own thread, all at once; re-raise the first error."""
-    errors: list[BaseException] = []
-
-    def run(call: Callable[[], None]) -> None:
-        try:
-            call()
-        except BaseException as error:
-            errors.append(error)
-
-    threads = [threading.Thread(target=run, args=(call,)) for call in work]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
+def _client_slice(
+    door: str, base_url: str, mcp_url: str, secret: str, names: list[str]
+) -> list[float]:
+    """One client's slice through one door, in its own process: its latencies."""
+    if door == "rest":
+        return _rest_slice(base_url, secret, names)
+    return asyncio.run(_mcp_slice(base_url, mcp_url, secret, names))
 
 
 def measure(
@@ -147,47 +146,40 @@ def measure(
     run_id: str | None = None,
 ) -> tuple[Latency, Latency]:
     """``actions`` per client through each door at ``clients`` clients, in
-    alternating slices; the REST and MCP latencies."""
+    alternating slices; the REST and MCP latencies.
+
+    Each client is its own process, as agents are: clients as threads of one
+    process would share its interpreter lock, and the MCP SDK's client (anyio,
+    pydantic) spends more of it than the REST client, so the clients' own
+    contention would be counted as the server's.
+    """
     run_id = run_id or secrets.token_hex(4)
     samples: dict[str, list[float]] = {"rest": [], "mcp": []}
-    rest_clients = [PortalClient(base_url, secret) for _ in range(clients)]
-    try:
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=clients, mp_context=spawn) as pool:
+        # Start every process (imports) before the clock does.
+        list(pool.map(time.sleep, [0.2] * clients))
         done = 0
         while done < actions:
             count = min(slice_size, actions - done)
             for door in ("rest", "mcp"):
-                batches = [
-                    [
-                        f"bench-{run_id}-{door}-{clients}-{c}-{n}"
-                        for n in range(done, done + count)
-                    ]
+                futures = [
+                    pool.submit(
+                        _client_slice,
+                        door,
+                        base_url,
+                        mcp_url,
+                        secret,
+                        [
+                            f"bench-{run_id}-{door}-{clients}-{c}-{n}"
+                            for n in range(done, done + count)
+                        ],
+                    )
                     for c in range(clients)
                 ]
-                if door == "rest":
-                    work = [
-                        (
-                            lambda c=c, b=b: _rest_slice(
-                                rest_clients[c], b, samples["rest"]
-                            )
-                        )
-                        for c, b in enumerate(batches)
-                    ]
-                else:
-                    work = [
-                        (
-                            lambda c=c, b=b: asyncio.run(
-                                _mcp_slice(
-                                    mcp_url, secret, rest_clients[c], b, samples["mcp"]
-                                )
-                            )
-                        )
-                        for c, b in enumerate(batches)
-                    ]
-                _in_threads(work)
+                for future in futures:
+                    samples[door].extend(future.result())
             done += count
-    finally:
-        for client in rest_clients:
-            client.close()
     return (
         Latency(door="rest", clients=clients, samples_ms=tuple(samples["rest"])),
         Latency(door="mcp", clients=clients, samples_ms=tuple(samples["mcp"])),
