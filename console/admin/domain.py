@@ -329,7 +329,7 @@ class OperationAdmin(TenantScopedAdmin):
 
 
 # The contract form's example: the README demo's customer-issue contract.
-SPEC_EXAMPLE: Final = {
+SPEC_EXAMPLE: Final[dict[str, Any]] = {
     "object_type": "customer_issue",
     "required_fields": [
         {"name": "email", "source": "crm", "max_age_s": 300},
