@@ -659,6 +659,11 @@ def _check_log(
     proven: set[str] = set()
     for entry in log["inclusion"]:
         entry = _object(entry, "log.inclusion entry")
+        if extra := sorted(set(entry) - INCLUSION_MEMBERS):
+            # Nothing would check them: a member no check reads is an edit.
+            detail = f"an inclusion proof carries members no check reads: {extra}"
+            event_id = entry.get("event_id")
+            raise Failure(ALTERED, detail, event_id=event_id, section="log")
         row = by_id.get(entry["event_id"])
         if row is None or entry["event_id"] in proven:
             raise Failure(INSERTED, "an inclusion proof of no event of this chain")
@@ -948,6 +953,8 @@ def _not_checked(bundle: Mapping[str, Any]) -> tuple[str, ...]:
 
 # What the checks of log and export read; their other members only describe.
 CHECKED_LOG_MEMBERS: Final = frozenset({"checkpoint", "inclusion"})
+# The members of one ``log.inclusion`` entry; any other is an edit.
+INCLUSION_MEMBERS: Final = frozenset({"event_id", "index", "proof"})
 CHECKED_EXPORT_MEMBERS: Final = frozenset({"event", "index", "proof"})
 
 
