@@ -152,6 +152,30 @@ def agent_create(*, tenant: Tenant, by: Person, name: str) -> Agent:
     return agent
 
 
+def _agent_change(
+    *,
+    agent: Agent,
+    actor: Actor,
+    to: dict[str, Any],
+    said: dict[str, Any] | None = None,
+) -> None:
+    """Set the agent's columns ``to``; when any changed, one ``agent.changed`` event
+    naming the agent and ``said`` (``to`` unless given). Nothing changed, nothing
+    written."""
+    moved = (
+        Agent.objects.filter(tenant_id=agent.tenant_id, pk=agent.pk)
+        .exclude(**to)
+        .update(**to)
+    )
+    if moved:
+        _event(
+            tenant=agent.tenant,
+            code=EventCode.AGENT_CHANGED,
+            actor=actor,
+            data={"agent_id": str(agent.pk), "name": agent.name, **(said or to)},
+        )
+
+
 @transaction.atomic(durable=True)
 def agent_set_active(*, agent: Agent, by: Person, is_active: bool) -> Agent:
     """Switch an agent on or off; an inactive agent's keys authenticate nobody.
@@ -160,16 +184,12 @@ def agent_set_active(*, agent: Agent, by: Person, is_active: bool) -> Agent:
         PermissionDenied, TenantNotVisible: ``by`` may not manage the tenant.
     """
     actor = _manage(tenant=agent.tenant, by=by)
-    moved = Agent.objects.filter(
-        tenant_id=agent.tenant_id, pk=agent.pk, is_active=not is_active
-    ).update(is_active=is_active)
-    if moved:
-        _event(
-            tenant=agent.tenant,
-            code=EventCode.AGENT_CHANGED,
-            actor=actor,
-            data={"agent_id": str(agent.pk), "name": agent.name, "active": is_active},
-        )
+    _agent_change(
+        agent=agent,
+        actor=actor,
+        to={"is_active": is_active},
+        said={"active": is_active},
+    )
     agent.refresh_from_db()
     return agent
 
@@ -193,22 +213,7 @@ def agent_set_sponsor(*, agent: Agent, by: Person, sponsor_id: int | None) -> Ag
         raise ValidationFailed(
             "The sponsor must be a member of the tenant.", field="sponsor"
         )
-    moved = (
-        Agent.objects.filter(tenant_id=agent.tenant_id, pk=agent.pk)
-        .exclude(sponsor_id=sponsor_id)
-        .update(sponsor_id=sponsor_id)
-    )
-    if moved:
-        _event(
-            tenant=agent.tenant,
-            code=EventCode.AGENT_CHANGED,
-            actor=actor,
-            data={
-                "agent_id": str(agent.pk),
-                "name": agent.name,
-                "sponsor_id": sponsor_id,
-            },
-        )
+    _agent_change(agent=agent, actor=actor, to={"sponsor_id": sponsor_id})
     agent.refresh_from_db()
     return agent
 
@@ -243,23 +248,9 @@ def agent_set_policy_attributes(
             f"At most {MAX_AGENT_TAGS} tags of 1 to {MAX_AGENT_TAG_CHARS} characters.",
             field="tags",
         )
-    moved = (
-        Agent.objects.filter(tenant_id=agent.tenant_id, pk=agent.pk)
-        .exclude(trust_tier=trust_tier, tags=cleaned)
-        .update(trust_tier=trust_tier, tags=cleaned)
+    _agent_change(
+        agent=agent, actor=actor, to={"trust_tier": trust_tier, "tags": cleaned}
     )
-    if moved:
-        _event(
-            tenant=agent.tenant,
-            code=EventCode.AGENT_CHANGED,
-            actor=actor,
-            data={
-                "agent_id": str(agent.pk),
-                "name": agent.name,
-                "trust_tier": trust_tier,
-                "tags": cleaned,
-            },
-        )
     agent.refresh_from_db()
     return agent
 
