@@ -9,7 +9,7 @@ from typing import Any, Final
 from celery import shared_task
 from celery.signals import worker_init
 
-from . import checkpoints, relay, retention
+from . import broker, checkpoints, relay, retention
 
 logger = logging.getLogger(__name__)
 CHECKPOINT_TENANT_JOB_NAME: Final = "audit.jobs.checkpoint_tenant_job"
@@ -26,7 +26,7 @@ def relay_outbox_job() -> dict[str, Any]:
     again once the lease lapses (at least once). The time limits sit above the
     budget (``PORTAL_OUTBOX_RELAY_BUDGET_S``) plus one batch.
     """
-    with relay.broker_publisher() as publisher:
+    with broker.broker_publisher() as publisher:
         report = relay.outbox_relay_drain(publisher=publisher)
     return report.as_json()
 

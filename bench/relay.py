@@ -218,11 +218,12 @@ def broker_only(rows: int) -> int:
     from django.conf import settings
 
     from audit import relay
+    from audit.broker import broker_publisher
 
     now = dt.datetime.now(dt.UTC)
     tenant_id = uuid.uuid4()
     batch = settings.PORTAL_OUTBOX_BATCH_SIZE
-    with relay.broker_publisher() as publisher:
+    with broker_publisher() as publisher:
         for start in range(0, rows, batch):
             wave = [
                 relay.ClaimedMessage(
@@ -247,10 +248,11 @@ def broker_only(rows: int) -> int:
 def relay_drain() -> int:
     """A relay worker: passes until nothing is pending."""
     from audit import relay
+    from audit.broker import broker_publisher
     from audit.models import Outbox
 
     done = 0
-    with relay.broker_publisher() as publisher:
+    with broker_publisher() as publisher:
         while True:
             report = relay.outbox_relay_once(publisher=publisher)
             if report.failed:
@@ -280,6 +282,7 @@ def steady_load(
 
     from audit import relay
     from audit import services as audit_services
+    from audit.broker import broker_publisher
     from audit.models import EventCode, Outbox
     from portal.actors import Actor
     from portal.tracing import Trace
@@ -312,7 +315,7 @@ def steady_load(
 
     def relay_loop() -> None:
         try:
-            with relay.broker_publisher() as publisher:
+            with broker_publisher() as publisher:
                 while True:
                     nudged.wait(1.0)  # a nudge, or the "beat" tick
                     nudged.clear()

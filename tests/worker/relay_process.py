@@ -25,6 +25,7 @@ def main() -> int:
     from django.conf import settings
 
     from audit import relay
+    from audit.broker import broker_publisher
 
     if lease := os.environ.get("PORTAL_TEST_CLAIM_LEASE_S"):
         settings.PORTAL_OUTBOX_CLAIM_LEASE_S = float(lease)
@@ -41,7 +42,7 @@ def main() -> int:
                 print(json.dumps({"killed_at": point}), flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
 
-    with relay.broker_publisher() as publisher:
+    with broker_publisher() as publisher:
         report = relay.outbox_relay_drain(publisher=publisher, _test_hook=hook)
     print(json.dumps(report.as_json()), flush=True)
     return 0

@@ -22,6 +22,7 @@ from django.db import connection, transaction
 
 from audit import relay
 from audit import services as audit_services
+from audit.broker import broker_publisher
 from audit.models import EventCode, Outbox, OutboxState
 from portal.actors import Actor
 from portal.ids import new_id
@@ -106,7 +107,7 @@ def test_relay_sigkilled_between_confirms_and_mark_republishes_and_inbox_dedupes
     )
     assert all(states[k] == "pending" for k in keys if k not in sent_first)
     # Within the lease no other relay touches them (the normal path: no duplicate).
-    with relay.broker_publisher() as publisher:
+    with broker_publisher() as publisher:
         assert relay.outbox_relay_once(publisher=publisher).claimed == 0
         time.sleep(max(0.0, lease_s + 0.5 - (time.monotonic() - killed_at)))
         report = relay.outbox_relay_drain(publisher=publisher)
@@ -232,7 +233,7 @@ def test_broker_outage_keeps_writes_available_and_the_backlog_drains(
     def relay_worker() -> None:
         """A relay worker as beat + nudges would run it: a job run every 0.5 s."""
         while not stop_relaying.is_set():
-            with relay.broker_publisher() as publisher:
+            with broker_publisher() as publisher:
                 relay_totals.append(relay.outbox_relay_drain(publisher=publisher))
             connect_attempts[0] += publisher.connect_attempts
             backlog = relay.outbox_backlog()

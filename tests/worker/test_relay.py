@@ -25,6 +25,7 @@ from django.db import connection, transaction
 
 from audit import relay
 from audit import services as audit_services
+from audit.broker import broker_publisher
 from audit.inbox import inbox_process_once
 from audit.models import EventCode, Outbox, OutboxState
 from portal import scope
@@ -53,7 +54,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def _relay_until_empty(*, limit: int = 50) -> relay.RelayReport:
     """A relay worker: passes until nothing is pending any more."""
     total = relay.RelayReport()
-    with relay.broker_publisher() as publisher:
+    with broker_publisher() as publisher:
         while True:
             report = relay.outbox_relay_once(publisher=publisher, limit=limit)
             total += report
@@ -74,7 +75,7 @@ def test_relay_publishes_with_confirms_and_marks_rows_sent(
     appended = append_events(tenant=tenant, task_ids=[task_id, task_id, None])
 
     # when
-    with relay.broker_publisher() as publisher:
+    with broker_publisher() as publisher:
         report = relay.outbox_relay_once(publisher=publisher)
 
     # then: the broker acked each message (it only does in publisher-confirm mode)
@@ -110,7 +111,7 @@ def test_one_relay_pass_publishes_two_tenants_rows_from_no_scope(
     that starts with none (docs/database-roles.md)."""
     appended = append_events(tenant=tenant, task_ids=[new_id()])
     appended += append_events(tenant=other_tenant, task_ids=[new_id()])
-    with scope.unit_of_work(), relay.broker_publisher() as publisher:
+    with scope.unit_of_work(), broker_publisher() as publisher:
         report = relay.outbox_relay_once(publisher=publisher)
         assert scope.current() is None
     assert report == relay.RelayReport(claimed=2, sent=2)
@@ -138,7 +139,7 @@ def test_claimed_rows_are_leased_away_from_other_relays(tenant: Tenant) -> None:
 def test_relay_refuses_to_publish_inside_a_transaction(event_queue: EventQueue) -> None:
     """Publishing is network I/O: the relay refuses to run in an open transaction."""
     with (
-        relay.broker_publisher() as publisher,
+        broker_publisher() as publisher,
         pytest.raises(TransactionForbidden),
         transaction.atomic(),
     ):
@@ -259,7 +260,7 @@ def test_rows_committed_out_of_id_order_are_neither_skipped_nor_reordered(
     def relay_worker() -> relay.RelayReport:
         barrier.wait()
         total = relay.RelayReport()
-        with relay.broker_publisher() as publisher:
+        with broker_publisher() as publisher:
             while True:
                 report = relay.outbox_relay_once(publisher=publisher, limit=20)
                 total += report
@@ -326,7 +327,7 @@ def test_unreachable_broker_backs_off_to_a_cap_then_dead_then_retried(
     offset = 0.0
     with closed_port() as port:
         url = f"amqp://guest:guest@127.0.0.1:{port}//"
-        with relay.broker_publisher(url=url) as publisher:
+        with broker_publisher(url=url) as publisher:
             for attempt, wait in enumerate([1, 2, 4, 4, 4], start=1):
                 with db_clock_offset(offset):
                     before = db_now()
@@ -354,13 +355,13 @@ def test_unreachable_broker_backs_off_to_a_cap_then_dead_then_retried(
 
     with db_clock_offset(offset):
         # The broker is back, but the task's head is dead: its follower waits.
-        with relay.broker_publisher() as publisher:
+        with broker_publisher() as publisher:
             assert relay.outbox_relay_once(publisher=publisher).claimed == 0
         # An operator retries the dead rows; everything goes out, in order.
         moved = relay.outbox_retry_dead(tenant=tenant)
         assert moved == 2
         assert relay.outbox_retry_dead(tenant=tenant) == 0
-        with relay.broker_publisher() as publisher:
+        with broker_publisher() as publisher:
             report = relay.outbox_relay_once(publisher=publisher)
     assert report == relay.RelayReport(claimed=3, sent=3)
     received = [r.message_id for r in event_queue.drain(expected=3)]
@@ -397,7 +398,7 @@ def test_a_nacked_message_backs_off_and_holds_its_task_while_its_wave_goes_on(
     )
     queue = EventQueue(url=amqp_url, exchange=events_exchange)
     try:
-        with relay.broker_publisher() as publisher:
+        with broker_publisher() as publisher:
             # when: wave 1 is a1 (acked: the queue holds it) and b1 (nacked: full);
             # wave 2 is a2 (nacked) with b2 held behind b1
             report = relay.outbox_relay_once(publisher=publisher)
@@ -463,7 +464,7 @@ def test_a_commit_whose_process_dies_before_enqueueing_is_still_delivered(
     pending = Outbox.objects.filter(tenant=tenant, state=OutboxState.PENDING)
     assert sorted(pending.values_list("key", flat=True)) == sorted(event_ids)
     assert queued_messages(amqp_url, celery_test_queue) == []
-    with relay.broker_publisher() as publisher:
+    with broker_publisher() as publisher:
         report = relay.outbox_relay_once(publisher=publisher)
     assert report.sent == 3
     received = event_queue.drain(expected=3)
@@ -605,7 +606,7 @@ def test_laptop_mode_publishes_through_kombus_filesystem_transport(
         queue(broker.default_channel).declare()
     (event,) = append_events(tenant=tenant, task_ids=[None])
 
-    with relay.broker_publisher() as publisher:
+    with broker_publisher() as publisher:
         report = relay.outbox_relay_once(publisher=publisher)
 
     assert report.sent == 1
