@@ -160,7 +160,7 @@ class BrokerPublisher:
                     self._unanswered.add(self._last_tag)
             if self.confirms:
                 self._wait_for_answers(tags)
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001
             failure = PublishFailed(
                 f"{type(error).__name__}: {error}",
                 connection_lost=self._is_connection_error(error),

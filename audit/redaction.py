@@ -382,17 +382,20 @@ def _scan(text: str, entropy: bool) -> tuple[Finding, ...]:
         found.extend(Finding(m.start(), m.end(), kind) for m in pattern.finditer(text))
     found.extend(_plugin_findings(text))
     found.extend(Finding(m.start(), m.end(), "email") for m in _emails(text))
-    for match in _CARD.finditer(text):
-        if _luhn(_normalise("card", match.group())):
-            found.append(Finding(match.start(), match.end(), "card"))
+    found.extend(
+        Finding(m.start(), m.end(), "card")
+        for m in _CARD.finditer(text)
+        if _luhn(_normalise("card", m.group()))
+    )
     if entropy:
-        for match in _ENTROPY_TOKEN.finditer(text):
-            if _entropy_secret(match.group()):
-                found.append(Finding(match.start(), match.end(), "high_entropy"))
-        # A hex secret glued to other letters ("x9f86d0…") is no token of its own.
-        for match in _HEX_RUN.finditer(text):
-            if _entropy_secret(match.group()):
-                found.append(Finding(match.start(), match.end(), "high_entropy"))
+        # A hex secret glued to other letters ("x9f86d0…") is no token of its own:
+        # _HEX_RUN finds it where _ENTROPY_TOKEN does not.
+        found.extend(
+            Finding(m.start(), m.end(), "high_entropy")
+            for pattern in (_ENTROPY_TOKEN, _HEX_RUN)
+            for m in pattern.finditer(text)
+            if _entropy_secret(m.group())
+        )
     own = [(m.start(), m.end()) for m in _OWN_OUTPUT.finditer(text)]
     if own:
         # Own output spans are disjoint and in order: the last one starting before

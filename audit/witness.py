@@ -530,10 +530,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             listen=args.listen,
             origin_prefix=args.origin_prefix,
             print_key=args.print_key,
-            write=lambda line: print(line, flush=True),
+            write=lambda line: print(line, flush=True),  # noqa: T201 (its CLI)
         )
     except (OSError, ValueError) as error:
-        print(f"witness: {error}", file=sys.stderr)
+        print(f"witness: {error}", file=sys.stderr)  # noqa: T201 (its CLI)
         return 2
     return 0
 

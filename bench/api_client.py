@@ -92,7 +92,7 @@ class ClientContext:
                     "Lease-Token": str(lease_token),
                 },
             )
-        except Exception as exc:  # a transport error is one failed request
+        except Exception as exc:  # a transport error is one failed request  # noqa: BLE001
             self.failures[type(exc).__name__] += 1
             return False
         return self.answered(response)
@@ -255,7 +255,7 @@ def client_main(
                     runner.refill()
             barrier.wait(BARRIER_TIMEOUT_S)
             loop = _timed_loop(runner, spec.duration_s, workloads.PoolEmpty)
-        except BaseException:
+        except BaseException:  # noqa: BLE001
             barrier.abort()
             pipe.send(("error", f"client {index}:\n{traceback.format_exc()}"))
             break

@@ -154,7 +154,7 @@ def run_parallel(
         try:
             barrier.wait()
             outcomes.put(("ok", work()))
-        except BaseException as error:  # the caller raises it, after the join
+        except BaseException as error:  # the caller raises it, after the join  # noqa: BLE001
             outcomes.put(("error", repr(error)))
         finally:
             connection.close()

@@ -213,7 +213,7 @@ def server_facts(raw: psycopg.Connection[Any]) -> tuple[str, dict[str, str]]:
         " ORDER BY name",
         [names],
     ).fetchall()
-    return (str(version[0]) if version else "?"), {name: value for name, value in rows}
+    return (str(version[0]) if version else "?"), dict(rows)
 
 
 # --- Clients ---------------------------------------------------------------------

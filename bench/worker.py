@@ -106,7 +106,7 @@ def worker_main(
                     runner, spec.duration_s, workloads.PoolEmpty
                 )
                 server_cpu_s = ctx.server_cpu_s() - server_before
-        except BaseException:
+        except BaseException:  # noqa: BLE001
             barrier.abort()
             pipe.send(("error", f"client {index}:\n{traceback.format_exc()}"))
             break

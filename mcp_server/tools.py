@@ -103,12 +103,13 @@ def tool_list(*, agent: Agent) -> list[GovernedTool]:
     ``__<contract key>``.
     """
     contracts = _pinned_contracts(agent=agent)
-    pairs: list[tuple[str, str, Contract]] = []
-    for grant in selectors.grant_list(tenant=agent.tenant, agent=agent):
-        for contract in contracts:
-            for target in contract.spec["policy"]["write_targets"]:
-                if grant.target in (target, "*"):
-                    pairs.append((grant.action, target, contract))
+    pairs: list[tuple[str, str, Contract]] = [
+        (grant.action, target, contract)
+        for grant in selectors.grant_list(tenant=agent.tenant, agent=agent)
+        for contract in contracts
+        for target in contract.spec["policy"]["write_targets"]
+        if grant.target in (target, "*")
+    ]
     unique = sorted(
         {(a, t, c.key): (a, t, c) for a, t, c in pairs}.values(),
         key=lambda p: (p[0], p[1], p[2].key),

@@ -273,7 +273,7 @@ def evaluate_text(*, text: str, request: PolicyRequest) -> Decision:
         decision = result.decision
         reasons = list(result.diagnostics.reasons)
         errors = list(result.diagnostics.errors)
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001
         return Decision(verdict=Verdict.ERROR, error=f"{type(error).__name__}: {error}")
     annotations = compiled.annotations
     determining = tuple(_name(policy_id, annotations) for policy_id in reasons)

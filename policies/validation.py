@@ -131,18 +131,16 @@ def _undeclared_amount_problems(
     false, so the policy would publish and never match (docs/policies.md)."""
     amounts = schema.get("", {}).get("entityTypes", {}).get("Amounts", {})
     declared = set(amounts.get("shape", {}).get("attributes", {}))
-    problems = []
-    for policy_id, policy in policies.items():
-        for name in sorted(_amounts_named(policy.get("conditions")) - declared):
-            problems.append(
-                Problem(
-                    message=f"context.amounts.{name}: no published contract declares "
-                    f"{name!r} among its amount_fields, so this would never match",
-                    line=lines.get(policy_id),
-                    policy=policy_id,
-                )
-            )
-    return problems
+    return [
+        Problem(
+            message=f"context.amounts.{name}: no published contract declares "
+            f"{name!r} among its amount_fields, so this would never match",
+            line=lines.get(policy_id),
+            policy=policy_id,
+        )
+        for policy_id, policy in policies.items()
+        for name in sorted(_amounts_named(policy.get("conditions")) - declared)
+    ]
 
 
 def policy_problems(*, text: str, schema: Mapping[str, Any]) -> list[Problem]:

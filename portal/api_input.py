@@ -260,11 +260,13 @@ def api_schema_hook(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
     targets: list[Any] = [
         schema for name, schema in components.items() if name.endswith("Request")
     ]
-    for item in result.get("paths", {}).values():
-        for operation in item.values():
-            for parameter in operation.get("parameters", []):
-                if parameter.get("in") in {"query", "path"}:
-                    targets.append(parameter.get("schema", {}))
+    targets.extend(
+        parameter.get("schema", {})
+        for item in result.get("paths", {}).values()
+        for operation in item.values()
+        for parameter in operation.get("parameters", [])
+        if parameter.get("in") in {"query", "path"}
+    )
     for target in targets:
         for schema in _string_schemas(target):
             if not {"format", "enum", "pattern"} & set(schema):

@@ -68,14 +68,15 @@ class ProblemSyncWorker(SyncWorker):
     def handle_error(
         self, req: Any, client: Any, addr: Any, exc: BaseException
     ) -> None:
-        started = datetime.now()
+        # Naive local time, as gunicorn's own handle_error gives its access log.
+        started = datetime.now()  # noqa: DTZ005
         addr = addr or ("", -1)  # a unix socket
         status = refusal_status(exc)
         message = problem_message(status)
         # The answer first: whatever the log lines below meet, the client has it.
         try:
             util.write_nonblock(client, message)
-        except Exception:  # the client may be gone; nothing left to tell it
+        except Exception:  # the client may be gone; nothing left to tell it  # noqa: BLE001
             self.log.debug("Failed to send the error answer.")
         if status < 500:
             self.log.warning("Invalid request from ip=%s: %s", addr[0], exc)
@@ -94,4 +95,9 @@ class ProblemSyncWorker(SyncWorker):
             response = Response(req, client, self.cfg)
             response.status = f"{status} {HTTPStatus(status).phrase}"
             response.response_length = len(message)
-            self.log.access(response, req, environ, datetime.now() - started)
+            self.log.access(
+                response,
+                req,
+                environ,
+                datetime.now() - started,  # noqa: DTZ005
+            )

@@ -103,7 +103,7 @@ class JsonFormatter(_JsonFormatter):
     def process_log_record(self, log_data: dict[str, Any]) -> dict[str, Any]:
         try:
             return self._redacted(log_data)
-        except Exception:
+        except Exception:  # noqa: BLE001
             # Never write what could not be redacted; say that a line was withheld.
             return {
                 key: log_data.get(key)

@@ -266,4 +266,4 @@ def overdue_counts(
         return {}
     with connection.cursor() as cursor:
         cursor.execute(_OVERDUE, {"tenants": list(tenant_ids), "cap": cap})
-        return {tenant_id: n for tenant_id, n in cursor.fetchall()}
+        return dict(cursor.fetchall())

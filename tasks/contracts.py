@@ -94,14 +94,14 @@ def contract_spec_validate(spec: Any) -> None:
             problems.append(
                 {"path": "/required_fields", "message": f"duplicate names {duplicates}"}
             )
-        for name in spec.get("sensitive_fields") or {}:
-            if not 0 < len(name) <= 100:
-                problems.append(
-                    {
-                        "path": "/sensitive_fields",
-                        "message": "a field name is 1 to 100 characters",
-                    }
-                )
+        problems.extend(
+            {
+                "path": "/sensitive_fields",
+                "message": "a field name is 1 to 100 characters",
+            }
+            for name in spec.get("sensitive_fields") or {}
+            if not 0 < len(name) <= 100
+        )
     if problems:
         raise ContractInvalid(problems=problems)
 

@@ -131,9 +131,9 @@ def _owner(user: Person) -> str:
 # --- Escalation ----------------------------------------------------------------------
 
 # Only automation's states: a task a person holds (or that ended) stays as it is.
-_ESCALATE_MOVES: Final[dict[str, str]] = {
-    state: TaskState.HUMAN_REQUIRED for state in services.LEASABLE_STATES
-}
+_ESCALATE_MOVES: Final[dict[str, str]] = dict.fromkeys(
+    services.LEASABLE_STATES, TaskState.HUMAN_REQUIRED
+)
 _ESCALATE: Final = TaskStateWrite(
     where="t.tenant_id = %(tenant_id)s AND t.id = %(task_id)s",
     assignments=(

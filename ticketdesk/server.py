@@ -158,9 +158,9 @@ def _validated_body(raw: bytes) -> dict[str, Any]:
         ):
             json_type = _JSON_TYPES.get(kind, "number")
             problems.append(f"{name} must be a JSON {json_type}")
-    for name in ("queue", "summary"):
-        if not body.get(name):
-            problems.append(f"{name} is required")
+    problems.extend(
+        f"{name} is required" for name in ("queue", "summary") if not body.get(name)
+    )
     ref = body.get("object")
     if isinstance(ref, dict) and (
         set(ref) != {"type", "id"}

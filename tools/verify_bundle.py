@@ -808,8 +808,8 @@ def load_witness_key(source: str) -> WitnessKey:
 def _epoch(text: str) -> int:
     import datetime as dt
 
-    moment = dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ")
-    return int(moment.replace(tzinfo=dt.UTC).timestamp())
+    # %z reads the trailing "Z" as UTC.
+    return int(dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%f%z").timestamp())
 
 
 def _check_cosignatures(

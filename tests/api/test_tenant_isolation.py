@@ -67,15 +67,17 @@ COLLECTIONS = {
 
 
 def routes_with_ids() -> list[tuple[str, str]]:
-    cases = []
+    cases: list[tuple[str, str]] = []
     for pattern in api_v1:
         route = str(pattern.pattern)
         if route in COLLECTIONS or route.startswith(("takeover/", "tenants/")):
             continue  # routes for people: tests/api/test_takeover_api.py, test_contracts
         view = pattern.callback.view_class  # type: ignore[attr-defined]
-        for method in ("get", "post", "put", "delete"):
-            if hasattr(view, method):
-                cases.append((route, method))
+        cases.extend(
+            (route, method)
+            for method in ("get", "post", "put", "delete")
+            if hasattr(view, method)
+        )
     return cases
 
 

@@ -222,4 +222,4 @@ def test_a_refusal_newer_than_the_client_is_still_a_gateway_refusal() -> None:
 
 def test_field_values_need_an_aware_time() -> None:
     with pytest.raises(ValueError, match="timezone-aware"):
-        FieldValue(name="email", value="a", source="crm", observed_at=dt.datetime.now())
+        FieldValue(name="email", value="a", source="crm", observed_at=dt.datetime.now())  # noqa: DTZ005 (naive on purpose)

@@ -97,8 +97,7 @@ class Up:
 
 def _collect(stream: IO[bytes], lines: list[str]) -> None:
     with stream:
-        for raw in stream:
-            lines.append(raw.decode("utf-8", "replace").rstrip("\n"))
+        lines.extend(raw.decode("utf-8", "replace").rstrip("\n") for raw in stream)
 
 
 def _clean_env(**overrides: str) -> dict[str, str]:

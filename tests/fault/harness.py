@@ -370,7 +370,7 @@ class Nemesis(threading.Thread):
                 self.self_exits += self.pool.supervise()
                 if self.striking:
                     self.strike()
-        except BaseException as error:  # surfaced by stop()
+        except BaseException as error:  # surfaced by stop()  # noqa: BLE001
             self.error = error
 
     def strike(self) -> None:

@@ -91,7 +91,7 @@ class Submitter(threading.Thread):
                         producer=producer,
                     )
             run.clock.mark("submitted")
-        except BaseException as error:  # surfaced by join()
+        except BaseException as error:  # surfaced by join()  # noqa: BLE001
             self.error = error
         finally:
             connection.close()  # this thread's own connection to the test database
@@ -150,7 +150,7 @@ class Run:
             return False
         try:
             return queue_depth(self.amqp_url, self.queue) == 0
-        except Exception:
+        except Exception:  # noqa: BLE001
             return False
 
     def settle(self, between: Callable[[], None] = lambda: None) -> None:

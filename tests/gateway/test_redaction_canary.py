@@ -202,7 +202,7 @@ def _person(name: str, tenant: Any, role: Role) -> User:
 def _admin_pages(client: Client, tenant: Any) -> list[tuple[str, int, str]]:
     """Every admin changelist, and the change page of each of the tenant's rows."""
     pages = [("/admin/", client.get("/admin/"))]
-    for model, _model_admin in admin.site._registry.items():
+    for model in admin.site._registry:
         opts = model._meta
         try:
             changelist = reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist")

@@ -97,7 +97,7 @@ def test_a_key_revoked_mid_session_is_refused_at_the_next_request(
             await anyio.to_thread.run_sync(_revoke, agents)
             try:
                 await session.call_tool(TOOL, call, read_timeout_seconds=10)
-            except Exception as error:  # the transport's 401
+            except Exception as error:  # the transport's 401  # noqa: BLE001
                 return listed, repr(error)
             return listed, "answered"
 

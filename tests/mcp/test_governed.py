@@ -155,7 +155,7 @@ def test_another_agent_sees_only_its_own_grants_and_another_tenant_nothing(
                 try:
                     await session.read_resource(story_uri)
                     story = "read"
-                except Exception as error:  # the SDK raises the JSON-RPC error
+                except Exception as error:  # the SDK raises the JSON-RPC error  # noqa: BLE001
                     story = str(error)
                 seen[name] = (tools, called, story)
         return mine, seen

@@ -47,7 +47,7 @@ def _run_clients(target: Callable[[int], None], count: int) -> None:
     def run(index: int) -> None:
         try:
             target(index)
-        except BaseException as error:  # reported by the test thread
+        except BaseException as error:  # reported by the test thread  # noqa: BLE001
             errors.append(error)
         finally:
             connection.close()  # this thread's own Django connection
@@ -163,9 +163,9 @@ def test_the_startup_timeouts_reach_the_server_through_connect_query(
     with psycopg.connect(**conninfo(user=db_roles.APP_ROLE), options=options) as direct:
         expected = [
             direct.execute("SELECT current_setting('lock_timeout')").fetchall()[0][0],
-            direct.execute("SELECT current_setting('statement_timeout')").fetchall()[
+            direct.execute("SELECT current_setting('statement_timeout')").fetchall()[0][
                 0
-            ][0],
+            ],
         ]
     # Then: the same timeouts, set by connect_query on each server connection.
     assert expected != ["0", "0"]
@@ -240,7 +240,9 @@ def test_the_prepared_statement_check_sees_prepared_statements(
 ) -> None:
     """The control of the test above: straight to PostgreSQL, server-side
     binding and a threshold of 0 do prepare, and both counts show it."""
-    with psycopg.connect(**conninfo(user=db_roles.APP_ROLE), prepare_threshold=0) as conn:
+    with psycopg.connect(
+        **conninfo(user=db_roles.APP_ROLE), prepare_threshold=0
+    ) as conn:
         for _ in range(3):
             conn.execute("SELECT count(*) FROM tasks_task WHERE object_id = %s", ["x"])
         assert _prepared_count(conn) >= 1

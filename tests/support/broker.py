@@ -43,7 +43,7 @@ def broker_reachable(url: str, timeout: float = 3.0) -> bool:
     try:
         broker.ensure_connection(max_retries=0)
         return True
-    except Exception:
+    except Exception:  # noqa: BLE001
         return False
     finally:
         broker.release()

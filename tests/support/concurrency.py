@@ -26,7 +26,7 @@ def run_in_threads(*functions: Callable[[], Any], timeout: float = 60) -> list[A
                 # A stuck lock fails the test instead of hanging it.
                 cursor.execute("SET lock_timeout = '10s'")
             outcomes[index] = function()
-        except BaseException as error:
+        except BaseException as error:  # noqa: BLE001
             outcomes[index] = error
         finally:
             connection.close()

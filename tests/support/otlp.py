@@ -40,24 +40,24 @@ def _value(any_value: Any) -> Any:
 def decode(body: bytes) -> list[Span]:
     request = ExportTraceServiceRequest()
     request.ParseFromString(body)
-    spans = []
+    spans: list[Span] = []
     for resource_spans in request.resource_spans:
         resource = {
             kv.key: _value(kv.value) for kv in resource_spans.resource.attributes
         }
-        for scope_spans in resource_spans.scope_spans:
-            for span in scope_spans.spans:
-                spans.append(
-                    Span(
-                        service=str(resource.get("service.name", "")),
-                        name=span.name,
-                        kind=span.kind,
-                        trace_id=span.trace_id.hex(),
-                        span_id=span.span_id.hex(),
-                        parent_span_id=span.parent_span_id.hex(),
-                        attributes={kv.key: _value(kv.value) for kv in span.attributes},
-                    )
-                )
+        spans.extend(
+            Span(
+                service=str(resource.get("service.name", "")),
+                name=span.name,
+                kind=span.kind,
+                trace_id=span.trace_id.hex(),
+                span_id=span.span_id.hex(),
+                parent_span_id=span.parent_span_id.hex(),
+                attributes={kv.key: _value(kv.value) for kv in span.attributes},
+            )
+            for scope_spans in resource_spans.scope_spans
+            for span in scope_spans.spans
+        )
     return spans
 
 

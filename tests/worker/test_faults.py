@@ -225,7 +225,7 @@ def test_broker_outage_keeps_writes_available_and_the_backlog_drains(
                     relay.nudge_relay()
                 writes[phase["now"]] += 1
                 write_latency_ms.append((time.monotonic() - started) * 1000)
-            except Exception as error:
+            except Exception as error:  # noqa: BLE001
                 write_errors.append(repr(error))
             n += 1
             time.sleep(0.05)

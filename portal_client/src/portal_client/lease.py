@@ -161,7 +161,7 @@ class LeaseKeeper:
                 # Unreachable, rate limited, a 5xx: try again at the next tick; the
                 # deadline decides when the lease must be presumed gone.
                 logger.warning("lease renewal of task %s failed: %s", self.task_id, exc)
-            except Exception as exc:  # a bug must not leave a silent, dead keeper
+            except Exception as exc:  # a bug must not leave a silent, dead keeper  # noqa: BLE001
                 self._lose(f"renewal crashed: {exc!r}")
                 return
 

@@ -96,28 +96,28 @@ def _inclusion_forgeries(tree, index, size):
     proof = tree.inclusion_proof(index, size)
     root = tree.root(size)
     some = bytes(range(32))
-    yield "index - 1", dict(index=index - 1)
-    yield "index + 1", dict(index=index + 1)
-    yield "index ^ 2", dict(index=index ^ 2)
-    yield "size * 2", dict(size=size * 2)
-    yield "size / 2", dict(size=size // 2)
-    yield "wrong leaf", dict(leaf=some)
-    yield "empty root", dict(root=merkle.EMPTY_ROOT)
-    yield "trailing root", dict(proof=[*proof, root])
-    yield "preceding root", dict(proof=[root, *proof])
-    yield "short node", dict(proof=[*proof[:-1], proof[-1][:31]] if proof else [b""])
+    yield "index - 1", {"index": index - 1}
+    yield "index + 1", {"index": index + 1}
+    yield "index ^ 2", {"index": index ^ 2}
+    yield "size * 2", {"size": size * 2}
+    yield "size / 2", {"size": size // 2}
+    yield "wrong leaf", {"leaf": some}
+    yield "empty root", {"root": merkle.EMPTY_ROOT}
+    yield "trailing root", {"proof": [*proof, root]}
+    yield "preceding root", {"proof": [root, *proof]}
+    yield "short node", {"proof": [*proof[:-1], proof[-1][:31]] if proof else [b""]}
     for i in range(len(proof)):
         flipped = [*proof]
         flipped[i] = bytes([proof[i][0] ^ 8]) + proof[i][1:]
-        yield f"bit flipped in node {i}", dict(proof=flipped)
+        yield f"bit flipped in node {i}", {"proof": flipped}
     if proof:
-        yield "removed node", dict(proof=proof[:-1])
+        yield "removed node", {"proof": proof[:-1]}
     if len(proof) > 1:
-        yield "inserted node", dict(proof=[proof[0], some, *proof[1:]])
-        yield "swapped siblings", dict(proof=[proof[1], proof[0], *proof[2:]])
+        yield "inserted node", {"proof": [proof[0], some, *proof[1:]]}
+        yield "swapped siblings", {"proof": [proof[1], proof[0], *proof[2:]]}
     other = (index + 1) % size
     if other != index and tree.inclusion_proof(other, size) != proof:
-        yield "another leaf's proof", dict(proof=tree.inclusion_proof(other, size))
+        yield "another leaf's proof", {"proof": tree.inclusion_proof(other, size)}
 
 
 @pytest.mark.parametrize("size", [2, 3, 5, 7, 8, 13, 16, 33])
@@ -125,13 +125,13 @@ def test_forged_inclusion_proofs_are_refused(size):
     rng = random.Random(size)
     tree = _random_tree(rng, size)
     for index in range(size):
-        base = dict(
-            leaf=tree.leaf_hashes[index],
-            index=index,
-            size=size,
-            proof=tree.inclusion_proof(index, size),
-            root=tree.root(size),
-        )
+        base = {
+            "leaf": tree.leaf_hashes[index],
+            "index": index,
+            "size": size,
+            "proof": tree.inclusion_proof(index, size),
+            "root": tree.root(size),
+        }
         merkle.verify_inclusion(**base)  # the honest one holds
         for _name, change in _inclusion_forgeries(tree, index, size):
             probe = {**base, **change}
@@ -146,37 +146,37 @@ def test_forged_consistency_proofs_are_refused(old, new):
     rng = random.Random(old * 100 + new)
     tree = _random_tree(rng, new)
     proof = tree.consistency_proof(old, new)
-    base = dict(
-        old_size=old,
-        new_size=new,
-        old_root=tree.root(old),
-        new_root=tree.root(new),
-        proof=proof,
-    )
+    base = {
+        "old_size": old,
+        "new_size": new,
+        "old_root": tree.root(old),
+        "new_root": tree.root(new),
+        "proof": proof,
+    }
     merkle.verify_consistency(**base)
     some = bytes(range(32))
     forgeries = [
-        dict(old_size=old - 1),
-        dict(old_size=old + 1),
-        dict(new_size=new * 2),
-        dict(new_size=new // 2),
-        dict(old_size=old ^ 2),
-        dict(old_root=some),
-        dict(new_root=some),
-        dict(old_root=base["new_root"], new_root=base["old_root"]),
-        dict(proof=[]),
-        dict(proof=[*proof, some]),
-        dict(proof=[some, *proof]),
-        dict(proof=[proof[0], *proof]),
-        dict(proof=proof[:-1]),
-        dict(old_size=new, new_size=old),
+        {"old_size": old - 1},
+        {"old_size": old + 1},
+        {"new_size": new * 2},
+        {"new_size": new // 2},
+        {"old_size": old ^ 2},
+        {"old_root": some},
+        {"new_root": some},
+        {"old_root": base["new_root"], "new_root": base["old_root"]},
+        {"proof": []},
+        {"proof": [*proof, some]},
+        {"proof": [some, *proof]},
+        {"proof": [proof[0], *proof]},
+        {"proof": proof[:-1]},
+        {"old_size": new, "new_size": old},
     ]
     for i in range(len(proof)):
         flipped = [*proof]
         flipped[i] = bytes([proof[i][0] ^ 16]) + proof[i][1:]
-        forgeries.append(dict(proof=flipped))
+        forgeries.append({"proof": flipped})
     if len(proof) > 1:
-        forgeries.append(dict(proof=[proof[1], proof[0], *proof[2:]]))
+        forgeries.append({"proof": [proof[1], proof[0], *proof[2:]]})
     for change in forgeries:
         with pytest.raises(merkle.ProofError):
             merkle.verify_consistency(**{**base, **change})

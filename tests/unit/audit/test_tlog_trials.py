@@ -91,7 +91,12 @@ def test_every_log_trial_is_caught_with_its_kind(kind):
 def _forged_inclusion(rng: random.Random, tree: merkle.Tree, index: int) -> dict:
     size = len(tree)
     proof = tree.inclusion_proof(index)
-    honest = dict(leaf=tree.leaf_hashes[index], index=index, size=size, proof=proof)
+    honest = {
+        "leaf": tree.leaf_hashes[index],
+        "index": index,
+        "size": size,
+        "proof": proof,
+    }
     choices = ["bit", "other leaf", "index", "drop", "extra", "wrong leaf"]
     if len(proof) > 1:
         choices.append("swap")
@@ -128,12 +133,12 @@ def test_every_forged_inclusion_proof_is_refused_by_both_verifiers():
         )
         index = rng.randrange(len(tree))
         root = tree.root()
-        honest = dict(
-            leaf=tree.leaf_hashes[index],
-            index=index,
-            size=len(tree),
-            proof=tree.inclusion_proof(index),
-        )
+        honest = {
+            "leaf": tree.leaf_hashes[index],
+            "index": index,
+            "size": len(tree),
+            "proof": tree.inclusion_proof(index),
+        }
         merkle.verify_inclusion(**honest, root=root)
         assert tool.inclusion_root(**honest) == root
         forged = _forged_inclusion(rng, tree, index)
@@ -151,13 +156,13 @@ def test_every_forged_consistency_proof_is_refused():
         old = rng.randint(1, new - 1)
         tree = merkle.Tree([merkle.leaf_hash(leaf) for leaf in _leaves(rng, new)])
         proof = tree.consistency_proof(old, new)
-        honest = dict(
-            old_size=old,
-            new_size=new,
-            old_root=tree.root(old),
-            new_root=tree.root(new),
-            proof=proof,
-        )
+        honest = {
+            "old_size": old,
+            "new_size": new,
+            "old_root": tree.root(old),
+            "new_root": tree.root(new),
+            "proof": proof,
+        }
         merkle.verify_consistency(**honest)
         how = rng.choice(["bit", "drop", "extra", "old root", "swap", "fork"])
         if how == "bit":
