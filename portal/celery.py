@@ -12,13 +12,30 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 
 
 class ScopedTask(Task):
-    """Each job starts with no tenant scope and leaves none (portal/scope.py)."""
+    """Each job starts with no tenant scope and leaves none (portal/scope.py), and
+    its end is recorded as the job's last run (portal/jobruns.py)."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from portal import scope
+        import time
 
-        with scope.unit_of_work():
-            return super().__call__(*args, **kwargs)
+        from portal import jobruns, scope
+
+        started = time.monotonic()
+        error: BaseException | None = None
+        try:
+            with scope.unit_of_work():
+                return super().__call__(*args, **kwargs)
+        except BaseException as raised:
+            error = raised
+            raise
+        finally:
+            # The job's last run, for the workers page (console/workers.py).
+            jobruns.job_run_record(
+                name=self.name,
+                started=started,
+                error=error,
+                worker=str(getattr(self.request, "hostname", None) or ""),
+            )
 
 
 app = Celery("portal", task_cls=ScopedTask)

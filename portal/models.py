@@ -333,3 +333,37 @@ class AgentRequestWindow(models.Model):
 
     def __str__(self) -> str:
         return f"{self.agent_id}: {self.requests} since {self.window_start}"
+
+
+class JobOutcome(models.TextChoices):
+    SUCCESS = "success"
+    FAILURE = "failure"
+
+
+class JobRun(models.Model):
+    """The last run of each Celery job, whoever started it (beat, a nudge, a test).
+
+    One row per job name, moved by one upsert at the end of the job in the worker
+    that ran it (``portal.celery.ScopedTask``, ``portal.jobruns``): the workers page
+    (console/workers.py) reads from it when beat's jobs last ran and how. Not a
+    tenant's row: a job serves every tenant. A row is at most a second old per
+    worker process for a job that runs more often (a failure is always written).
+    """
+
+    name = models.CharField(max_length=200, primary_key=True)
+    finished_at = models.DateTimeField()
+    duration_ms = models.PositiveIntegerField()
+    outcome = models.CharField(max_length=10, choices=JobOutcome)
+    worker = models.CharField(max_length=200, blank=True, default="")
+    error = models.CharField(max_length=200, blank=True, default="")
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(outcome__in=JobOutcome.values),
+                name="portal_jobrun_outcome_check",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.outcome} at {self.finished_at}"

@@ -88,6 +88,7 @@ COORDINATOR = frozenset(
         "django_session",
         "django_admin_log",
         "portal_test_clock",  # the test clock's per-backend offsets
+        "portal_jobrun",  # each Celery job's last run (portal/jobruns.py)
         # django-axes' login attempts and lockouts (docs/portal.md)
         "axes_accessattempt",
         "axes_accessattemptexpiration",
