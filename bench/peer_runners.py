@@ -7,8 +7,8 @@
   beforehand (untimed), in its own database.
 - *dbos*: a DBOS Transact workflow of one step, called synchronously, in its own
   system database.
-- *service* ``lifecycle``: register, claim, reserve, begin, verified outcome,
-  succeeded: six service transactions.
+- *service* ``lifecycle``: register and claim, reserve, begin, verified outcome,
+  succeeded: five service transactions.
 
 Import after ``django.setup()``; the peers are imported only by their runners (the
 ``bench`` extra, README).
@@ -354,6 +354,7 @@ def close() -> None:
 
 # --- DBOS Transact -------------------------------------------------------------------
 
+
 class LifecycleDbos(_Base):
     def __init__(self, spec: RunSpec, ctx: WorkerContext) -> None:
         super().__init__(spec, ctx)
@@ -372,7 +373,7 @@ class LifecycleDbos(_Base):
 
 
 class LifecycleService(_Base):
-    """register → claim → reserve → begin → verified outcome → succeeded."""
+    """register and claim → reserve → begin → verified outcome → succeeded."""
 
     def __init__(self, spec: RunSpec, ctx: WorkerContext) -> None:
         super().__init__(spec, ctx)
@@ -381,7 +382,8 @@ class LifecycleService(_Base):
     def op(self) -> None:
         self.counter += 1
         name = f"{self.spec.run_id}-r{self.spec.round}-{self.ctx.index}-{self.counter}"
-        services.task_register(
+        # Registered and claimed in one transaction (``claim_owner``).
+        task = services.task_register(
             tenant=self.tenant,
             actor=self.actor,
             client_task_id=name,
@@ -390,14 +392,8 @@ class LifecycleService(_Base):
             object_type="bench_object",
             object_id=name,
             object_version="1",
-        )
-        # Another client may take this one: every client registers before it claims,
-        # so some task is always there to claim.
-        task = None
-        while task is None:
-            task = services.task_claim_next(
-                tenant=self.tenant, owner=self.ctx.owner, actor=self.actor
-            )
+            claim_owner=self.ctx.owner,
+        ).task
         reservation = services.operation_reserve(
             tenant=self.tenant,
             task_id=task.pk,

@@ -29,6 +29,7 @@ from django.db.models.functions import Now
 from audit import services as audit_services
 from audit.models import EventCode, Outbox
 from audit.redaction import redact
+from limits import services as limits_services
 from portal import scope
 from portal import selectors as portal_selectors
 from portal.actors import Actor, ActorType
@@ -46,12 +47,16 @@ RESERVE: Final = services._RESERVE
 CLAIM_NEXT: Final = services._CLAIM_NEXT.sql
 
 # What one measured operation executes, in order; the service must match (see below).
-# GRANT_CHECK stands for the ORM read of ``portal.selectors.agent_may``: the raw
-# flavour replays the text Django generates for it (``grant_check``).
+# GRANT_CHECK stands for the read of ``portal.selectors.agent_may`` (the API's
+# coordinator labels it by the text ``grant_check`` captures).
 GRANT_CHECK: Final = "<agent_may>"
+# The reservation's read before its insert (grant, contract spec, policy set in
+# force) and the limits' read of flags and limits after it.
+RESERVE_CONTEXT: Final = services._RESERVE_CONTEXT
+ADMIT: Final = limits_services._ADMIT
 STATEMENTS: Final[dict[str, tuple[str, ...]]] = {
     "transition": (TRANSITION, EVENT_AND_OUTBOX),
-    "reservation": (GRANT_CHECK, RESERVE, EVENT_AND_OUTBOX),
+    "reservation": (RESERVE_CONTEXT, RESERVE, ADMIT, EVENT_AND_OUTBOX),
     "claim": (CLAIM_NEXT, EVENT_AND_OUTBOX, TRANSITION, EVENT_AND_OUTBOX),
 }
 
@@ -240,7 +245,7 @@ def make_tenant(slug: str) -> tuple[Tenant, Agent]:
     return tenant, agent
 
 
-def grant_check(*, tenant: Tenant, agent_id: str) -> tuple[str, list[Any]]:
+def grant_check(*, tenant: Tenant, agent_id: str) -> tuple[str, Any]:
     """The SQL and parameters of the grant read ``operation_reserve`` makes."""
     with captured_statements() as seen:
         granted = portal_selectors.agent_may(
@@ -252,7 +257,7 @@ def grant_check(*, tenant: Tenant, agent_id: str) -> tuple[str, list[Any]]:
     if not granted or len(seen) != 1:
         raise AssertionError(f"agent_may: granted={granted}, {len(seen)} statements")
     sql, params = seen[0]
-    return sql, list(params)
+    return sql, params
 
 
 # --- Raw psycopg ---------------------------------------------------------------------
@@ -369,16 +374,26 @@ def raw_reserve(
     target: str,
     input: Any,
     actor: Actor,
-    grant: tuple[str, list[Any]],
 ) -> None:
-    """``operation_reserve``'s three statements (new key); the caller holds the txn.
+    """``operation_reserve``'s four statements (new key); the caller holds the txn.
 
     First the tenant scope, as the service's transaction sets it (row-level
     security on the grants, docs/database-roles.md).
     """
     cursor.execute("SELECT set_config(%s, %s, true)", [scope.SETTING, str(tenant_id)])
-    cursor.execute(*grant)
-    if cursor.fetchone() is None:
+    cursor.execute(
+        RESERVE_CONTEXT,
+        {
+            "tenant_id": tenant_id,
+            "task_id": task_id,
+            "agent_id": uuid.UUID(actor.id),
+            "action": action,
+            "target": target,
+            "published": "published",
+        },
+    )
+    context = cursor.fetchone()
+    if context is None or not context[0]:
         raise RuntimeError("raw reservation: no grant")
     # Sorted compact JSON is RFC 8785 for this input (ASCII keys, small integers).
     digest = hashlib.sha256(
@@ -407,6 +422,16 @@ def raw_reserve(
     row = cursor.fetchone()
     if row is None:
         raise RuntimeError(f"raw reservation {idempotency_key} touched no row")
+    cursor.execute(
+        ADMIT,
+        {
+            "tenant_id": tenant_id,
+            "agent_id": actor.id,
+            "action": action,
+            "target": target,
+        },
+    )
+    cursor.fetchone()
     cursor.execute(
         EVENT_AND_OUTBOX,
         _event_params(
@@ -788,7 +813,6 @@ class ReservationRaw(_Reservation):
                 target=RESERVATION_TARGET,
                 input=RESERVATION_INPUT,
                 actor=self.actor,
-                grant=self.grant,
             )
 
 
@@ -813,7 +837,6 @@ class ReservationDjangoSql(_Reservation):
                 target=RESERVATION_TARGET,
                 input=RESERVATION_INPUT,
                 actor=self.actor,
-                grant=self.grant,
             )
 
 
@@ -969,5 +992,5 @@ def _check_same_statements(
                 f"{workload}: the service executed {len(seen[workload])} statements"
                 " that differ from the raw flavour's; update bench/workloads.py"
                 f" (first difference at #{first}:"
-                f" {executed[first:first + 1]} vs {wanted[first:first + 1]})"
+                f" {executed[first : first + 1]} vs {wanted[first : first + 1]})"
             )

@@ -120,12 +120,14 @@ def _agent_key_by_prefix(prefix: str) -> tuple[AgentKey, bool] | None:
 # gateway execution, and building the query cost more client CPU than the rest of a
 # reservation (docs/performance-log.md, issue 11); fixed text is also prepared once
 # per connection.
-_AGENT_MAY = f"""
-SELECT EXISTS (
+AGENT_MAY_EXISTS = f"""EXISTS (
     SELECT 1 FROM {AgentGrant._meta.db_table}
-    WHERE tenant_id = %s AND agent_id = %s AND action = %s AND target IN (%s, '*')
-)
-"""
+    WHERE tenant_id = %(tenant_id)s AND agent_id = %(agent_id)s
+      AND action = %(action)s AND target IN (%(target)s, '*')
+)"""
+"""``agent_may``'s condition, with named parameters (``tenant_id``, ``agent_id``,
+``action``, ``target``), for a hot path that reads it in a statement of its own."""
+_AGENT_MAY = f"SELECT {AGENT_MAY_EXISTS}"
 
 
 def agent_may(
@@ -138,7 +140,15 @@ def agent_may(
     """
     agent = agent_id if isinstance(agent_id, uuid.UUID) else uuid.UUID(agent_id)
     with connection.cursor() as cursor:
-        cursor.execute(_AGENT_MAY, [tenant.pk, agent, action, target])
+        cursor.execute(
+            _AGENT_MAY,
+            {
+                "tenant_id": tenant.pk,
+                "agent_id": agent,
+                "action": action,
+                "target": target,
+            },
+        )
         row = cursor.fetchone()
     return bool(row and row[0])
 

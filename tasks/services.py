@@ -13,6 +13,7 @@ SQL clock, ``app_now()``.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from limits import services as limits_services
 from policies import engine as policy_engine
 from policies import selectors as policy_selectors
 from policies.exceptions import PolicyDenied, PolicyError
+from policies.models import PolicySetState
 from portal import db as portal_db
 from portal import metrics, scope
 from portal import selectors as portal_selectors
@@ -203,6 +205,8 @@ def task_register(
     object_version: str,
     contract_key: str | None = None,
     contract_version: int | None = None,
+    claim_owner: str | None = None,
+    claim_ttl_s: float | None = None,
     trace: Trace = NO_TRACE,
 ) -> Registration:
     """Register a task, pinning its workflow, contract and object versions.
@@ -210,6 +214,12 @@ def task_register(
     Idempotent on ``client_task_id``: the same details return the stored task
     (``created=False``). A contract key without a version pins the newest published
     version.
+
+    With ``claim_owner``, a newly registered task is also claimed by that owner in
+    the same transaction, as ``task_claim_next`` would (``running`` under a new
+    lease of ``claim_ttl_s``; events ``task.registered`` then ``task.claimed``),
+    saving the worker a second transaction. A task registered before is returned
+    as stored, unclaimed: claim or lease it as usual.
 
     Raises:
         TaskIdReused: the id was registered with different details.
@@ -220,7 +230,9 @@ def task_register(
     """
     if actor.type == ActorType.AGENT:
         limits_services.agent_admit(tenant=tenant, agent_id=actor.id)
+    claim_ttl = _lease_ttl(claim_ttl_s) if claim_owner is not None else None
     refuse_sensitive(
+        owner=claim_owner,
         client_task_id=client_task_id,
         workflow_key=workflow_key,
         workflow_version=workflow_version,
@@ -287,6 +299,21 @@ def task_register(
             "object": {"type": object_type, "id": object_id, "version": object_version},
         },
     )
+    if claim_owner is not None:
+        rows = task_state_write(
+            statement=_CLAIM_REGISTERED,
+            moves=_CLAIM_NEXT_MOVES,
+            params={
+                "tenant_id": tenant.pk,
+                "task_id": task.pk,
+                "owner": claim_owner,
+                "ttl": claim_ttl,
+            },
+        )
+        task = task_from_row(rows[0])  # made above, in this transaction
+        _claimed_event(
+            tenant=tenant, task=task, owner=claim_owner, actor=actor, trace=trace
+        )
     return Registration(task=task, created=True)
 
 
@@ -597,6 +624,13 @@ _CLAIM_NEXT: Final = TaskStateWrite(
 )
 
 
+# The claim of a task ``task_register`` has just made (pending, no lease yet).
+_CLAIM_REGISTERED: Final = TaskStateWrite(
+    where="t.tenant_id = %(tenant_id)s AND t.id = %(task_id)s",
+    assignments=_CLAIM_NEXT.assignments,
+)
+
+
 @limits_services.refusals_recorded("lease")
 @portal_db.translate_integrity_errors
 @transaction.atomic(durable=True)
@@ -628,6 +662,13 @@ def task_claim_next(
     if not rows:
         return None
     task = task_from_row(rows[0])
+    _claimed_event(tenant=tenant, task=task, owner=owner, actor=actor, trace=trace)
+    return task
+
+
+def _claimed_event(
+    *, tenant: Tenant, task: Task, owner: str, actor: Actor, trace: Trace
+) -> None:
     audit_services.event_append(
         tenant_id=tenant.pk,
         code=EventCode.TASK_CLAIMED,
@@ -642,7 +683,6 @@ def task_claim_next(
             "state_version": task.state_version,
         },
     )
-    return task
 
 
 # --- Operations ----------------------------------------------------------------------
@@ -676,6 +716,23 @@ SELECT %(id)s, lease.tenant_id, lease.id, %(key)s, %(action)s, %(target)s,
 FROM lease
 ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
 RETURNING {_OPERATION_COLUMNS}
+"""
+
+
+# What a reservation reads before it writes, in one round trip: the agent's grant
+# (``portal.selectors.agent_may``'s condition; true for a person or the portal), the
+# task's pinned contract spec (its sensitive fields redact the stored input; None
+# when unpinned), and whether the tenant has a policy set in force (only then is it
+# loaded and evaluated, after the insert).
+_RESERVE_CONTEXT = f"""
+SELECT
+    %(agent_id)s::uuid IS NULL OR {portal_selectors.AGENT_MAY_EXISTS},
+    (SELECT c.spec FROM tasks_task AS t
+     JOIN tasks_contract AS c ON c.tenant_id = t.tenant_id
+         AND c.key = t.contract_key AND c.version = t.contract_version
+     WHERE t.tenant_id = %(tenant_id)s AND t.id = %(task_id)s),
+    EXISTS (SELECT FROM policies_policyset AS p
+            WHERE p.tenant_id = %(tenant_id)s AND p.state = %(published)s)
 """
 
 
@@ -723,16 +780,29 @@ def operation_reserve(
     sealed for the call (tasks/sealed.py). ``input_hash`` is over the real input.
     """
     refuse_sensitive(idempotency_key=idempotency_key, action=action, target=target)
-    if actor.type == ActorType.AGENT and not portal_selectors.agent_may(
-        agent_id=actor.id, tenant=tenant, action=action, target=target
-    ):
+    agent_id = uuid.UUID(actor.id) if actor.type == ActorType.AGENT else None
+    context = _fetch(
+        _RESERVE_CONTEXT,
+        {
+            "tenant_id": tenant.pk,
+            "task_id": task_id,
+            "agent_id": agent_id,
+            "action": action,
+            "target": target,
+            "published": PolicySetState.PUBLISHED,
+        },
+    )
+    granted, spec, policy_set_published = context or (False, None, False)
+    if isinstance(spec, str | bytes):  # jsonb arrives as text on Django's connection
+        spec = json.loads(spec)
+    if agent_id is not None and not granted:
         raise ActionNotGranted(action=action, target=target)
     digest = input_hash(input)
     operation_id = new_id()
     stored_input = redact(
         input,
         tenant_id=tenant.pk,
-        sensitive=task_sensitive_fields(tenant_id=tenant.pk, task_id=task_id),
+        sensitive=contract_sensitive_fields(spec) if spec is not None else {},
     )
     row = _fetch(
         _RESERVE,
@@ -769,7 +839,11 @@ def operation_reserve(
     operation = _operation(row)
     # After the insert, so a replay above is answered as stored; a refusal here
     # rolls the new row back.
-    policy = _reserve_policy(tenant=tenant, operation=operation, actor=actor)
+    policy = (
+        _reserve_policy(tenant=tenant, operation=operation, actor=actor, spec=spec)
+        if policy_set_published
+        else None
+    )
     # Charged for a new reservation only: a replay above spends nothing.
     charges = (
         limits_services.reservation_admit(
@@ -799,27 +873,20 @@ def operation_reserve(
 
 
 def _reserve_policy(
-    *, tenant: Tenant, operation: Operation, actor: Actor
+    *, tenant: Tenant, operation: Operation, actor: Actor, spec: Any
 ) -> policy_engine.Decision | None:
     """The policy set's decision on an agent's new reservation (None: no set in
-    force, or not an agent).
+    force, or not an agent). ``spec``: the task's pinned contract's, or None.
 
     Raises:
         PolicyDenied, PolicyError: the set denies, or cannot be evaluated.
     """
+    if actor.type != ActorType.AGENT:
+        return None
     policy_set = policy_selectors.policy_set_in_force(tenant=tenant)
-    if policy_set is None or actor.type != ActorType.AGENT:
+    if policy_set is None:
         return None
     task = Task.objects.get(tenant=tenant, pk=operation.task_id)
-    spec = (
-        Contract.objects.filter(
-            tenant=tenant, key=task.contract_key, version=task.contract_version
-        )
-        .values_list("spec", flat=True)
-        .first()
-        if task.contract_key is not None and task.contract_version is not None
-        else None
-    )
     decision = policy_engine.evaluate(
         policy_set=policy_set,
         request=policy_engine.request_for(
@@ -877,6 +944,10 @@ FROM tasks_operation AS old, lease
 WHERE o.tenant_id = %(tenant_id)s AND o.id = %(operation_id)s AND old.id = o.id
   AND o.task_id = lease.id
   AND o.state = ANY(%(sources)s)
+  -- An agent's own report: only on a target the gateway does not govern.
+  AND NOT (%(self_reported)s AND EXISTS (
+      SELECT FROM tasks_connector AS c
+      WHERE c.tenant_id = o.tenant_id AND c.target = o.target))
 RETURNING old.state, {_OPERATION_COLUMNS}
 """
 
@@ -916,6 +987,7 @@ def operation_move(
     lookup: bool = False,
     data: Mapping[str, Any] | None = None,
     sources: tuple[str, ...] | None = None,
+    self_reported: bool = False,
 ) -> Operation:
     """Move an operation and append its event, in the caller's transaction.
 
@@ -923,16 +995,21 @@ def operation_move(
     operation's ``state_version`` (``expected_version``, the portal and people).
     ``check_in`` schedules the next recovery look (None: no look is due).
     ``sources`` narrows the states the move may start from (never widens them
-    beyond ``OPERATION_TRANSITIONS``).
+    beyond ``OPERATION_TRANSITIONS``). ``self_reported`` (an agent's own start or
+    outcome, under its lease) adds the guard that no connector governs the target,
+    in the same statement.
 
     Raises:
         TransactionRequired: called outside a transaction.
         OperationNotFound, LeaseExpired, StaleState, IllegalTransition: the guard
             failed; nothing changed.
+        GatewayGoverned: ``self_reported`` on a target with a connector.
     """
     portal_db.require_transaction()
     if (lease_token is None) == (expected_version is None):
         raise TypeError("pass exactly one of lease_token and expected_version")
+    if self_reported and lease_token is None:
+        raise TypeError("a self-reported move is under the task's lease")
     if result is not None:
         task_id = (
             Operation.objects.filter(tenant=tenant, pk=operation_id)
@@ -960,6 +1037,7 @@ def operation_move(
             "operation_id": operation_id,
             "lease_token": lease_token,
             "expected_version": expected_version,
+            "self_reported": self_reported,
             "to": to,
             "reason": reason,
             "attempt": int(to == OperationState.EXECUTING),
@@ -976,6 +1054,8 @@ def operation_move(
         },
     )
     if row is None:
+        if self_reported:
+            _require_self_reported(tenant=tenant, operation_id=operation_id)
         raise _operation_refusal(
             tenant=tenant,
             operation_id=operation_id,
@@ -1097,7 +1177,6 @@ def operation_begin_execution(
         LeaseExpired: the task's lease token is not current or lapsed.
         IllegalTransition: the operation cannot start from its state.
     """
-    _require_self_reported(tenant=tenant, operation_id=operation_id)
     return operation_move(
         tenant=tenant,
         operation_id=operation_id,
@@ -1106,6 +1185,7 @@ def operation_begin_execution(
         actor=actor,
         trace=trace,
         sources=_SELF_REPORTED_SOURCES[OperationState.EXECUTING],
+        self_reported=True,
     )
 
 
@@ -1155,7 +1235,6 @@ def operation_record_outcome(
     if state == OperationState.UNKNOWN and reason is None:
         reason = ReasonCode.RESULT_UNKNOWN
     refuse_sensitive(provider_reference=provider_reference)
-    _require_self_reported(tenant=tenant, operation_id=operation_id)
     return operation_move(
         tenant=tenant,
         operation_id=operation_id,
@@ -1167,6 +1246,7 @@ def operation_record_outcome(
         provider_reference=provider_reference,
         result=result,
         sources=_SELF_REPORTED_SOURCES[state],
+        self_reported=True,
     )
 
 

@@ -84,6 +84,39 @@ def test_registration_pins_versions_and_records_one_event(tenant, actor):
     assert Outbox.objects.filter(event__task_id=task.pk).count() == 1
 
 
+def test_registration_with_a_claim_owner_claims_the_new_task_at_once(tenant, actor):
+    task = register(tenant, actor, claim_owner="w1", claim_ttl_s=30).task
+    stored = Task.objects.get(pk=task.pk)
+    for seen in (task, stored):
+        assert (seen.state, seen.state_version, seen.lease_token) == ("running", 2, 1)
+        assert seen.lease_owner == "w1"
+    assert stored.lease_expires_at - stored.lease_acquired_at == dt.timedelta(
+        seconds=30
+    )
+    assert events_of(task) == [EventCode.TASK_REGISTERED, EventCode.TASK_CLAIMED]
+    assert Outbox.objects.filter(event__task_id=task.pk).count() == 2
+    # Nothing else is claimed, and the lease is a real one: the next claim finds none.
+    assert services.task_claim_next(tenant=tenant, owner="w2", actor=actor) is None
+
+
+def test_a_repeated_registration_with_a_claim_owner_claims_nothing(tenant, actor):
+    first = register(tenant, actor).task
+    again = register(tenant, actor, claim_owner="w1")
+    assert not again.created
+    assert (again.task.pk, again.task.state, again.task.lease_owner) == (
+        first.pk,
+        "pending",
+        None,
+    )
+    assert events_of(first) == [EventCode.TASK_REGISTERED]
+
+
+def test_a_claim_owner_with_a_bad_ttl_registers_nothing(tenant, actor):
+    with pytest.raises(ValidationFailed):
+        register(tenant, actor, claim_owner="w1", claim_ttl_s=0)
+    assert not Task.objects.filter(tenant=tenant).exists()
+
+
 def test_registering_the_same_task_again_returns_it(tenant, actor):
     first = register(tenant, actor).task
     again = register(tenant, actor)
