@@ -19,11 +19,11 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
+from portal.db import db_now
 from portal.exceptions import PortalError
 from routing import selectors as routing_selectors
 from routing.models import ItemKind
 from tasks import approvals, takeover
-from tasks.gateway.common import db_now
 from tasks.models import Approval
 
 from .display import redacted_lines

@@ -34,6 +34,7 @@ from audit.redaction import redact
 from portal.actor_names import ActorNames
 from portal.actors import ActorType
 from portal.codes import ReasonCode
+from portal.db import db_now
 from portal.exceptions import PortalError, ValidationFailed
 from portal.models import Membership, TenantPerm
 from portal.roles import ROLE_PERMISSIONS, Person, require_tenant_perm
@@ -45,7 +46,6 @@ from tasks import takeover
 from tasks.contracts import contract_sensitive_fields
 from tasks.gateway import FieldValue
 from tasks.gateway.checks import field_problems
-from tasks.gateway.common import db_now
 from tasks.models import (
     Contract,
     Escalation,

@@ -8,6 +8,7 @@ see the same guard behaviour as production.
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ParamSpec, TypeVar
@@ -90,15 +91,12 @@ def translate_integrity_errors(func: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
-def fetch_one_dict(sql: str, params: Any) -> dict[str, Any] | None:
-    """Run one statement on the default connection; its first row as a dict."""
+def db_now() -> dt.datetime:
+    """The database clock (``app_now()``): every expiry and age is measured on it."""
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
-        if row is None:
-            return None
-        columns = [column.name for column in cursor.description]
-        return dict(zip(columns, row, strict=True))
+        cursor.execute("SELECT app_now()")
+        (now,) = cursor.fetchone()
+    return now
 
 
 def model_from_row(model: type[M], attnames: Sequence[str], row: Sequence[Any]) -> M:

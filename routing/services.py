@@ -52,13 +52,6 @@ SLA: Final = Actor.system("sla")
 DEFAULT_GROUP: Final = "Takeover desk"
 
 
-def _db_now() -> dt.datetime:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT app_now()")
-        (now,) = cursor.fetchone()
-    return now
-
-
 def _desk_link(*, item_kind: str, task_id: uuid.UUID | None) -> str:
     base = settings.PORTAL_PUBLIC_URL.rstrip("/")
     if item_kind == ItemKind.APPROVAL:
@@ -166,7 +159,7 @@ def item_assign(
     named = selectors.group_ids_named(tenant=tenant, names=group_names)
     if named:
         group_id = named[0]
-    now = _db_now()
+    now = portal_db.db_now()
     assignment = Assignment.objects.create(
         tenant=tenant,
         item_kind=item_kind,
@@ -371,7 +364,7 @@ def sla_sweep(*, limit: int = 200) -> tuple[int, int]:
     with connection.cursor() as cursor:
         cursor.execute(_CLOSE_RESOLVED)
         cursor.execute(_CLOSE_DECIDED)
-    now = _db_now()
+    now = portal_db.db_now()
     open_items = Assignment.objects.select_for_update(
         of=("self",), skip_locked=True
     ).filter(closed_at__isnull=True, escalated_at__isnull=True)

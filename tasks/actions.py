@@ -27,6 +27,7 @@ from audit.models import EventCode
 from portal import db as portal_db
 from portal import selectors as portal_selectors
 from portal.actors import Actor
+from portal.db import db_now
 from portal.exceptions import LeaseExpired, PortalError, StaleState, ValidationFailed
 from portal.idempotency import IdempotentRequestInFlight
 from portal.models import Agent, Tenant
@@ -40,7 +41,7 @@ from .exceptions import (
     LeaseHeld,
     TaskNotLeasable,
 )
-from .gateway.common import TestHook, db_now, no_hook
+from .gateway.common import TestHook, no_hook
 from .models import (
     Contract,
     ContractStatus,

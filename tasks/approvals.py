@@ -30,6 +30,7 @@ from portal import db as portal_db
 from portal import scope
 from portal.actors import Actor
 from portal.codes import ReasonCode
+from portal.db import db_now
 from portal.exceptions import NotFound, PortalError, ValidationFailed
 from portal.models import Agent, Tenant, TenantPerm
 from portal.roles import Person, has_tenant_perm, tenant_ids_with_perm
@@ -37,7 +38,6 @@ from portal.tracing import NO_TRACE, Trace
 from routing import services as routing_services
 from routing.models import GroupMember, ItemKind
 
-from .gateway.common import db_now
 from .hashing import canonical_json, input_hash
 from .models import (
     Approval,

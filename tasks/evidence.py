@@ -37,11 +37,11 @@ from audit.redaction import redact
 from portal import db as portal_db
 from portal.actor_names import ActorNames
 from portal.actors import Actor
+from portal.db import db_now
 from portal.models import TenantPerm
 from portal.roles import Person, require_tenant_perm, tenant_ids_with_perm
 
 from .exceptions import TaskNotFound
-from .gateway.common import db_now
 from .models import Approval, Credential, Escalation, Operation, Task
 
 FORMAT: Final = "agent-governance-portal/evidence-bundle"

@@ -14,6 +14,7 @@ from django.db.models.signals import post_save
 
 from portal import db_roles, scope
 from portal.actors import Actor
+from portal.db import db_now
 from portal.models import Agent, AgentGrant, Tenant
 from tasks.models import Operation, OperationState, Task, TaskState
 
@@ -147,14 +148,6 @@ def agent(tenant: Tenant, make_agent: Callable[..., Agent]) -> Agent:
 @pytest.fixture
 def actor(agent: Agent) -> Actor:
     return Actor.of_agent(agent)
-
-
-def db_now() -> dt.datetime:
-    """The database clock the services use (``app_now()``)."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT app_now()")
-        (now,) = cursor.fetchone()
-    return now
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from audit.models import EventCode
 from portal import db as portal_db
 from portal.actors import Actor, ActorType
 from portal.codes import ReasonCode
+from portal.db import db_now
 from portal.models import Tenant
 from portal.tracing import Trace
 
@@ -47,7 +48,7 @@ from ..models import (
 from ..sealed import operation_values
 from . import revocation
 from .checks import caller_may_execute, checked, refuse, version_conflict_evidence
-from .common import TestHook, db_now, lock, plan
+from .common import TestHook, lock, plan
 from .results import Authorized, Refused, credentials_spend, record_call, standing
 
 

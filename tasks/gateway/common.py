@@ -6,12 +6,9 @@ step that writes an operation takes it first.
 
 from __future__ import annotations
 
-import datetime as dt
 import uuid
 from collections.abc import Callable
 from typing import Any, Final
-
-from django.db import connection
 
 from portal import db as portal_db
 from portal.actors import Actor
@@ -22,14 +19,6 @@ from ..models import Operation, Task
 TestHook = Callable[[str], None]
 
 SYSTEM: Final = Actor.system("gateway")
-
-
-def db_now() -> dt.datetime:
-    """The database clock (``app_now()``): every expiry and age is measured on it."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT app_now()")
-        (now,) = cursor.fetchone()
-    return now
 
 
 def no_hook(point: str) -> None:

@@ -25,6 +25,7 @@ from portal import db as portal_db
 from portal import logs, tracing
 from portal.actors import Actor, ActorType
 from portal.codes import ReasonCode
+from portal.db import db_now
 from portal.exceptions import LeaseExpired
 from portal.models import Tenant
 from portal.tracing import NO_TRACE, Trace
@@ -44,7 +45,7 @@ from .checks import (
     checked,
     refuse,
 )
-from .common import SYSTEM, TestHook, db_now, lock, no_hook
+from .common import SYSTEM, TestHook, lock, no_hook
 from .recovery import operation_recover
 from .results import Authorized, GatewayResult, Refused, outcome_of, standing
 

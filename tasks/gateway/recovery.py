@@ -24,6 +24,7 @@ from portal import db as portal_db
 from portal import scope
 from portal import selectors as portal_selectors
 from portal.codes import ReasonCode
+from portal.db import db_now
 from portal.models import Tenant
 from portal.tracing import NO_TRACE, Trace
 
@@ -42,7 +43,7 @@ from ..models import (
 from ..sealed import unsealable_log
 from . import revocation
 from .call import authorize_call, call, issue_credential
-from .common import SYSTEM, TestHook, db_now, lock, no_hook, plan
+from .common import SYSTEM, TestHook, lock, no_hook, plan
 from .results import (
     Authorized,
     GatewayResult,

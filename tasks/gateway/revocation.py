@@ -22,12 +22,12 @@ from typing import Final
 from django.db import connection, transaction
 
 from portal import db as portal_db
+from portal.db import db_now
 from portal.models import Tenant
 
 from ..connectors import RemoteSystem, connector_for
 from ..credentials import USE_REVOKE, credential_mint
 from ..models import Connector, Credential
-from .common import db_now
 
 # A notice is good for a minute: long enough to reach the target, no more.
 NOTICE_TTL_S: Final = 60

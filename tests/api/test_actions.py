@@ -19,12 +19,12 @@ from django.db import connection
 
 from audit.models import Event, EventCode
 from portal import services as portal_services
+from portal.db import db_now
 from portal.models import Role, Tenant
 from tasks import actions, takeover
 from tasks.gateway import operation_run_queued
 from tasks.jobs import check_receipts_job
 from tasks.models import Escalation, Operation, Task
-from tests.conftest import db_now
 from tests.gateway import conftest as gateway_world
 from tests.gateway.conftest import TARGET, World, make_world
 from tests.support.concurrency import run_in_threads

@@ -19,10 +19,10 @@ from rest_framework.test import APIClient
 from audit.models import Event
 from portal import selectors
 from portal import services as portal_services
+from portal.db import db_now
 from portal.exceptions import ValidationFailed
 from portal.models import AgentKey
 from portal.services import KeyRevoked
-from tests.conftest import db_now
 from tests.support.db import connect_as
 
 from .conftest import AgentClient

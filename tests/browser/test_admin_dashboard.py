@@ -12,11 +12,11 @@ from django.db import connection
 
 from audit.models import Event, EventCode, Outbox, OutboxState
 from portal.codes import ReasonCode
+from portal.db import db_now
 from portal.management.commands.seed_demo import seed
 from portal.models import Tenant
 from tasks.models import TaskState
 from tests.browser.conftest import log_in
-from tests.conftest import db_now
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

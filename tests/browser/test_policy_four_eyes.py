@@ -20,13 +20,13 @@ import pytest
 
 from audit.models import Event, EventCode
 from policies.models import PolicySet, PolicySetState
+from portal.db import db_now
 from portal.models import Role
 from routing.models import Group, RoutingRule
 from routing.services import group_member_add
 from tasks import services as task_services
 from tasks.models import Approval, Operation
 from tests.browser.conftest import PASSWORD, log_in
-from tests.conftest import db_now
 from tests.console.test_desk import make_person
 from tests.gateway import conftest as gateway_world
 from tests.gateway.conftest import SPEC, World

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from audit.models import Event, EventCode
+from portal.db import db_now
 from portal.models import Role
 from tasks.models import Operation, OperationState, Task, TaskState
 from tests.browser.conftest import PASSWORD, log_in
-from tests.conftest import db_now
 from tests.console.test_desk import make_person
 from tests.gateway import conftest as gateway_world
 from tests.gateway.conftest import World, minutes_ago

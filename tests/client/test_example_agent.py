@@ -259,9 +259,9 @@ def test_a_person_hands_the_stale_issue_back_and_the_next_run_makes_its_ticket(
 def test_a_person_gives_the_fresh_email_and_the_next_run_finishes_the_task(
     portal_url: str, demo: Demo, desk: TicketDesk
 ) -> None:
+    from portal.db import db_now
     from tasks import takeover
     from tasks.gateway import FieldValue
-    from tests.conftest import db_now
 
     assert run_agent(portal_url, demo.secret).returncode == 0
     person, task = _support_claims_the_stale_task(demo)

@@ -21,6 +21,7 @@ from policies import services as policy_services
 from policies.models import PolicySet
 from portal import services as portal_services
 from portal.actors import Actor
+from portal.db import db_now
 from portal.models import Agent, AgentGrant, AgentKey, Membership, Role, Tenant
 from portal.roles import ROLE_PERMISSIONS
 from routing.models import Group, GroupMember, RoutingRule, Webhook
@@ -36,7 +37,6 @@ from tasks.models import (
     Task,
     TaskState,
 )
-from tests.conftest import db_now
 from tests.gateway.conftest import SPEC
 
 _serial = itertools.count(1)

@@ -14,9 +14,9 @@ from django.test import Client
 from audit.models import Event
 from console import services
 from portal import services as portal_services
+from portal.db import db_now
 from portal.models import AgentKey
 from portal.roles import PermissionDenied, TenantNotVisible
-from tests.conftest import db_now
 from tests.support.new_keys import shown_secret
 from tests.support.tenancy import tenant_fingerprint
 

@@ -21,6 +21,7 @@ from django.test import Client
 
 from audit.models import Event, EventCode
 from portal.actors import Actor
+from portal.db import db_now
 from portal.models import Role, Tenant
 from tasks import sealed, takeover
 from tasks.gateway import FieldValue
@@ -32,7 +33,6 @@ from tasks.models import (
     Task,
     TaskState,
 )
-from tests.conftest import db_now
 from tests.console.test_desk import make_person, messages_of
 from tests.gateway import conftest as gateway_world
 from tests.gateway.conftest import World, minutes_ago

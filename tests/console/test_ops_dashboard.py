@@ -12,8 +12,8 @@ from django.test.utils import CaptureQueriesContext
 from audit.models import EventCode, OutboxState
 from console import dashboard
 from portal.codes import ReasonCode
+from portal.db import db_now
 from tasks.models import TaskState
-from tests.conftest import db_now
 
 from .ops_people import logged_in, person
 from .test_ops_outbox import make_row

@@ -13,9 +13,9 @@ from console.admin.policies import policy_what_if
 from policies import services as policy_services
 from policies.engine import Verdict
 from policies.models import PolicySet, PolicySetState
+from portal.db import db_now
 from tasks import services as task_services
 from tasks.models import Operation, TaskState
-from tests.conftest import db_now
 from tests.gateway.conftest import SPEC
 
 from .conftest import Cast

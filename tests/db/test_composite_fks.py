@@ -31,14 +31,14 @@ from tasks.models import (
     Credential,
     Escalation,
 )
-from tests.support.tenancy import tenant_owned_models
+from tests.support.tenancy import models_with_a_tenant_field
 
 from .conftest import execute, refused_by
 
 
 def tenant_relations() -> list[tuple[type[models.Model], models.ForeignKey]]:
     """(child model, FK field) for every FK between two tenant-owned models."""
-    owned = set(tenant_owned_models())
+    owned = set(models_with_a_tenant_field())
     return [
         (model, field)
         for model in owned
@@ -97,7 +97,9 @@ def test_the_walk_finds_the_known_relations():
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("model", tenant_owned_models(), ids=lambda m: m._meta.label)
+@pytest.mark.parametrize(
+    "model", models_with_a_tenant_field(), ids=lambda m: m._meta.label
+)
 def test_every_tenant_owned_table_is_a_composite_key_target(model):
     """Every tenant-owned table has UNIQUE (tenant_id, id) for children to point at."""
     assert ("tenant_id", "id") in unique_keys_of(model._meta.db_table)

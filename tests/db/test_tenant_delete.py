@@ -43,6 +43,7 @@ from portal import db_roles
 from portal import selectors as portal_selectors
 from portal import services as portal_services
 from portal.actors import Actor, ActorType
+from portal.db import db_now
 from portal.models import (
     AgentGrant,
     AgentRequestWindow,
@@ -72,10 +73,9 @@ from tenant_deletion.exceptions import (
     TenantDeletionPolicyIncomplete,
 )
 from tenant_deletion.models import Tombstone
-from tests.conftest import db_now
 from tests.support.audit_events import append_at
 from tests.support.db import connect_as
-from tests.support.tenancy import tenant_fingerprint, tenant_owned_models
+from tests.support.tenancy import models_with_a_tenant_field, tenant_fingerprint
 
 # The deletion runs on a connection as the operator, as ``manage.py delete_tenant``
 # runs it; the data is committed for it to see.
@@ -99,7 +99,7 @@ def rows_of(tenant_id: uuid.UUID) -> dict[str, int]:
     """Row count per tenant-owned table for one tenant."""
     return {
         model._meta.db_table: model._base_manager.filter(tenant_id=tenant_id).count()
-        for model in tenant_owned_models()
+        for model in models_with_a_tenant_field()
     }
 
 
@@ -455,7 +455,7 @@ def test_the_report_names_every_tenant_owned_table(make_tenant, populate):
         populate(tenant)
         report = tenant_delete(tenant=tenant, actor=SYSTEM, dry_run=True)
         named = set(report.deleted) | set(report.kept)
-        assert {m._meta.db_table for m in tenant_owned_models()} <= named
+        assert {m._meta.db_table for m in models_with_a_tenant_field()} <= named
 
 
 def test_the_purge_function_refuses_a_tenant_already_deleted(keep_tenant, populate):

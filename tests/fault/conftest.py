@@ -20,12 +20,12 @@ import pytest
 
 from portal import services as portal_services
 from portal.actors import Actor
+from portal.db import db_now
 from portal.models import Agent, Tenant
 from tasks import gateway
 from tasks import services as task_services
 from tasks.gateway import execute as gateway_execute
 from tasks.models import Connector
-from tests.conftest import db_now
 from tests.support import broker
 from tests.support.connectors import desk_connector
 from tests.support.outbound import allow as outbound_allow

@@ -13,10 +13,10 @@ import httpx
 import pytest
 
 from portal import services as portal_services
+from portal.db import db_now
 from portal.models import Agent, Tenant
 from tasks import services as task_services
 from tasks.models import Connector, Contract
-from tests.conftest import db_now
 from tests.support import broker
 from tests.support.connectors import desk_connector
 from tests.support.outbound import allow as outbound_allow

@@ -20,11 +20,12 @@ import httpx
 import pytest
 from django.db import transaction
 
+from portal.db import db_now
 from portal.tracing import NO_TRACE
 from tasks.credentials import request_body
 from tasks.gateway import revocation
 from tasks.gateway.call import issue_credential
-from tasks.gateway.common import SYSTEM, db_now
+from tasks.gateway.common import SYSTEM
 from tasks.models import Connector, Credential, Operation, Task
 from tests.support.outbound import allow as outbound_allow
 from ticketdesk.harness import TicketDesk

@@ -44,10 +44,10 @@ from django.urls import NoReverseMatch, reverse
 from audit import jobs as audit_jobs
 from audit.models import Outbox, OutboxState
 from portal import services as portal_services
+from portal.db import db_now
 from portal.models import Role
 from tasks import services as task_services
 from tasks.models import Operation, OperationState, Task, TaskState
-from tests.conftest import db_now
 from tests.gateway.conftest import SPEC, TARGET, World, minutes_ago
 from tests.support.broker import Tap
 from tests.support.db import ServerLog

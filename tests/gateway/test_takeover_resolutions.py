@@ -16,11 +16,11 @@ from django.contrib.auth.models import User
 
 from audit.models import Event
 from portal import services as portal_services
+from portal.db import db_now
 from portal.models import Role
 from tasks import takeover
 from tasks.gateway import FieldValue
 from tasks.models import Escalation, Operation, OperationState, Task, TaskState
-from tests.conftest import db_now
 
 from .conftest import World, minutes_ago
 

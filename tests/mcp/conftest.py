@@ -30,9 +30,9 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from mcp_server.tools import RECORD_VERSION_TOOL
+from portal.db import db_now
 from portal.models import Tenant
 from tasks import services as task_services
-from tests.conftest import db_now
 from tests.fault.harness import database_url
 from tests.gateway.conftest import World, desk, make_world, ticketdesk_server
 from tests.support.net import free_port

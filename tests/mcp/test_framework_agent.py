@@ -17,12 +17,12 @@ from agents.mcp import MCPServerStreamableHttp
 from django.contrib.auth.models import User
 
 from portal import services as portal_services
+from portal.db import db_now
 from portal.models import Role
 from tasks import services as task_services
 from tasks import takeover
 from tasks.gateway import FieldValue
 from tasks.models import Escalation, Operation, Task
-from tests.conftest import db_now
 from tests.gateway.conftest import SPEC
 from tests.mcp.conftest import REPO, TOOL, VERSION_TOOL, Agents, McpServer
 

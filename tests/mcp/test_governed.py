@@ -13,10 +13,10 @@ import mcp_types as types
 from django.db import connection
 
 from portal import services as portal_services
+from portal.db import db_now
 from portal.models import Tenant
 from tasks.jobs import check_receipts_job
 from tasks.models import Escalation, Operation, Task
-from tests.conftest import db_now
 from tests.mcp.conftest import (
     TOOL,
     VERSION_TOOL,

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from audit.models import Event, EventCode
+from portal.db import db_now
 from routing import delivery
 from routing.models import Assignment, Notification, NotificationState
-from tests.conftest import db_now
 from tests.support.db import db_clock_offset
 
 from .conftest import CANARY, CUSTOMER_EMAIL, escalate_with_canary

@@ -30,10 +30,10 @@ from audit.inbox import inbox_process_once
 from audit.models import EventCode, Outbox, OutboxState
 from portal import scope
 from portal.actors import Actor
+from portal.db import db_now
 from portal.exceptions import TransactionForbidden
 from portal.ids import new_id
 from portal.models import Tenant
-from tests.conftest import db_now
 from tests.support.broker import EventQueue, closed_port, queued_messages
 from tests.support.concurrency import run_in_threads
 from tests.support.db import db_clock_offset

@@ -17,12 +17,13 @@ import datetime as dt
 from typing import Any, Final
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import connection, transaction
+from django.db import transaction
 
 from console import services as console_services
 from portal import scope
 from portal import services as portal_services
 from portal.actors import Actor
+from portal.db import db_now
 from portal.exceptions import PortalError
 from portal.models import AgentKey, Tenant
 
@@ -63,13 +64,6 @@ def _time(value: str) -> dt.datetime:
     if moment.tzinfo is None:
         raise CommandError(f"give the UTC offset too: {value!r}")
     return moment
-
-
-def _db_now() -> dt.datetime:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT app_now()")
-        (now,) = cursor.fetchone()
-    return now
 
 
 class Command(BaseCommand):
@@ -123,7 +117,7 @@ class Command(BaseCommand):
                     else f"{key.prefix} was revoked already"
                 )
             elif verb == "rotate":
-                until = options["until"] or _db_now() + dt.timedelta(
+                until = options["until"] or db_now() + dt.timedelta(
                     seconds=options["overlap_s"]
                 )
                 issued = key_rotate(key=key, until=until)
@@ -146,7 +140,7 @@ class Command(BaseCommand):
         )
         if tenant:
             keys = keys.filter(tenant__slug=tenant)
-        now = _db_now()
+        now = db_now()
         for key in keys:
             if key.revoked_at is not None:
                 status = f"revoked {key.revoked_at.isoformat()}"
