@@ -73,7 +73,7 @@ def _prepare_venv() -> None:
         _run(
             [
                 str(VENV_PYTHON), "-m", "pip", "install", "--quiet",
-                "--disable-pip-version-check", "--editable", ".[dev]",
+                "--disable-pip-version-check", "--editable", ".[dev,local]",
                 # The agent client (its own package) for the examples and tests.
                 "--editable", "portal_client",
                 "--constraint", "constraints.txt",
