@@ -9,12 +9,20 @@ is an HTML page. This worker keeps gunicorn's statuses (but answers that 501 wit
 of the status instead (``portal.problems``), whatever the path: the request line
 may not even have been read. ``gunicorn.conf.py`` selects it.
 
+An answer given before the body was read (a 413, a 401, a 404 of a POST) left the
+rest of the body unread; closing a socket with unread data makes the kernel send
+a reset, so a client still writing its body met a broken pipe and could lose the
+answer. After each answer the worker reads and discards what is left of the body
+(``drain_body``: at most ``DRAIN_MAX_BYTES`` within ``DRAIN_MAX_S``), then closes
+as gunicorn does (FIN, then a short linger).
+
 Imported by the gunicorn master before Django is set up: no Django imports here.
 """
 
 from __future__ import annotations
 
 import ssl
+import time
 from datetime import datetime
 from http import HTTPStatus
 from typing import Any
@@ -25,6 +33,12 @@ from gunicorn.http.wsgi import Response, default_environ
 from gunicorn.workers.sync import SyncWorker
 
 from .problems import PROBLEM_CONTENT_TYPE, encode, status_problem
+
+# How much of an unread request body the worker reads away after answering, and for
+# how long (a sync worker serves no one else meanwhile). Past either, it closes
+# anyway and the client may see a reset.
+DRAIN_MAX_BYTES = 64 * 1024 * 1024
+DRAIN_MAX_S = 5.0
 
 # First match wins: gunicorn's own choice of status for each refusal.
 _STATUSES: tuple[
@@ -64,7 +78,37 @@ def problem_message(status: int) -> bytes:
     return head.encode("latin-1") + body
 
 
+def drain_body(
+    req: Any,
+    client: Any,
+    *,
+    max_bytes: int = DRAIN_MAX_BYTES,
+    max_s: float = DRAIN_MAX_S,
+) -> bool:
+    """Read and discard what is left of ``req``'s body; whether it all went."""
+    deadline = time.monotonic() + max_s
+    drained = 0
+    try:
+        while drained < max_bytes:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            client.settimeout(left)
+            chunk = req.body.read(64 * 1024)
+            if not chunk:
+                return True
+            drained += len(chunk)
+    except Exception:  # a broken chunked body, a reset, a timeout: close anyway
+        return False
+    return False
+
+
 class ProblemSyncWorker(SyncWorker):
+    def handle_request(self, listener: Any, req: Any, client: Any, addr: Any) -> None:
+        super().handle_request(listener, req, client, addr)
+        # Answered (any error went up instead): the client may still be sending.
+        drain_body(req, client)
+
     def handle_error(
         self, req: Any, client: Any, addr: Any, exc: BaseException
     ) -> None:

@@ -168,3 +168,14 @@ class RedactingAdminEmailHandler(AdminEmailHandler):
             )
             for line in text.split("\n")
         )
+
+
+class WithoutTraceback(logging.Filter):
+    """Drops the traceback of an expected refusal (a ``Host`` not in
+    ``ALLOWED_HOSTS``, which Django logs with its stack): the line stays, and a
+    traceback in the log keeps meaning a request nobody handled."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.exc_info = None
+        record.exc_text = None
+        return True

@@ -11,12 +11,16 @@ It also refuses, before any view or query runs, a path or query string that
 carries a NUL character, which PostgreSQL cannot store or compare.
 
 ``ProblemGuard`` wraps the WSGI application itself (``portal/wsgi.py``): it answers
-what would break Django before its middleware runs.
+what would break Django before its middleware runs, and rewrites an error answer
+under ``/api/`` that some middleware outside ``ApiProblemMiddleware`` wrote (the
+OpenTelemetry middleware, which Django's instrumentation puts first, reads the
+``Host`` header: a host not in ``ALLOWED_HOSTS`` made Django's HTML 400 there).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from http import HTTPStatus
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
@@ -108,12 +112,17 @@ def _is_text_encoding(name: str) -> bool:
 
 
 class ProblemGuard:
-    """WSGI middleware: refuses a request Django would fail on while building it.
+    """WSGI middleware: refuses a request Django would fail on while building it,
+    and keeps every error answer under ``/api/`` problem+json.
 
     A ``Content-Type`` charset naming a codec that is not a text encoding
     (``charset=bz2_codec``) made Django's request raise ``LookupError`` as soon as
     the query string was read, before any middleware: a 500 from gunicorn. It is
     a 415 here, on every path.
+
+    An error answer under ``/api/`` that is not problem+json (written outside
+    ``ApiProblemMiddleware``) is replaced by the problem document of its status,
+    keeping its other headers, as that middleware does.
     """
 
     def __init__(self, application: Callable[..., Iterable[bytes]]) -> None:
@@ -140,4 +149,36 @@ class ProblemGuard:
                 ],
             )
             return [body]
-        return self.application(environ, start_response)
+        if not is_api_path(environ.get("PATH_INFO", "")):
+            return self.application(environ, start_response)
+        refused: list[tuple[int, list[tuple[str, str]]]] = []
+
+        def keep_or_hold(
+            status: str, headers: list[tuple[str, str]], exc_info: Any = None
+        ) -> Callable[[bytes], object]:
+            code = int(status.split(" ", 1)[0])
+            content_type = next(
+                (v for k, v in headers if k.lower() == "content-type"), ""
+            )
+            if code >= 400 and not content_type.startswith(PROBLEM_CONTENT_TYPE):
+                refused.append((code, headers))
+                return lambda data: None
+            return start_response(status, headers, exc_info)
+
+        answer = self.application(environ, keep_or_hold)
+        if not refused:
+            return answer
+        if hasattr(answer, "close"):
+            answer.close()  # Django's request_finished: the connection goes back
+        status, headers = refused[-1]
+        body = encode(status_problem(status))
+        kept = [(k, v) for k, v in headers if k.lower() not in _REPLACED_HEADERS]
+        start_response(
+            f"{status} {HTTPStatus(status).phrase}",
+            [
+                *kept,
+                ("Content-Type", PROBLEM_CONTENT_TYPE),
+                ("Content-Length", str(len(body))),
+            ],
+        )
+        return [body]

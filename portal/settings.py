@@ -534,7 +534,10 @@ LOGGING: dict[str, Any] = {
             "redactor": "audit.redaction.redact",
         },
     },
-    "filters": {"require_debug_false": {"()": "django.utils.log.RequireDebugFalse"}},
+    "filters": {
+        "require_debug_false": {"()": "django.utils.log.RequireDebugFalse"},
+        "without_traceback": {"()": "portal.logs.WithoutTraceback"},
+    },
     "handlers": {
         "console": {"class": "logging.StreamHandler", "formatter": PORTAL_LOG_FORMAT},
         # Django's error report to ADMINS (none by default), redacted first
@@ -546,7 +549,11 @@ LOGGING: dict[str, Any] = {
             "redactor": "audit.redaction.redact",
         },
     },
-    "loggers": {"django": {"handlers": ["mail_admins"], "level": "INFO"}},
+    "loggers": {
+        "django": {"handlers": ["mail_admins"], "level": "INFO"},
+        # A bad Host is answered (400 problem+json); its stack says nothing more.
+        "django.security.DisallowedHost": {"filters": ["without_traceback"]},
+    },
     "root": {
         "handlers": ["console"],
         "level": os.environ.get("PORTAL_LOG_LEVEL", "INFO"),

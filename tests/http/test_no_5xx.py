@@ -8,6 +8,7 @@ or was closed cleanly after ``Connection: close``.
 from __future__ import annotations
 
 import json
+import threading
 
 import httpx
 import pytest
@@ -15,7 +16,7 @@ import pytest
 from portal.parsers import MAX_DEPTH
 
 from .conftest import Server, World, api_routes, fill
-from .raw import Answer, exchange, request_bytes
+from .raw import Answer, Connection, exchange, request_bytes
 
 METHODS = (
     "GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT",
@@ -358,6 +359,67 @@ def test_a_keep_alive_client_goes_on_after_a_413(server: Server, world: World) -
         assert first.headers["content-type"] == "application/problem+json"
         second = client.get("/api/v1/tasks")
         assert second.status_code == 200
+
+
+@pytest.mark.parametrize("size", [LIMIT + 1, 20_000_000])
+@pytest.mark.parametrize("authorized", [True, False], ids=["413", "401"])
+def test_a_client_still_sending_its_body_gets_the_answer_and_a_clean_close(
+    server: Server, world: World, size: int, authorized: bool
+) -> None:
+    """An answer given before the body was read (413 too large, 401 no key) must not
+    reset the connection under a client still writing: the worker reads the rest of
+    the body away, answers, and closes with a FIN. Before, the client's write met a
+    broken pipe and the answer could be lost."""
+    # Given a keep-alive client that writes a whole oversized body, then its next
+    # request on the same connection, without waiting (nothing suppresses errors)
+    body = b'{"input": "' + b"x" * (size - 13) + b'"}'
+    headers = {"Content-Type": "application/json"}
+    if authorized:
+        headers["Authorization"] = world.auth
+    first = request_bytes("POST", "/api/v1/tasks", headers=headers, body=body)
+    second = request_bytes(
+        "GET", "/api/v1/tasks", headers={"Authorization": world.auth}
+    )
+    write_errors: list[BaseException] = []
+    with Connection(server.port) as conn:
+
+        def write() -> None:
+            try:
+                conn.sock.sendall(first)
+                conn.sock.sendall(second)
+            except OSError as error:
+                write_errors.append(error)
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        # When it reads the answer while writing
+        answer = conn.read_answer()
+        answer.after = conn.state_after(answer, port_probe=b"")
+        writer.join(timeout=60)
+
+    # Then every byte went out, the answer is the problem document, and the server
+    # ended the connection cleanly after saying Connection: close
+    assert not writer.is_alive()
+    assert write_errors == [], write_errors
+    assert_handled(answer, size)
+    expected = (413, "REQUEST_TOO_LARGE") if authorized else (401, "UNAUTHENTICATED")
+    assert (answer.status, answer.json()["code"]) == expected
+    assert answer.headers["connection"] == "close"
+    assert answer.after == "closed"
+
+
+def test_a_host_outside_allowed_hosts_is_a_problem(server: Server) -> None:
+    """Django's HTML 400 for a Host not in ALLOWED_HOSTS was written outside the
+    middleware that rewrites errors (the tracing middleware reads the host first);
+    the WSGI guard makes it problem+json."""
+    for host in (b"evil.example", b"x", b"127.0.0.1:1:2"):
+        raw = b"GET /api/v1/tasks HTTP/1.1\r\nHost: " + host + b"\r\n\r\n"
+        with Connection(server.port) as conn:
+            conn.sock.sendall(raw)
+            answer = conn.read_answer()
+            answer.after = conn.state_after(answer, port_probe=b"")
+        assert_handled(answer, host)
+        assert (answer.status, answer.json()["code"]) == (400, "MALFORMED_REQUEST")
 
 
 def test_the_server_log_holds_no_unhandled_error(server: Server, world: World) -> None:
