@@ -6,6 +6,13 @@ Three answers for a POST that carries the header:
 - same key, same fingerprint, finished: replay the stored status and body;
 - same key, another fingerprint: refuse (422); same key still running: refuse (409).
 
+A 400 answer (the request is malformed or invalid: nothing ran) and a 5xx are not
+stored: the key is freed, so the corrected request, sent again under the same key,
+runs as a first delivery. The IETF draft asks clients to correct a failed request
+before retrying it and the server to answer a retry "with the result of the
+previously completed operation"; a refused request completed no operation, so
+there is nothing to replay (docs/api.md, "Two kinds of idempotency").
+
 Each function is one autocommit statement, deliberately outside the business
 transaction: the in-flight marker must be visible to a concurrent duplicate at once,
 and the stored answer must survive whatever the handler's transaction did.
@@ -162,8 +169,9 @@ def idempotent_request_begin(*, agent: Agent, key: str, fingerprint: str) -> uui
 def idempotent_request_finish(
     *, record_id: uuid.UUID, status: int, body: bytes, content_type: str
 ) -> None:
-    """Store the answer; a server error frees the key instead, so a retry can run."""
-    if status >= 500:
+    """Store the answer; a 400 or a server error frees the key instead, so a retry
+    (corrected, for a 400) runs afresh."""
+    if status >= 500 or status == 400:
         idempotent_request_release(record_id=record_id)
         return
     with connection.cursor() as cursor:

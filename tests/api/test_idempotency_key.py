@@ -46,6 +46,40 @@ def test_an_error_answer_is_replayed_too(api):
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize(
+    "bad_body",
+    [
+        {k: v for k, v in REGISTRATION.items() if k != "object_id"},  # missing
+        {**REGISTRATION, "object_version": ""},  # empty
+        b"{not json",  # malformed: MALFORMED_REQUEST
+    ],
+    ids=["missing-member", "empty-member", "not-json"],
+)
+def test_a_400_is_not_stored_so_the_corrected_request_runs_under_the_same_key(
+    api, bad_body
+):
+    """The draft: a client corrects a refused request before retrying it; a
+    refused request completed nothing, so there is nothing to replay."""
+    # Given a registration refused with 400 under a key
+    if isinstance(bad_body, bytes):
+        refused = api.http.post(
+            "/api/v1/tasks", bad_body, content_type="application/json", headers=KEY
+        )
+    else:
+        refused = api.post("/api/v1/tasks", bad_body, **KEY)
+    assert refused.status_code == 400
+    assert refused.json()["code"] in ("VALIDATION_FAILED", "MALFORMED_REQUEST")
+    # When the corrected request is sent under the same key
+    corrected = api.post("/api/v1/tasks", REGISTRATION, **KEY)
+    # Then it runs as a first delivery, and from then on is replayed
+    assert corrected.status_code == 201, corrected.json()
+    assert "Idempotent-Replayed" not in corrected
+    again = api.post("/api/v1/tasks", REGISTRATION, **KEY)
+    assert again["Idempotent-Replayed"] == "true"
+    assert Task.objects.count() == 1
+
+
+@pytest.mark.django_db
 def test_the_same_key_with_another_body_is_422(api):
     api.post("/api/v1/tasks", REGISTRATION, **KEY)
     response = api.post("/api/v1/tasks", {**REGISTRATION, "client_task_id": "x"}, **KEY)
