@@ -14,7 +14,7 @@ import uuid
 from typing import Any, TypeVar
 
 from django.core import exceptions as django_exceptions
-from django.db import connection
+from django.db import DatabaseError, InterfaceError, OperationalError, connection
 from django.http import (
     Http404,
     HttpRequest,
@@ -40,6 +40,7 @@ from . import api_input, idempotency, logs, scope, selectors, services
 from .actors import Actor
 from .exceptions import (
     AgentFrozen,
+    DatabaseUnavailable,
     MalformedRequest,
     PortalError,
     RateLimited,
@@ -187,6 +188,24 @@ class AgentRateThrottle(SimpleRateThrottle):
 
 # --- Problem details -----------------------------------------------------------------
 
+# Retry-After of a lost database connection: a restart or failover takes seconds.
+DATABASE_RETRY_AFTER_S = 1
+_SHUTDOWN = frozenset({"57P01", "57P02", "57P03"})
+
+
+def connection_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` means the database connection is gone (a terminated session,
+    a restart, no server to connect to), not that a statement was refused: Django
+    drops the broken connection and opens a new one for the next request."""
+    if isinstance(exc, InterfaceError):
+        return True
+    if not isinstance(exc, OperationalError):
+        return False
+    sqlstate = getattr(exc.__cause__, "sqlstate", None)
+    # No SQLSTATE: the client library lost the server (closed, refused, timed out).
+    # Class 08 is a connection exception; 57P01..57P03 the server shutting down.
+    return sqlstate is None or sqlstate.startswith("08") or sqlstate in _SHUTDOWN
+
 
 _DRF_CODES: dict[type[drf_exceptions.APIException], tuple[str, str]] = {
     drf_exceptions.ParseError: (
@@ -248,6 +267,8 @@ def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> HttpRe
         )
         response[REPLAY_HEADER] = "true"
         return response
+    if isinstance(exc, DatabaseError) and connection_lost(exc):
+        exc = DatabaseUnavailable(retry_after_s=DATABASE_RETRY_AFTER_S)
     if isinstance(exc, PortalError):
         response = problem(
             status=exc.status,
@@ -494,12 +515,19 @@ class AgentApi(PortalApi):
         if record is not None:
             if isinstance(response, Response):
                 response.render()
-            idempotency.idempotent_request_finish(
-                record_id=record,
-                status=response.status_code,
-                body=response.content,
-                content_type=response.get("Content-Type", "application/json"),
-            )
+            try:
+                idempotency.idempotent_request_finish(
+                    record_id=record,
+                    status=response.status_code,
+                    body=response.content,
+                    content_type=response.get("Content-Type", "application/json"),
+                )
+            except DatabaseError as error:
+                if not connection_lost(error):
+                    raise
+                # Lost with the connection: the record stays in flight until
+                # PORTAL_IDEMPOTENCY_LOCK_S, then a retry of the same request takes
+                # it over (409 REQUEST_IN_FLIGHT until then).
         return response
 
     # Helpers for subclasses.

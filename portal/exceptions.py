@@ -156,3 +156,14 @@ class BudgetExceeded(PortalError):
 
     code = ReasonCode.BUDGET_EXCEEDED
     status = 422
+
+
+class DatabaseUnavailable(PortalError):
+    """The database connection was lost; nothing of this request was kept. Retry."""
+
+    # A restart, a failover or a killed session: the request's transaction rolled
+    # back with the connection, and the next request opens a new one
+    # (docs/api.md, "Errors").
+    code = "DATABASE_UNAVAILABLE"
+    status = 503
+    retryable = True

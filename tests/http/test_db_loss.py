@@ -1,0 +1,133 @@
+"""A lost database connection is a 503 problem+json with Retry-After, never a 500,
+and the next requests still run in their own tenant's scope (issue 25, R13).
+
+A real gunicorn (one worker, so every request goes through the same process) and
+real sessions: an administrator's connection holds a lock the request's first
+statement waits for (the rate-limit counter), finds the worker's session waiting,
+and ends it with ``pg_terminate_backend`` mid-request. PostgreSQL itself is not
+restarted (it is shared); the restart variant is the fault tier's.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import httpx
+import psycopg
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from portal import services as portal_services
+from portal.models import Agent, AgentRequestWindow, Tenant
+from tasks.models import Task, TaskState
+
+from .conftest import Server, start, stop
+
+WAIT_S = 30.0
+
+
+@pytest.fixture(scope="module")
+def one_worker(
+    django_db_setup: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    log_path = tmp_path_factory.mktemp("gunicorn") / "server.log"
+    running = start(debug=False, log_path=log_path, workers=1)
+    try:
+        yield running
+    finally:
+        stop(running)
+    assert "Traceback" not in running.log(), running.log()[-5000:]
+
+
+def _tenant_with_task(name: str) -> tuple[str, str]:
+    """A tenant, its agent's key and one task; returns (secret, task id)."""
+    tenant = Tenant.objects.create(slug=f"{name}-{uuid.uuid4().hex[:8]}", name=name)
+    agent = Agent.objects.create(tenant=tenant, name=f"{name}-agent")
+    secret = portal_services.agent_key_issue(agent=agent).secret
+    task = Task.objects.create(
+        tenant=tenant,
+        state=TaskState.PENDING,
+        client_task_id=f"{name}-task",
+        registration_hash="0" * 64,
+        workflow_key="customer-issue",
+        workflow_version="1",
+        object_type="customer_issue",
+        object_id=name,
+        object_version="1",
+    )
+    return secret, str(task.pk)
+
+
+def _admin() -> psycopg.Connection:
+    """A superuser session on the test database (not the app role)."""
+    return psycopg.connect(
+        settings.DATABASE_URL, dbname=connection.settings_dict["NAME"], autocommit=True
+    )
+
+
+def _kill_the_waiting_request(admin: psycopg.Connection) -> int:
+    """Ends the session that waits for the lock; returns its pid."""
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        row = admin.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+        ).fetchone()
+        if row:
+            admin.execute("SELECT pg_terminate_backend(%s)", [row[0]])
+            return int(row[0])
+        time.sleep(0.05)
+    raise AssertionError("no request waited for the lock")
+
+
+def _list(server: Server, secret: str) -> httpx.Response:
+    return httpx.get(
+        f"{server.base_url}/api/v1/tasks",
+        headers={"Authorization": f"Bearer {secret}"},
+        timeout=WAIT_S,
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lost_connection_is_a_503_and_each_tenant_keeps_its_scope(
+    one_worker: Server,
+) -> None:
+    # Given two tenants, each with one task, served by one gunicorn worker
+    tenants = [_tenant_with_task("red"), _tenant_with_task("blue")]
+    table = AgentRequestWindow._meta.db_table
+    for round_ in range(4):
+        victim_secret, _ = tenants[round_ % 2]
+        holder, killer = _admin(), _admin()
+        try:
+            # When the worker's session is terminated while a request waits in it
+            holder.execute("BEGIN")
+            holder.execute(f"LOCK TABLE {table} IN EXCLUSIVE MODE")
+            answers: list[httpx.Response] = []
+            request = threading.Thread(
+                target=lambda out=answers, key=victim_secret: out.append(
+                    _list(one_worker, key)
+                )
+            )
+            request.start()
+            _kill_the_waiting_request(killer)
+            holder.execute("ROLLBACK")
+            request.join(timeout=WAIT_S)
+        finally:
+            holder.close()
+            killer.close()
+
+        # Then that request is a retryable 503 problem, not a 500
+        (lost,) = answers
+        assert lost.status_code == 503, lost.text
+        assert lost.headers["content-type"] == "application/problem+json"
+        assert lost.json()["code"] == "DATABASE_UNAVAILABLE"
+        assert int(lost.headers["retry-after"]) >= 1
+        # And after reconnecting each tenant sees its own task and nothing else
+        for secret, task_id in tenants:
+            probe = _list(one_worker, secret)
+            assert probe.status_code == 200, probe.text
+            assert [t["id"] for t in probe.json()["results"]] == [task_id]
