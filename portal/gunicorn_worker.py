@@ -98,7 +98,7 @@ def drain_body(
             if not chunk:
                 return True
             drained += len(chunk)
-    except Exception:  # a broken chunked body, a reset, a timeout: close anyway
+    except (OSError, errors.ParseException):  # a broken chunk, a reset, a timeout
         return False
     return False
 
