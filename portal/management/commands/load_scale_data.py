@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-import hashlib
 import json
 import math
 import random
@@ -64,6 +63,7 @@ from audit import chain
 from portal import scope, services
 from portal.models import Agent, Role, Tenant
 from tasks import services as task_services
+from tasks.hashing import input_hash
 from tasks.models import Connector, Contract
 from tasks.takeover import HUMAN_LEASE_HOURS
 
@@ -173,38 +173,13 @@ TABLES: Final = (
 Row = tuple[Any, ...]
 
 
+# Payloads as stored (jsonb takes any JSON text); hashes go through the portal's own
+# RFC 8785 code (audit.chain, tasks.hashing), so a load verifies like live rows.
 _JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
-_SORTED_JSON = json.JSONEncoder(
-    separators=(",", ":"), ensure_ascii=False, sort_keys=True
-)
 
 
 def _dumps(value: Any) -> str:
     return _JSON.encode(value)
-
-
-def _hash(value: dict[str, str | int | None]) -> str:
-    """``tasks.hashing.input_hash`` of a flat dict of ASCII strings, ints and None.
-
-    For such values the RFC 8785 form is sorted compact JSON, which the standard
-    encoder writes several times faster than the pure-Python rfc8785 package; the
-    tests check the two agree on loaded rows.
-    """
-    return hashlib.sha256(_SORTED_JSON.encode(value).encode()).hexdigest()
-
-
-def _chain_hash(prev_hash: str | None, content: dict[str, Any]) -> str:
-    """``audit.chain.event_hash`` for the loader's own event content.
-
-    The content here holds ASCII strings, small ints, booleans, None, lists and
-    dicts with ASCII keys, whose RFC 8785 form is sorted compact JSON: the standard
-    encoder writes it many times faster than the pure-Python rfc8785 package. Each
-    chunk proves one story against ``chain.event_hash`` itself, and the tests run
-    ``verify_audit`` over a load.
-    """
-    digest = hashlib.sha256((prev_hash or chain.GENESIS).encode("ascii"))
-    digest.update(_SORTED_JSON.encode(content).encode())
-    return digest.hexdigest()
 
 
 def _quoted(value: str | None) -> str:
@@ -441,10 +416,8 @@ class _Story:
     lease_token: int = 0
     operation_id: str | None = None
     events: int = 0
-    # The task's hash chain (audit/chain.py): its head, and whether to prove this
-    # story's hashes against audit.chain's own (once per chunk).
+    # The task's hash chain (audit/chain.py): its head.
     prev_hash: str | None = None
-    check_chain: bool = False
 
     def tick(self, low_ms: float = 5, high_ms: float = 1500) -> dt.datetime:
         self.at += dt.timedelta(milliseconds=self.rng.uniform(low_ms, high_ms))
@@ -480,14 +453,7 @@ class _Story:
             contract_version=contract_version, payload=data, trace_id=self.trace_id,
             span_id=span_id, created_at=at.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
         )  # fmt: skip
-        digest = _chain_hash(self.prev_hash, content)
-        if self.check_chain and digest != chain.event_hash(
-            prev_hash=self.prev_hash, content=content
-        ):
-            raise CommandError(
-                "the loader's event hash differs from audit.chain's: "
-                "update _chain_hash to the chain's current format"
-            )
+        digest = chain.event_hash(prev_hash=self.prev_hash, content=content)
         self.events += 1
         self.chunk.add(
             "audit_event",
@@ -548,12 +514,8 @@ def task_story(
     events: int,
     created_at: dt.datetime,
     outbox_share: float,
-    check_chain: bool = False,
 ) -> None:
-    """Add one task of ``state`` with exactly ``events`` events (5-15) to ``chunk``.
-
-    ``check_chain`` proves its event hashes against ``audit.chain`` itself.
-    """
+    """Add one task of ``state`` with exactly ``events`` events (5-15) to ``chunk``."""
     agent_id, agent_name = rng.choice(tenant.agents)
     owner = f"{agent_name}/worker-{rng.randint(1, 4)}"
     pinned = rng.random() < 0.9
@@ -583,7 +545,6 @@ def task_story(
         agent_id=agent_id,
         at=created_at,
         outbox_share=outbox_share,
-        check_chain=check_chain,
     )
     story.at -= dt.timedelta(milliseconds=5)  # the first tick lands on created_at
     via_person = (
@@ -669,7 +630,7 @@ def task_story(
         "summary": rng.choice(SUMMARIES),
         "priority": rng.choice(("low", "normal", "normal", "high")),
     }
-    digest = _hash(operation_input)
+    digest = input_hash(operation_input)
     story.operation_id = ids.at(story.tick())
     operation_created = story.at
     story.event(
@@ -1029,7 +990,7 @@ def _task_row(
         "tasks_task",
         (
             story.task_id, story.tenant.id, details["client_task_id"],
-            _hash(details), details["workflow_key"], details["workflow_version"],
+            input_hash(details), details["workflow_key"], details["workflow_version"],
             details["contract_key"], details["contract_version"],
             details["object_type"], details["object_id"], details["object_version"],
             state, story.state_version, step, wake_at, reason, lease[0],
@@ -1224,7 +1185,6 @@ def load(
                         rng, state=state, slot=done + offset, slots=new_tasks, now=now
                     ),
                     outbox_share=share,
-                    check_chain=offset == 0,
                 )
                 chunk.events += count
             done += size
