@@ -47,6 +47,8 @@ CHILDREN = ("ticketdesk", "gunicorn", "celery")
 AGENT_TRACE = re.compile(r"customer-issue agent: \d+ issue\(s\), trace ([0-9a-f]{32})")
 SPANS_TIMEOUT_S = 30.0
 
+pytestmark = pytest.mark.slow
+
 
 def _server_params() -> dict[str, Any]:
     """How to reach the test run's PostgreSQL server (system or embedded)."""

@@ -43,6 +43,7 @@ RESTARTS = env_int("PORTAL_CHAOS_DB_RESTARTS", 1)
 DRAIN_S = env_float("PORTAL_CHAOS_DRAIN_S", 120 + OPS * 0.3)
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.django_db(transaction=True),
     pytest.mark.timeout(int(300 + OPS * 0.6 + DRAIN_S)),
 ]

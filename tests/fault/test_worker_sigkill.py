@@ -42,6 +42,7 @@ DRAIN_S = env_float("PORTAL_CHAOS_DRAIN_S", 120 + OPS * 0.6)
 RATE = env_float("PORTAL_CHAOS_RATE", 0.0)
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.django_db(transaction=True),
     pytest.mark.timeout(int(300 + OPS * 0.6 + DRAIN_S)),
 ]
