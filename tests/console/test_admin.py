@@ -1,5 +1,6 @@
 """The platform operator (a superuser) opens every page of every tenant; events stay
-unchangeable even for them. Tenant members are tried in tests/console/."""
+unchangeable even for them. Tenant members are tried in the other files here
+(test_admin_matrix.py walks every page as every role)."""
 
 from __future__ import annotations
 
