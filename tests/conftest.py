@@ -17,6 +17,9 @@ from portal.actors import Actor
 from portal.db import db_now
 from portal.models import Agent, AgentGrant, Tenant
 from tasks.models import Operation, OperationState, Task, TaskState
+from tests.support.desk import desk, ticketdesk_server
+
+__all__ = ["desk", "ticketdesk_server"]  # the ticket desk's fixtures, for every tier
 
 _counter = itertools.count(1)
 

@@ -25,15 +25,12 @@ from tasks import actions, takeover
 from tasks.gateway import operation_run_queued
 from tasks.jobs import check_receipts_job
 from tasks.models import Escalation, Operation, Task
-from tests.gateway import conftest as gateway_world
 from tests.gateway.conftest import TARGET, World, make_world
 from tests.support.concurrency import run_in_threads
 from ticketdesk.harness import TicketDesk
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-ticketdesk_server = gateway_world.ticketdesk_server
-desk = gateway_world.desk
 
 KEY = "ticket-for-issue-1042"
 

@@ -29,8 +29,6 @@ from tests.support.db import db_clock_offset
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-ticketdesk_server = gateway_world.ticketdesk_server
-desk = gateway_world.desk
 world = gateway_world.world
 
 REFUNDS = """

@@ -27,8 +27,6 @@ from tests.support.db import connect_as
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-ticketdesk_server = gateway_world.ticketdesk_server
-desk = gateway_world.desk
 world = gateway_world.world
 
 PERMIT_ALL = "permit(principal, action, resource);\n"

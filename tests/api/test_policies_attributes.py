@@ -29,8 +29,6 @@ from tests.gateway.conftest import SPEC, World
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-ticketdesk_server = gateway_world.ticketdesk_server
-desk = gateway_world.desk
 world = gateway_world.world
 
 REFUNDS = """

@@ -33,8 +33,6 @@ from tests.gateway.conftest import SPEC, World
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-ticketdesk_server = gateway_world.ticketdesk_server
-desk = gateway_world.desk
 world = gateway_world.world
 
 SHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"

@@ -29,8 +29,6 @@ ROOT = Path(__file__).resolve().parents[2]
 REPORTS = ROOT / "reports"
 
 # The gateway tests' world, fixtures by name.
-ticketdesk_server = gateway_world.ticketdesk_server
-desk = gateway_world.desk
 world = gateway_world.world
 
 

@@ -22,8 +22,7 @@ from pytest_django.live_server_helper import LiveServer
 from portal import services as portal_services
 from portal.models import Agent, Tenant
 from portal_client import PortalClient
-from tests.support.outbound import allow as outbound_allow
-from ticketdesk.harness import TicketDesk, start_ticketdesk
+from ticketdesk.harness import TicketDesk
 
 _counter = itertools.count(1)
 
@@ -121,23 +120,6 @@ def make_client(
 def api(make_client: Callable[..., PortalClient]) -> PortalClient:
     """A client of the fixture's agent (``client`` stays pytest-django's)."""
     return make_client()
-
-
-@pytest.fixture(scope="session")
-def ticketdesk_server() -> Iterator[TicketDesk]:
-    """One real ticket desk on 127.0.0.1 for the session (tests reset it)."""
-    with start_ticketdesk() as desk:
-        yield desk
-
-
-@pytest.fixture
-def desk(
-    ticketdesk_server: TicketDesk, settings: Any, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[TicketDesk]:
-    outbound_allow(settings, monkeypatch, ticketdesk_server.url)
-    ticketdesk_server.reset()
-    yield ticketdesk_server
-    ticketdesk_server.clear_faults()
 
 
 @dataclass(frozen=True, kw_only=True)

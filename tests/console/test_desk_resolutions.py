@@ -39,8 +39,6 @@ from tests.gateway.conftest import World, minutes_ago
 
 # The gateway tests' world, fixtures by name: a real ticket desk, a published
 # contract, a connector and an agent with a key.
-ticketdesk_server = gateway_world.ticketdesk_server
-desk = gateway_world.desk
 world = gateway_world.world
 
 DESK = "/admin/console/takeoveritem/"

@@ -28,8 +28,7 @@ from tasks.gateway import execute as gateway_execute
 from tasks.models import Connector
 from tests.support import broker
 from tests.support.connectors import desk_connector
-from tests.support.outbound import allow as outbound_allow
-from ticketdesk.harness import TicketDesk, start_ticketdesk
+from ticketdesk.harness import TicketDesk
 
 from .harness import (
     WorkerPool,
@@ -61,22 +60,6 @@ SPEC = {
     },
     "receipt": {"required": True, "type": "ticket_id"},
 }
-
-
-@pytest.fixture(scope="session")
-def ticketdesk_server() -> Iterator[TicketDesk]:
-    with start_ticketdesk() as desk:
-        yield desk
-
-
-@pytest.fixture
-def desk(
-    ticketdesk_server: TicketDesk, settings: Any, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[TicketDesk]:
-    outbound_allow(settings, monkeypatch, ticketdesk_server.url)
-    ticketdesk_server.reset()
-    yield ticketdesk_server
-    ticketdesk_server.clear_faults()
 
 
 amqp_url = broker.amqp_url  # the shared fixture (tests/support/broker.py)

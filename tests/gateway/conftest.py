@@ -19,8 +19,7 @@ from tasks import services as task_services
 from tasks.models import Connector, Contract
 from tests.support import broker
 from tests.support.connectors import desk_connector
-from tests.support.outbound import allow as outbound_allow
-from ticketdesk.harness import TicketDesk, start_ticketdesk
+from ticketdesk.harness import TicketDesk
 
 # The shared broker fixtures (tests/support/broker.py): the canary test taps them.
 amqp_url = broker.amqp_url
@@ -41,22 +40,6 @@ SPEC = {
     },
     "receipt": {"required": True, "type": "ticket_id"},
 }
-
-
-@pytest.fixture(scope="session")
-def ticketdesk_server() -> Iterator[TicketDesk]:
-    with start_ticketdesk() as desk:
-        yield desk
-
-
-@pytest.fixture
-def desk(
-    ticketdesk_server: TicketDesk, settings: Any, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[TicketDesk]:
-    outbound_allow(settings, monkeypatch, ticketdesk_server.url)
-    ticketdesk_server.reset()
-    yield ticketdesk_server
-    ticketdesk_server.clear_faults()
 
 
 @dataclass

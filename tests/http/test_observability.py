@@ -31,7 +31,7 @@ from portal.models import Tenant
 from tasks.models import Task, TaskState
 from tests.fault.harness import database_url
 from tests.gateway.conftest import World as GatewayWorld
-from tests.gateway.conftest import desk, make_world, ticketdesk_server
+from tests.gateway.conftest import make_world
 from tests.support import broker
 from tests.support.broker import closed_port, delete_queue
 from tests.support.celery_worker import celery_worker_running
@@ -39,8 +39,6 @@ from tests.support.db import connect_as
 from ticketdesk.harness import TicketDesk
 
 from .conftest import Server, World, start, stop
-
-__all__ = ["desk", "ticketdesk_server"]  # the gateway tier's fixtures, used here
 
 # Every test: the servers need the test database made, which pytest-django does only
 # when a selected test asks for it.

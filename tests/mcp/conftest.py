@@ -34,12 +34,9 @@ from portal.db import db_now
 from portal.models import Tenant
 from tasks import services as task_services
 from tests.fault.harness import database_url
-from tests.gateway.conftest import World, desk, make_world, ticketdesk_server
+from tests.gateway.conftest import World, make_world
 from tests.support.net import free_port
 from ticketdesk.harness import TicketDesk
-
-# The gateway tier's desk: one child for the session, reset for each test.
-__all__ = ["desk", "ticketdesk_server"]
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 60.0

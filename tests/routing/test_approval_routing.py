@@ -34,14 +34,14 @@ from tasks.models import Approval
 from tests.api.test_approvals import REFUNDS, publish, with_amount
 from tests.gateway import conftest as gateway_world
 from tests.gateway.conftest import World
+from tests.support import desk as shared_desk
 from tests.support.db import db_clock_offset
 
 from .conftest import CANARY, Inbox, Receiver
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-ticketdesk_server = gateway_world.ticketdesk_server
-desk = gateway_world.desk  # the ticket desk, not routing's desk fixture
+desk = shared_desk.desk  # the ticket desk, not routing's desk fixture
 world = gateway_world.world
 
 APPROVALS_PAGE = "/admin/tasks/approval/waiting/"
