@@ -25,8 +25,9 @@ from tasks import actions, takeover
 from tasks.gateway import operation_run_queued
 from tasks.jobs import check_receipts_job
 from tasks.models import Escalation, Operation, Task
-from tests.gateway.conftest import TARGET, World, make_world
+from tests.gateway.conftest import World, make_world
 from tests.support.concurrency import run_in_threads
+from tests.support.contracts import TARGET
 from ticketdesk.harness import TicketDesk
 
 pytestmark = pytest.mark.django_db(transaction=True)

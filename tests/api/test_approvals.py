@@ -24,7 +24,8 @@ from routing.models import Group
 from routing.services import group_member_add
 from tasks.models import Approval, ApprovalDecision, Operation, Task
 from tests.gateway import conftest as gateway_world
-from tests.gateway.conftest import SPEC, World
+from tests.gateway.conftest import World
+from tests.support.contracts import SPEC
 from tests.support.db import db_clock_offset
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -10,7 +10,7 @@ from audit.models import Event
 from portal import services as portal_services
 from portal.models import Role
 from tasks.models import Contract
-from tests.gateway.conftest import SPEC
+from tests.support.contracts import SPEC
 
 pytestmark = pytest.mark.django_db
 

@@ -22,7 +22,8 @@ from routing.services import group_member_add
 from tasks import takeover
 from tasks.models import Approval, Escalation, Operation, Task
 from tests.gateway import conftest as gateway_world
-from tests.gateway.conftest import SPEC, World
+from tests.gateway.conftest import World
+from tests.support.contracts import SPEC
 from tests.support.db import connect_as
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -25,7 +25,8 @@ from tests.api.test_actions import body as action_body
 from tests.api.test_policies import PERMIT_ALL
 from tests.console.test_desk import make_person
 from tests.gateway import conftest as gateway_world
-from tests.gateway.conftest import SPEC, World
+from tests.gateway.conftest import World
+from tests.support.contracts import SPEC
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

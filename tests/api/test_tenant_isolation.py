@@ -20,7 +20,7 @@ from portal.models import Role
 from portal.urls import api_v1
 from tasks import services as task_services
 from tasks.models import Approval, ApprovalState
-from tests.gateway.conftest import SPEC
+from tests.support.contracts import SPEC
 from tests.support.tenancy import tenant_fingerprint
 
 from .conftest import REGISTRATION, AgentClient, register_and_claim

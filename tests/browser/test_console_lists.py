@@ -19,7 +19,7 @@ from tasks import services as task_services
 from tasks.models import Contract
 from tests.browser.conftest import PASSWORD, log_in
 from tests.console.test_desk import make_person
-from tests.gateway.conftest import SPEC
+from tests.support.contracts import SPEC
 from tests.support.outbound import allow as outbound_allow
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -29,7 +29,8 @@ from tasks.models import Approval, Operation
 from tests.browser.conftest import PASSWORD, log_in
 from tests.console.test_desk import make_person
 from tests.gateway import conftest as gateway_world
-from tests.gateway.conftest import SPEC, World
+from tests.gateway.conftest import World
+from tests.support.contracts import SPEC
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -14,7 +14,7 @@ from portal import services as portal_services
 from portal.models import Agent, AgentKey, Role
 from tasks.models import Contract
 from tests.browser.conftest import PASSWORD, log_in
-from tests.gateway.conftest import SPEC
+from tests.support.contracts import SPEC
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

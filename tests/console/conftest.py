@@ -37,7 +37,7 @@ from tasks.models import (
     Task,
     TaskState,
 )
-from tests.gateway.conftest import SPEC
+from tests.support.contracts import SPEC
 
 _serial = itertools.count(1)
 PASSWORD = "pw-console-tests-1"

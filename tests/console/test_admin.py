@@ -108,7 +108,7 @@ def test_a_contract_version_is_added_validated_and_published_from_the_admin(
     import json
 
     from tasks.models import Contract
-    from tests.gateway.conftest import SPEC
+    from tests.support.contracts import SPEC
 
     bad = staff_client.post(
         "/admin/tasks/contract/add/",

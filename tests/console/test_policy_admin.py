@@ -16,7 +16,7 @@ from policies.models import PolicySet, PolicySetState
 from portal.db import db_now
 from tasks import services as task_services
 from tasks.models import Operation, TaskState
-from tests.gateway.conftest import SPEC
+from tests.support.contracts import SPEC
 
 from .conftest import Cast
 

@@ -16,7 +16,7 @@ from console.services import LastAdministrator
 from portal.models import Agent, AgentGrant, AgentKey, Membership, Role, Tenant
 from portal.roles import PermissionDenied, TenantNotVisible, perms_of
 from tasks.models import Connector, Contract
-from tests.gateway.conftest import SPEC
+from tests.support.contracts import SPEC
 from tests.support.new_keys import shown_secret
 from tests.support.tenancy import tenant_fingerprint
 

@@ -31,6 +31,7 @@ from tasks.models import (
     Credential,
     Escalation,
 )
+from tests.support.contracts import customer_issue_spec
 from tests.support.tenancy import models_with_a_tenant_field
 
 from .conftest import execute, refused_by
@@ -136,12 +137,7 @@ def test_task_pins_its_contract_within_its_tenant():
 
 # --- Raw SQL attacks: point a child into another tenant ------------------------------
 
-SPEC = {
-    "object_type": "customer_issue",
-    "required_fields": [],
-    "policy": {"read_fields": [], "write_targets": ["desk"], "credential_ttl_s": 60},
-    "receipt": {"required": True, "type": "ticket_id"},
-}
+SPEC = customer_issue_spec(fields=[], target="desk")
 
 
 def _event_in(tenant: Tenant) -> Outbox:

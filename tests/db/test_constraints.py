@@ -15,6 +15,7 @@ from audit.models import Event, EventCode
 from portal.actors import Actor
 from portal.codes import ReasonCode
 from tasks.models import Contract, ContractStatus, OperationState, TaskState
+from tests.support.contracts import customer_issue_spec
 
 from .conftest import execute, refused_by, refused_for_privilege
 
@@ -22,16 +23,7 @@ pytestmark = pytest.mark.django_db
 
 audit_migration = importlib.import_module("audit.migrations.0002_invariants")
 
-SPEC = {
-    "object_type": "customer_issue",
-    "required_fields": [{"name": "email", "source": "crm", "max_age_s": 300}],
-    "policy": {
-        "read_fields": ["email"],
-        "write_targets": ["desk"],
-        "credential_ttl_s": 60,
-    },
-    "receipt": {"required": True, "type": "ticket_id"},
-}
+SPEC = customer_issue_spec(fields=["email"], target="desk")
 
 
 def _event(tenant, **fields) -> Event:

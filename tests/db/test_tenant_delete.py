@@ -74,6 +74,7 @@ from tenant_deletion.exceptions import (
 )
 from tenant_deletion.models import Tombstone
 from tests.support.audit_events import append_at
+from tests.support.contracts import customer_issue_spec
 from tests.support.db import connect_as
 from tests.support.tenancy import models_with_a_tenant_field, tenant_fingerprint
 
@@ -82,16 +83,7 @@ from tests.support.tenancy import models_with_a_tenant_field, tenant_fingerprint
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SYSTEM = Actor.system("delete_tenant")
-SPEC: dict[str, Any] = {
-    "object_type": "customer_issue",
-    "required_fields": [{"name": "email", "source": "crm", "max_age_s": 300}],
-    "policy": {
-        "read_fields": ["email"],
-        "write_targets": ["desk"],
-        "credential_ttl_s": 60,
-    },
-    "receipt": {"required": True, "type": "ticket_id"},
-}
+SPEC = customer_issue_spec(fields=["email"], target="desk")
 _serial = itertools.count(1)
 
 

@@ -28,6 +28,7 @@ from tasks.gateway import execute as gateway_execute
 from tasks.models import Connector
 from tests.support import broker
 from tests.support.connectors import desk_connector
+from tests.support.contracts import TARGET, customer_issue_spec
 from ticketdesk.harness import TicketDesk
 
 from .harness import (
@@ -37,7 +38,6 @@ from .harness import (
     queue_delete,
 )
 
-TARGET = "ticket-desk"
 # How long a call may be in flight before recovery treats it as in doubt: short, so
 # a run killed mid-call is settled in seconds. Workers and this process agree on it.
 EXECUTION_DEADLINE_S = 3
@@ -45,21 +45,9 @@ EXECUTION_DEADLINE_S = 3
 QUEUED_GRACE_S = 3600
 # The lease the agent holds on each task: longer than any run of this tier.
 LEASE_S = 3600
-SPEC = {
-    "object_type": "customer_issue",
-    # Generous ages: a 10,000-operation run waits long in the queue, and a stale
-    # field is a refusal (tested elsewhere), not what this tier is about.
-    "required_fields": [
-        {"name": "email", "source": "crm", "max_age_s": 86400},
-        {"name": "plan", "source": "billing", "max_age_s": 86400},
-    ],
-    "policy": {
-        "read_fields": ["email"],
-        "write_targets": [TARGET],
-        "credential_ttl_s": 60,
-    },
-    "receipt": {"required": True, "type": "ticket_id"},
-}
+# Generous ages: a 10,000-operation run waits long in the queue, and a stale field is
+# a refusal (tested elsewhere), not what this tier is about.
+SPEC = customer_issue_spec(max_age_s=86400)
 
 
 amqp_url = broker.amqp_url  # the shared fixture (tests/support/broker.py)

@@ -19,27 +19,13 @@ from tasks import services as task_services
 from tasks.models import Connector, Contract
 from tests.support import broker
 from tests.support.connectors import desk_connector
+from tests.support.contracts import SPEC, TARGET
 from ticketdesk.harness import TicketDesk
 
 # The shared broker fixtures (tests/support/broker.py): the canary test taps them.
 amqp_url = broker.amqp_url
 events_exchange = broker.events_exchange
 celery_test_queue = broker.celery_test_queue
-
-TARGET = "ticket-desk"
-SPEC = {
-    "object_type": "customer_issue",
-    "required_fields": [
-        {"name": "email", "source": "crm", "max_age_s": 300},
-        {"name": "plan", "source": "billing", "max_age_s": 3600},
-    ],
-    "policy": {
-        "read_fields": ["email"],
-        "write_targets": [TARGET],
-        "credential_ttl_s": 60,
-    },
-    "receipt": {"required": True, "type": "ticket_id"},
-}
 
 
 @dataclass

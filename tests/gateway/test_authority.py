@@ -22,8 +22,9 @@ from tasks import services as task_services
 from tasks import takeover
 from tasks.jobs import run_operation_job
 from tasks.models import Connector, Escalation, Operation, Task
+from tests.support.contracts import SPEC, TARGET
 
-from .conftest import SPEC, TARGET, World
+from .conftest import World
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -29,8 +29,9 @@ from django.conf import settings
 from tasks import jobs
 from tasks import services as task_services
 from tasks.gateway import execute
-from tests.gateway.conftest import SPEC, World
+from tests.gateway.conftest import World
 from tests.gateway.test_redaction_canary import _luhn_card, _rand
+from tests.support.contracts import SPEC
 
 ALNUM = string.ascii_letters + string.digits
 

@@ -48,8 +48,9 @@ from portal.db import db_now
 from portal.models import Role
 from tasks import services as task_services
 from tasks.models import Operation, OperationState, Task, TaskState
-from tests.gateway.conftest import SPEC, TARGET, World, minutes_ago
+from tests.gateway.conftest import World, minutes_ago
 from tests.support.broker import Tap
+from tests.support.contracts import SPEC, TARGET
 from tests.support.db import ServerLog
 
 

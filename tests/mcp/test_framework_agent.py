@@ -23,8 +23,8 @@ from tasks import services as task_services
 from tasks import takeover
 from tasks.gateway import FieldValue
 from tasks.models import Escalation, Operation, Task
-from tests.gateway.conftest import SPEC
 from tests.mcp.conftest import REPO, TOOL, VERSION_TOOL, Agents, McpServer
+from tests.support.contracts import SPEC
 
 EXAMPLE = REPO / "examples" / "mcp_agent.py"
 # A name every model API accepts (OpenAI's and Anthropic's function-name rule).

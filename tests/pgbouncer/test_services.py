@@ -19,10 +19,11 @@ from portal.models import Tenant
 from tasks import services as task_services
 from tasks.models import Operation
 from tests.fault.harness import WorkerPool
-from tests.gateway.conftest import SPEC, TARGET, World
+from tests.gateway.conftest import World
 from tests.http.conftest import start, stop
 from tests.support.broker import EventQueue, delete_exchange, delete_queue
 from tests.support.connectors import desk_connector
+from tests.support.contracts import SPEC, TARGET
 from tests.support.outbound import allow as outbound_allow
 from tests.support.pgbouncer import PgBouncer
 from ticketdesk.harness import TicketDesk, start_ticketdesk

@@ -6,7 +6,7 @@ import pytest
 
 from tasks.contracts import contract_sensitive_fields, contract_spec_validate
 from tasks.exceptions import ContractInvalid
-from tests.gateway.conftest import SPEC
+from tests.support.contracts import SPEC
 
 
 def test_a_spec_may_declare_personal_and_secret_fields():

@@ -25,19 +25,11 @@ from tasks.exceptions import (
     TaskNotLeasable,
 )
 from tasks.models import Task, TaskState
+from tests.support.contracts import customer_issue_spec
 
 pytestmark = pytest.mark.django_db
 
-SPEC = {
-    "object_type": "customer_issue",
-    "required_fields": [{"name": "email", "source": "crm", "max_age_s": 300}],
-    "policy": {
-        "read_fields": ["email"],
-        "write_targets": ["desk"],
-        "credential_ttl_s": 60,
-    },
-    "receipt": {"required": True, "type": "ticket_id"},
-}
+SPEC = customer_issue_spec(fields=["email"], target="desk")
 
 
 def register(tenant, actor, **overrides):
