@@ -459,7 +459,12 @@ def raw_claim(
         CLAIM_NEXT,
         services._CLAIM_NEXT.params(
             moves=services._CLAIM_NEXT_MOVES,
-            params={"tenant_id": tenant_id, "owner": owner, "ttl": LEASE_TTL},
+            params={
+                "tenant_id": tenant_id,
+                "agent_id": uuid.UUID(actor.id),
+                "owner": owner,
+                "ttl": LEASE_TTL,
+            },
         ),
     )
     row = cursor.fetchone()

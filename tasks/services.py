@@ -602,10 +602,19 @@ def task_lease_release(
 
 _CLAIM_NEXT_MOVES: Final[dict[str, str]] = {TaskState.PENDING: TaskState.RUNNING}
 _CLAIM_NEXT: Final = TaskStateWrite(
-    with_="""WITH next AS (
+    # ``flags``: the kill switch of an agent's claim, read as ``limits.selectors.
+    # frozen_reason`` reads it (FOR SHARE, so a freeze waits for this transaction)
+    # but in the same statement; no agent (a person, the portal): no row, no check.
+    with_="""WITH flags AS (
+    SELECT a.frozen_at IS NOT NULL OR tn.frozen_at IS NOT NULL AS frozen
+    FROM portal_agent AS a JOIN portal_tenant AS tn ON tn.id = a.tenant_id
+    WHERE a.tenant_id = %(tenant_id)s AND a.id = %(agent_id)s
+    FOR SHARE OF a, tn
+), next AS (
     SELECT id FROM tasks_task
     WHERE tenant_id = %(tenant_id)s AND state = 'pending'
       AND (lease_owner IS NULL OR lease_expires_at <= app_now())
+      AND NOT EXISTS (SELECT FROM flags WHERE frozen)
     ORDER BY created_at, id
     LIMIT 1
     FOR UPDATE SKIP LOCKED
@@ -652,14 +661,20 @@ def task_claim_next(
         AgentFrozen, TenantFrozen: the acting agent or its tenant is frozen.
     """
     refuse_sensitive(owner=owner)
-    if actor.type == ActorType.AGENT:
-        limits_services.agent_admit(tenant=tenant, agent_id=actor.id)
+    agent_id = uuid.UUID(actor.id) if actor.type == ActorType.AGENT else None
     rows = task_state_write(
         statement=_CLAIM_NEXT,
         moves=_CLAIM_NEXT_MOVES,
-        params={"tenant_id": tenant.pk, "owner": owner, "ttl": _lease_ttl(ttl_s)},
+        params={
+            "tenant_id": tenant.pk,
+            "agent_id": agent_id,
+            "owner": owner,
+            "ttl": _lease_ttl(ttl_s),
+        },
     )
     if not rows:
+        if agent_id is not None:  # nothing pending, or a frozen agent: say which
+            limits_services.agent_admit(tenant=tenant, agent_id=agent_id)
         return None
     task = task_from_row(rows[0])
     _claimed_event(tenant=tenant, task=task, owner=owner, actor=actor, trace=trace)

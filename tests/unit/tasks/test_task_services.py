@@ -6,13 +6,17 @@ import datetime as dt
 
 import pytest
 from django.db import connection
+from django.db.models.functions import Now
 
 from audit.models import Event, EventCode, Outbox
+from portal.actors import Actor
 from portal.codes import ReasonCode
 from portal.exceptions import (
+    AgentFrozen,
     IllegalTransition,
     LeaseExpired,
     StaleState,
+    TenantFrozen,
     ValidationFailed,
 )
 from tasks import services
@@ -373,6 +377,30 @@ def test_claim_next_takes_the_oldest_pending_task_of_the_tenant(
         2,
         1,
     )
+
+
+@pytest.mark.parametrize("frozen", ["agent", "tenant"])
+def test_claim_next_leaves_pending_tasks_to_an_unfrozen_claimer(
+    make_task, agent, actor, frozen
+):
+    """The kill switch is read in the claim's own statement: a frozen agent (or
+    tenant) claims nothing and is told why; the task stays pending for others."""
+    task = make_task(state=TaskState.PENDING)
+    row = agent if frozen == "agent" else agent.tenant
+    type(row).objects.filter(pk=row.pk).update(frozen_at=Now())
+    error = AgentFrozen if frozen == "agent" else TenantFrozen
+    with pytest.raises(error):
+        services.task_claim_next(tenant=task.tenant, owner="w", actor=actor)
+    stored = Task.objects.get(pk=task.pk)
+    assert (stored.state, stored.lease_owner, stored.state_version) == (
+        "pending",
+        None,
+        1,
+    )
+    if frozen == "agent":  # a person or the portal still claims it
+        system = Actor.system("support")
+        claimed = services.task_claim_next(tenant=task.tenant, owner="p", actor=system)
+        assert claimed is not None and claimed.pk == task.pk
 
 
 def test_claim_next_returns_none_when_nothing_is_pending(tenant, actor):
