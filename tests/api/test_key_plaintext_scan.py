@@ -97,8 +97,8 @@ def test_no_column_of_any_table_holds_an_issued_key(api: AgentClient) -> None:
                     sql.Identifier(table),
                     sql.Identifier(column),
                 )
-                (hits,) = admin.execute(query, [tail]).fetchone()
-                if hits:
+                row = admin.execute(query, [tail]).fetchone()
+                if row and row[0]:
                     found.append((schema, table, column, secret.split(".")[0]))
 
     # Then no column holds any of them, whole or the part after the prefix
