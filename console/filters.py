@@ -77,7 +77,9 @@ class InputFilter(admin.ListFilter):
                 "name": name,
                 "label": label,
                 "type": kind,
-                "value": self.values.get(name, ""),
+                "value": self.shown(name, self.values[name])
+                if name in self.values
+                else "",
             }
             for name, label, kind in self.fields
         ]
@@ -88,6 +90,10 @@ class InputFilter(admin.ListFilter):
             "clear": clear,
             "selected": bool(self.values),
         }
+
+    def shown(self, name: str, value: str) -> str:
+        """The value as its input shows it."""
+        return value
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         if not self.values:
@@ -168,13 +174,25 @@ def parse_moment(text: str, *, end: bool) -> dt.datetime | None:
 
 
 class CreatedRangeFilter(InputFilter):
-    """Rows created from (inclusive) / until (exclusive) a time: an index range."""
+    """Rows created from (inclusive) / until (exclusive) a time: an index range.
+
+    The inputs are the browser's own date and time pickers (``datetime-local``, in
+    the site's time zone, no script); a bare date typed into the URL still works.
+    """
 
     title = "created"
     fields = (
-        ("created_from", "from (YYYY-MM-DD or …THH:MM)", "text"),
-        ("created_to", "until", "text"),
+        ("created_from", "from", "datetime-local"),
+        ("created_to", "until", "datetime-local"),
     )
+
+    def shown(self, name: str, value: str) -> str:
+        """What the picker can show: ``YYYY-MM-DDTHH:MM`` in the site's time zone
+        (a bare date or seconds in the URL would leave it blank)."""
+        moment = parse_moment(value, end=name == "created_to")
+        if moment is None:
+            return value
+        return f"{timezone.localtime(moment):%Y-%m-%dT%H:%M}"
 
     def filter(self, queryset: QuerySet[Any]) -> QuerySet[Any]:
         bounds: dict[str, dt.datetime] = {}
@@ -192,3 +210,15 @@ class CreatedRangeFilter(InputFilter):
         if "created_to" in bounds:
             queryset = queryset.filter(created_at__lt=bounds["created_to"])
         return queryset
+
+
+class CodeChoicesFilter(admin.ChoicesFieldListFilter):
+    """A choices field's filter whose entries read as the stored codes
+    (``task.registered``, ``FIELD_STALE``): what the list's columns and the exports
+    show, not Django's labels ("Task Registered"). Same parameters (``code__exact``)."""
+
+    def choices(self, changelist: ChangeList) -> Iterator[Any]:
+        labels = {str(label): str(value) for value, label in self.field.flatchoices}
+        for choice in super().choices(changelist):
+            choice["display"] = labels.get(str(choice["display"]), choice["display"])
+            yield choice

@@ -6,7 +6,7 @@ import uuid
 from typing import Any
 
 from django.conf import settings
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
@@ -17,20 +17,23 @@ from django.http import (
     HttpResponse,
     HttpResponseBadRequest,
     HttpResponseNotAllowed,
+    HttpResponseRedirect,
     StreamingHttpResponse,
 )
 from django.http.response import HttpResponseBase
-from django.urls import URLPattern, path
+from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from audit import outbox_admin
 from audit.models import Event, Outbox, RetentionPolicy
 from portal.actor_names import ActorNames
+from portal.exceptions import PortalError
 from portal.models import Tenant, TenantPerm
+from tasks.models import Task
 
-from .. import dashboard, display, export, search, services
-from ..filters import ActorFilter, CreatedRangeFilter, TaskIdFilter
+from .. import dashboard, display, export, saved_searches, search, services
+from ..filters import ActorFilter, CodeChoicesFilter, CreatedRangeFilter, TaskIdFilter
 from ..paginator import CappedPaginator
 from .base import TenantListFilter, TenantScopedAdmin, tenant_ids
 
@@ -44,8 +47,17 @@ class EventChangeList(ChangeList):
             [(event.actor_type, event.actor_id) for event in self.result_list],
             tenant_ids={event.tenant_id for event in self.result_list},
         )
+        # The client's own id of each task on the page, shown beside the short id
+        # (one query for the page: the task's primary key).
+        client_ids = dict(
+            Task.objects.filter(
+                tenant_id__in={event.tenant_id for event in self.result_list},
+                pk__in={event.task_id for event in self.result_list if event.task_id},
+            ).values_list("pk", "client_task_id")
+        )
         for event in self.result_list:
             event.actor_html = names.actor_html(event.actor_type, event.actor_id)
+            event.client_task_id = client_ids.get(event.task_id, "")
 
 
 class EventExportChangeList(EventChangeList):
@@ -77,10 +89,10 @@ class EventAdmin(TenantScopedAdmin):
     list_filter = [
         TenantListFilter,
         TaskIdFilter,
-        "code",
+        ("code", CodeChoicesFilter),
         ActorFilter,
-        "actor_type",
-        "reason_code",
+        ("actor_type", CodeChoicesFilter),
+        ("reason_code", CodeChoicesFilter),
         CreatedRangeFilter,
     ]
     search_fields = ["trace_id"]  # shows the box; get_search_results does the work
@@ -162,9 +174,25 @@ class EventAdmin(TenantScopedAdmin):
             shown = names.actor_html(event.actor_type, event.actor_id)
         return shown
 
-    @admin.display(description="task")
+    @admin.display(description="task (client id)")
     def task(self, event: Event) -> SafeString | str:
-        return display.model_link("tasks.task", event.task_id) or display.EMPTY
+        link = display.model_link("tasks.task", event.task_id)
+        if not link or event.task_id is None:
+            return display.EMPTY
+        client = getattr(event, "client_task_id", None)
+        if client is None:  # the change page: one event
+            client = (
+                Task.objects.filter(tenant_id=event.tenant_id, pk=event.task_id)
+                .values_list("client_task_id", flat=True)
+                .first()
+            )
+        if not client:
+            return link
+        return format_html(
+            '{} <span class="client-id" title="the client\'s task id">{}</span>',
+            link,
+            client,
+        )
 
     @admin.display(description="operation")
     def operation(self, event: Event) -> SafeString | str:
@@ -211,13 +239,63 @@ class EventAdmin(TenantScopedAdmin):
             self.admin_site.admin_view(self.export_view),
             name="audit_event_export",
         )
-        return [export_url, *super().get_urls()]
+        wrap = self.admin_site.admin_view
+        saved = [
+            path("saved/", wrap(self.save_search_view), name="audit_event_save"),
+            path(
+                "saved/<uuid:search_id>/delete/",
+                wrap(self.delete_search_view),
+                name="audit_event_saved_delete",
+            ),
+        ]
+        return [export_url, *saved, *super().get_urls()]
+
+    # --- saved searches (the person's own: console/saved_searches.py) -------------
+
+    def _list_url(self, query: str = "") -> str:
+        url = reverse("admin:audit_event_changelist")
+        return f"{url}?{query}" if query else url
+
+    def save_search_view(self, request: HttpRequest) -> HttpResponse:
+        """POST ``name`` and ``query``: saved for the person, then the search."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        query = request.POST.get("query", "")[: saved_searches.MAX_QUERY * 2]
+        try:
+            search = saved_searches.saved_search_save(
+                user=request.user, name=request.POST.get("name", ""), query=query
+            )
+        except PortalError as error:
+            self.message_user(request, error.detail, messages.ERROR)
+            return HttpResponseRedirect(
+                self._list_url(saved_searches.clean_query(query))
+            )
+        self.message_user(request, f"Saved as “{search.name}”.")
+        return HttpResponseRedirect(self._list_url(search.query))
+
+    def delete_search_view(
+        self, request: HttpRequest, search_id: uuid.UUID
+    ) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        try:
+            saved_searches.saved_search_delete(user=request.user, search_id=search_id)
+        except PortalError as error:
+            raise Http404(error.detail) from None
+        self.message_user(request, "Saved search deleted.")
+        return HttpResponseRedirect(self._list_url())
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
         context = {
             "can_export": bool(tenant_ids(request, TenantPerm.EXPORT_TRAIL)),
+            "saved_searches": saved_searches.saved_search_list(user=request.user),
+            "current_query": saved_searches.clean_query(request.GET.urlencode()),
             **(extra_context or {}),
         }
         return super().changelist_view(request, extra_context=context)
