@@ -1,0 +1,110 @@
+"""Statements per hot API request, counted: a request that grows a query fails here.
+
+The reserve and transition requests are the ones ``bench/api.py`` measures against
+raw SQL (docs/performance.md). Each statement is a round trip to PostgreSQL inside
+the request, so a new one (a lazy ``agent.tenant``, a second key lookup, a check
+that reads what the request already holds) shows up as latency and CPU on every
+agent call. The budgets are today's counts; lower them when a change saves one.
+
+Counted through Django's execute wrapper, as ``bench/api.py`` reports them, on the
+steady-state request (the second, after the first warmed the agent's caches), less
+the test's own savepoint statements (the test runs in a transaction, production
+does not).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from .conftest import AgentClient, register_and_claim
+
+pytestmark = pytest.mark.django_db
+
+# The statements of one request (labels as bench/api.py prints them):
+# the key's tenant, the key with its agent and tenant, the request-rate window,
+# the grant, the task, the reservation, the policy set, the agent for the policy,
+# the event with its outbox row.
+RESERVE_MAX_STATEMENTS = 9
+# The key's tenant, the key, the rate window, the transition, the event + outbox.
+TRANSITION_MAX_STATEMENTS = 5
+
+_SAVEPOINT = re.compile(r"^\s*(SAVEPOINT|RELEASE SAVEPOINT|ROLLBACK TO SAVEPOINT)\b")
+
+
+@contextmanager
+def statements() -> Iterator[list[str]]:
+    """The SQL of every statement the request runs, savepoints left out."""
+    seen: list[str] = []
+
+    def capture(
+        execute: Callable[..., Any],
+        sql: str,
+        params: Any,
+        many: bool,
+        context: Mapping[str, Any],
+    ) -> Any:
+        if not _SAVEPOINT.match(sql):
+            seen.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(capture):
+        yield seen
+
+
+def label(sql: str) -> str:
+    verb = sql.split(None, 1)[0].upper()
+    tables = re.findall(r'(?:FROM|INTO|UPDATE|JOIN)\s+"?(\w+)"?', sql, re.IGNORECASE)
+    return f"{verb} {tables[0]}" if tables else sql[:60]
+
+
+def reserve(api: AgentClient, task: dict[str, Any], key: str) -> Any:
+    return api.post(
+        f"/api/v1/tasks/{task['id']}/operations",
+        {
+            "idempotency_key": key,
+            "action": "create_ticket",
+            "target": "desk",
+            "input": {"queue": "billing"},
+        },
+        **{"Lease-Token": str(task["lease"]["token"])},
+    )
+
+
+def test_a_reserve_request_runs_at_most_its_budget_of_statements(
+    api: AgentClient,
+) -> None:
+    task = register_and_claim(api)
+    assert reserve(api, task, "warm-1").status_code == 201
+    with statements() as seen:
+        answer = reserve(api, task, "steady-2")
+    assert answer.status_code == 201, answer.json()
+    labels = [label(sql) for sql in seen]
+    assert len(labels) <= RESERVE_MAX_STATEMENTS, labels
+    # The one that matters most: the reservation itself is one statement, and the
+    # event and its outbox row another (not a statement per row).
+    assert sum(sql.lstrip().upper().startswith("INSERT") for sql in seen) <= 3, labels
+
+
+def test_a_transition_request_runs_at_most_its_budget_of_statements(
+    api: AgentClient,
+) -> None:
+    first = register_and_claim(api, "issue-1")
+    second = register_and_claim(api, "issue-2")
+    for task in (first, second):
+        path = f"/api/v1/tasks/{task['id']}/transitions"
+        body = {"to": "succeeded", "expected_state_version": task["state_version"]}
+        token = {"Lease-Token": str(task["lease"]["token"])}
+        if task is first:
+            assert api.post(path, body, **token).status_code == 200
+            continue
+        with statements() as seen:
+            answer = api.post(path, body, **token)
+        assert answer.status_code == 200, answer.json()
+        labels = [label(sql) for sql in seen]
+        assert len(labels) <= TRANSITION_MAX_STATEMENTS, labels
