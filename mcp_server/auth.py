@@ -2,9 +2,11 @@
 
 Over streamable HTTP the key is the request's Bearer token: the SDK's bearer
 middleware asks ``AgentKeyVerifier`` on every request and answers 401 (with the
-RFC 9728 metadata pointer) when it refuses. Each handler then runs ``caller`` in its
-worker thread, for the agent and the tenant scope, so a key revoked between two
-requests of one session is refused at the next one, on either transport.
+RFC 9728 metadata pointer) when it refuses. The verifier's answer carries the key it
+found (``AgentAccessToken``), so the request's handler runs ``caller`` on that key
+(the freeze check, the scope, the last-used mark) without looking it up a second
+time; over stdio ``caller`` looks the key up at every request. Either way a key
+revoked between two requests of one session is refused at the next one.
 
 A frozen agent or tenant (docs/limits.md) is refused by ``caller`` too, with the
 REST API's check (``portal.api.caller_refuse_frozen``) and codes, and each refusal
@@ -18,6 +20,7 @@ from __future__ import annotations
 from typing import Final
 
 from mcp.server.auth.provider import AccessToken
+from pydantic import PrivateAttr
 
 from limits import services as limits_services
 from portal import scope, selectors, services
@@ -66,7 +69,7 @@ def _live_key(secret: str) -> AgentKey:
     return check.key
 
 
-def caller(*, secret: str, method: str) -> Agent:
+def caller(*, secret: str, method: str, checked: AgentKey | None = None) -> Agent:
     """The live key's agent, with its tenant loaded; enters the agent's tenant scope.
 
     The same key lookup as ``portal.api.AgentKeyAuthentication`` (the one
@@ -74,14 +77,20 @@ def caller(*, secret: str, method: str) -> Agent:
     same freeze check (``caller_refuse_frozen``) and the same last-used mark. A
     frozen caller's refusal is written as a denial (phase ``mcp``, the JSON-RPC
     ``method``) in a transaction of its own, as the REST API's is. Run it inside
-    ``scope.unit_of_work()``, which clears the scope again.
+    ``scope.unit_of_work()``, which clears the scope again. ``checked`` is the key
+    this request's bearer check found live (``AgentAccessToken.key``): it is not
+    looked up again.
 
     Raises:
         KeyRefused: no such key, or it is revoked or expired, or its agent is
             inactive or its tenant deleted; or the agent or its tenant is frozen
             (``AGENT_FROZEN``, ``TENANT_FROZEN``).
     """
-    key = _live_key(secret)
+    if checked is not None:
+        key = checked
+        scope.enter([key.agent.tenant_id])
+    else:
+        key = _live_key(secret)
     try:
         caller_refuse_frozen(agent=key.agent)
     except CallerFrozen as frozen:
@@ -98,15 +107,27 @@ def caller(*, secret: str, method: str) -> Agent:
     return key.agent
 
 
-def _access_token(secret: str) -> AccessToken | None:
+class AgentAccessToken(AccessToken):
+    """The SDK's access token, with the key the bearer check found live for this
+    request (``key``), so the handler does not look it up again."""
+
+    _key: AgentKey | None = PrivateAttr(default=None)
+
+    @property
+    def key(self) -> AgentKey | None:
+        return self._key
+
+
+def _access_token(secret: str) -> AgentAccessToken | None:
     with scope.unit_of_work():
         try:
             # Not ``caller``: a frozen agent's key is valid (no 401); its request
             # goes on to the handler, which refuses it by name and records that.
-            agent = _live_key(secret).agent
+            key = _live_key(secret)
         except KeyRefused:
             return None
-        return AccessToken(
+        agent = key.agent
+        token = AgentAccessToken(
             token=secret,
             # The key's prefix (the server is stateless: no session to bind it to).
             client_id=secret.partition(".")[0],
@@ -114,6 +135,8 @@ def _access_token(secret: str) -> AccessToken | None:
             subject=str(agent.pk),
             claims={"tenant": str(agent.tenant_id)},
         )
+        token._key = key
+        return token
 
 
 class AgentKeyVerifier:

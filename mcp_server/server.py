@@ -16,6 +16,7 @@ import json
 import logging
 import sys
 import uuid
+from dataclasses import dataclass
 from typing import Any, Final, cast
 from urllib.parse import urlsplit
 
@@ -34,7 +35,7 @@ from starlette.applications import Starlette
 
 from portal import scope
 from portal.exceptions import PortalError
-from portal.models import Agent
+from portal.models import Agent, AgentKey
 from portal.tracing import Trace, tracer
 from tasks import actions
 from tasks import services as task_services
@@ -59,20 +60,34 @@ _KEY_REFUSED_CODE: Final = -32600
 _RESOURCE_NOT_FOUND_CODE: Final = -32002  # the MCP specification's
 
 
-def _secret(ctx: ServerRequestContext[Any, Any], stdio_secret: str | None) -> str:
+@dataclass(frozen=True)
+class _Caller:
+    """Who sends this request: the key's secret, and the key if the bearer check of
+    this very request found it live (HTTP); None over stdio."""
+
+    secret: str
+    checked: AgentKey | None = None
+
+
+def _caller_of(
+    ctx: ServerRequestContext[Any, Any], stdio_secret: str | None
+) -> _Caller:
     user = getattr(ctx.request, "user", None) if ctx.request is not None else None
     if isinstance(user, AuthenticatedUser):
-        return user.access_token.token
+        token = user.access_token
+        checked = token.key if isinstance(token, auth.AgentAccessToken) else None
+        return _Caller(token.token, checked)
     if stdio_secret is None:  # an HTTP request the bearer middleware let through
         raise MCPError(_KEY_REFUSED_CODE, "Authentication required.")
-    return stdio_secret
+    return _Caller(stdio_secret)
 
 
-def _as_agent(secret: str, method: str, work: Any, *args: Any) -> Any:
+def _as_agent(secret: _Caller, method: str, work: Any, *args: Any) -> Any:
     """``work(agent, *args)`` as the key's agent, in its tenant scope; the scope is
     cleared before the thread returns. ``method`` (JSON-RPC) names a refusal."""
     with scope.unit_of_work():
-        return work(auth.caller(secret=secret, method=method), *args)
+        agent = auth.caller(secret=secret.secret, method=method, checked=secret.checked)
+        return work(agent, *args)
 
 
 def _listed(agent: Agent) -> list[types.Tool]:
@@ -132,7 +147,7 @@ def _called(agent: Agent, name: str, arguments: Any) -> types.CallToolResult:
     return tools.outcome_result(outcome)
 
 
-def _call_safely(secret: str, name: str, arguments: Any) -> types.CallToolResult:
+def _call_safely(secret: _Caller, name: str, arguments: Any) -> types.CallToolResult:
     try:
         return _as_agent(secret, "tools/call", _called, name, arguments)
     except auth.KeyRefused as refused:
@@ -157,7 +172,7 @@ def build_server(*, stdio_secret: str | None = None) -> Server[Any]:
     async def list_tools(
         ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        secret = _secret(ctx, stdio_secret)
+        secret = _caller_of(ctx, stdio_secret)
         try:
             listed = await in_worker_thread(_as_agent, secret, "tools/list", _listed)
         except auth.KeyRefused as refused:
@@ -167,7 +182,7 @@ def build_server(*, stdio_secret: str | None = None) -> Server[Any]:
     async def call_tool(
         ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
-        secret = _secret(ctx, stdio_secret)
+        secret = _caller_of(ctx, stdio_secret)
         # The GenAI tool-execution span (OpenTelemetry semantic conventions), under
         # the SDK's span of the MCP request; the gateway's spans and its call to the
         # remote (traceparent) follow in the same trace.
@@ -205,7 +220,7 @@ def build_server(*, stdio_secret: str | None = None) -> Server[Any]:
     async def read_resource(
         ctx: ServerRequestContext[Any, Any], params: types.ReadResourceRequestParams
     ) -> types.ReadResourceResult:
-        secret = _secret(ctx, stdio_secret)
+        secret = _caller_of(ctx, stdio_secret)
         uri = str(params.uri)
         try:
             body = await in_worker_thread(
