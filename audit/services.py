@@ -11,6 +11,7 @@ from django.conf import settings
 from django.db import connection
 
 from portal import db as portal_db
+from portal import jcs
 from portal.actors import Actor
 from portal.ids import new_id
 from portal.tracing import NO_TRACE, Trace
@@ -264,3 +265,188 @@ def event_append(
     if settings.PORTAL_RELAY_NUDGE:
         relay.nudge_relay()  # after commit; beat is the safety net
     return event_id
+
+
+# --- An event whose payload the statement completes ---------------------------------
+#
+# One round trip per state change (issue 23): the caller's data-modifying CTE (the
+# task's state write) and the event, its chain link and its outbox row in one
+# statement. Some payload values are only known to the database (the state a task
+# moved from, its current step), so the payload's canonical JSON is cut at those
+# values ("slots") and the statement puts them in: each slot is a SQL expression
+# that yields the value's JSON text, read from the caller's CTE. PostgreSQL writes a
+# JSON string as RFC 8785 does (``to_jsonb(text)::text``: the same escapes, lower-case
+# hex, every other character as UTF-8), so the text the statement hashes is the
+# canonical JSON ``payload_digest`` would compute, and the verifier recomputes the
+# same digest from the stored payload. The caller redacts the slots' values (they
+# are not in the payload Python redacted): see ``task_transition``.
+_SLOTTED_HASH = f"""encode(sha256(
+        convert_to(COALESCE({{prev}}, '{chain.GENESIS}'), 'UTF8')
+        || %(_c0)s::bytea
+        || convert_to({chain.CREATED_AT_SQL.format(column="now()")}, 'UTF8')
+        || %(_c1)s::bytea || convert_to(body.digest, 'UTF8') || %(_c2)s::bytea
+    ), 'hex')"""
+
+
+def slotted_event_sql(*, source: str, slots: tuple[str, ...]) -> str:
+    """CTEs after the caller's ``source`` CTE: the task chain's event and outbox row.
+
+    ``slots`` are SQL expressions over ``source`` (one row, or none: then nothing is
+    written), each yielding a payload value's JSON text, in the order the values
+    come in the canonical payload. Defines ``body`` (the payload's text and digest),
+    ``link``, ``event`` and ``outbox``; the caller adds its final ``SELECT``.
+
+    A chain's first event makes its head row; when a concurrent first append made
+    it first, the statement fails on ``CHAIN_HEAD_UNIQUE`` (nothing is written: the
+    caller's write goes with it) and the caller writes again with ``event_append``,
+    which waits its turn.
+    """
+    pieces = [f"%(_p{number})s::text" for number in range(len(slots) + 1)]
+    text = pieces[0] + "".join(
+        f" || ({expression}) || {piece}"
+        for expression, piece in zip(slots, pieces[1:], strict=True)
+    )
+    return f"""body_text AS (
+    SELECT {text} AS text FROM {source}
+), body AS (
+    SELECT text, encode(sha256(convert_to(text, 'UTF8')), 'hex') AS digest
+    FROM body_text
+), moved AS (
+    UPDATE audit_chainhead AS h
+    SET head_seq = h.head_seq + 1, head_event_id = %(id)s, prev_hash = h.head_hash,
+        head_hash = {_SLOTTED_HASH.format(prev="h.head_hash")}
+    FROM body
+    WHERE h.tenant_id = %(tenant_id)s AND {_TASK_CHAIN}
+    RETURNING h.head_seq, h.prev_hash, h.head_hash
+), begun AS (
+    INSERT INTO audit_chainhead AS h (
+        tenant_id, task_id, head_seq, head_event_id, prev_hash, head_hash
+    )
+    SELECT %(tenant_id)s, %(task_id)s, 1, %(id)s, NULL,
+        {_SLOTTED_HASH.format(prev="NULL")}
+    FROM body
+    WHERE NOT EXISTS (SELECT FROM moved)
+    RETURNING h.head_seq, h.prev_hash, h.head_hash
+), link AS (
+    SELECT * FROM moved UNION ALL SELECT * FROM begun
+), event AS (
+    INSERT INTO audit_event (
+        id, tenant_id, task_id, operation_id, code, actor_type, actor_id,
+        reason_code, contract_key, contract_version, payload, payload_digest,
+        trace_id, span_id, created_at, chain_seq, prev_hash, hash
+    )
+    SELECT %(id)s, %(tenant_id)s, %(task_id)s, %(operation_id)s, %(code)s,
+        %(actor_type)s, %(actor_id)s, %(reason_code)s, %(contract_key)s,
+        %(contract_version)s, body.text::jsonb, body.digest, %(trace_id)s,
+        %(span_id)s, now(), link.head_seq, link.prev_hash, link.head_hash
+    FROM link, body
+    RETURNING tenant_id, id, payload
+), outbox AS (
+    INSERT INTO audit_outbox (
+        id, tenant_id, event_id, topic, key, payload, state, attempts, last_error
+    )
+    SELECT %(outbox_id)s, event.tenant_id, event.id, %(code)s, %(key)s,
+        jsonb_set(%(envelope)s::jsonb, '{{data}}', event.payload), 'pending', 0, ''
+    FROM event CROSS JOIN generic
+    RETURNING id
+)"""
+
+
+CHAIN_HEAD_UNIQUE: Final = "audit_chainhead_chain_uniq"
+SLOTTED_GENERIC: Final = _GENERIC
+"""The ``generic`` CTE a slotted statement starts with (see ``_OUTBOX_FROM_EVENT``)."""
+
+
+def slotted_event_params(
+    *,
+    tenant_id: uuid.UUID,
+    code: str,
+    actor: Actor,
+    task_id: uuid.UUID,
+    payload: Mapping[str, Any],
+    slots: tuple[str, ...],
+    reason: str | None = None,
+    trace: Trace = NO_TRACE,
+) -> dict[str, Any] | None:
+    """Parameters of ``slotted_event_sql`` for an already redacted ``payload``.
+
+    ``slots`` names the payload's top-level keys whose values the statement fills
+    in, in the order their keys sort (RFC 8785 order); ``payload`` must not hold
+    them. None when the payload is not one the fast path writes byte for byte as
+    ``event_append`` would (a value ``portal.jcs`` hands to ``rfc8785``, or one too
+    big to leave room for the slots): the caller then uses ``event_append``.
+    """
+    if list(slots) != sorted(slots) or set(slots) & set(payload):
+        raise ValueError(f"bad slots {slots!r} for payload keys {sorted(payload)}")
+    if not jcs.stdlib_agrees(payload):
+        return None
+    trace = trace.or_current()
+    markers = {key: uuid.uuid4().hex for key in slots}
+    text = chain.canonical({**payload, **markers}).decode("utf-8")
+    if len(text) > settings.PORTAL_EVENT_PAYLOAD_MAX_BYTES // 4:
+        return None
+    pieces = []
+    for key in slots:
+        before, found, text = text.partition(f'"{markers[key]}"')
+        if not found:  # pragma: no cover - a string value always serialises quoted
+            raise RuntimeError("slot marker missing from canonical payload")
+        pieces.append(before)
+    pieces.append(text)
+    event_id = new_id()
+    columns: dict[str, Any] = {
+        "tenant_id": tenant_id,
+        "task_id": task_id,
+        "operation_id": None,
+        "code": code,
+        "actor_type": actor.type,
+        "actor_id": actor.id,
+        "reason_code": reason,
+        "contract_key": None,
+        "contract_version": None,
+        "trace_id": trace.trace_id,
+        "span_id": trace.span_id,
+    }
+    created, digest = uuid.uuid4().hex, uuid.uuid4().hex
+    content = chain.canonical(
+        chain.event_content(
+            event_id=event_id,
+            payload=None,
+            payload_digest=digest,
+            created_at=created,
+            **columns,
+        )
+    )
+    c0, at_created, rest = content.partition(f'"{created}"'.encode("ascii"))
+    c1, at_digest, c2 = rest.partition(f'"{digest}"'.encode("ascii"))
+    if not (at_created and at_digest):  # pragma: no cover - both are quoted strings
+        raise RuntimeError("markers missing from canonical event content")
+    envelope = json_text(
+        {
+            "schema_version": ENVELOPE_SCHEMA_VERSION,
+            "event_id": str(event_id),
+            "code": code,
+            "tenant_id": str(tenant_id),
+            "task_id": str(task_id),
+            "operation_id": None,
+            "reason_code": reason,
+            "data": None,
+            "trace_id": trace.trace_id,
+        }
+    )
+    return {
+        **columns,
+        **{f"_p{number}": piece for number, piece in enumerate(pieces)},
+        "_c0": c0 + b'"',
+        "_c1": b'"' + c1 + b'"',
+        "_c2": b'"' + c2,
+        "id": event_id,
+        "outbox_id": new_id(),
+        "key": str(event_id),
+        "envelope": envelope,
+    }
+
+
+def slotted_event_written() -> None:
+    """What ``event_append`` does after its write, for a slotted event's caller."""
+    if settings.PORTAL_RELAY_NUDGE:
+        relay.nudge_relay()  # after commit; beat is the safety net

@@ -42,7 +42,7 @@ from tasks.models import TASK_TRANSITIONS, Task, TaskState
 from .spec import WHAT_IFS, RunSpec, WhatIf
 
 EVENT_AND_OUTBOX: Final = audit_services._INSERT_TASK_EVENT_AND_OUTBOX
-TRANSITION: Final = services._TRANSITION.sql
+TRANSITION: Final = services._TRANSITION_AND_EVENT
 RESERVE: Final = services._RESERVE
 CLAIM_NEXT: Final = services._CLAIM_NEXT.sql
 
@@ -55,9 +55,9 @@ GRANT_CHECK: Final = "<agent_may>"
 RESERVE_CONTEXT: Final = services._RESERVE_CONTEXT
 ADMIT: Final = limits_services._ADMIT
 STATEMENTS: Final[dict[str, tuple[str, ...]]] = {
-    "transition": (TRANSITION, EVENT_AND_OUTBOX),
+    "transition": (TRANSITION,),
     "reservation": (RESERVE_CONTEXT, RESERVE, ADMIT, EVENT_AND_OUTBOX),
-    "claim": (CLAIM_NEXT, EVENT_AND_OUTBOX, TRANSITION, EVENT_AND_OUTBOX),
+    "claim": (CLAIM_NEXT, EVENT_AND_OUTBOX, TRANSITION),
 }
 
 # Columns of ``RETURNING old.state, <task columns>`` and ``RETURNING <task columns>``.
@@ -65,7 +65,6 @@ _ATTNAMES: Final = task_state.TASK_ATTNAMES
 _OP_ATTNAMES: Final = services._OPERATION_ATTNAMES
 _TASK_ID = _ATTNAMES.index("id")
 _STATE_VERSION = _ATTNAMES.index("state_version")
-_CURRENT_STEP = _ATTNAMES.index("current_step")
 _LEASE_TOKEN = _ATTNAMES.index("lease_token")
 _OPERATION_ID = _OP_ATTNAMES.index("id")
 
@@ -318,44 +317,44 @@ def raw_transition(
     lease_token: int,
     actor: Actor,
 ) -> None:
-    """``task_transition``'s two statements; the caller holds the transaction."""
+    """``task_transition``'s one statement; the caller holds the transaction."""
+    event = audit_services.slotted_event_params(
+        tenant_id=tenant_id,
+        code=EventCode.TASK_TRANSITIONED,
+        actor=actor,
+        task_id=task_id,
+        payload={
+            "to": to,
+            "state_version": expected_version + 1,
+            "lease_token": lease_token,
+            "data": {},
+        },
+        slots=services._TRANSITION_SLOTS,
+    )
+    assert event is not None
     cursor.execute(
         TRANSITION,
-        services._TRANSITION.params(
-            moves=task_state.task_moves_to(to),
-            params={
-                "reason": None,
-                "step": None,
-                "wake_at": None,
-                "keep_lease": to == TaskState.RUNNING,
-                "tenant_id": tenant_id,
-                "task_id": task_id,
-                "expected_version": expected_version,
-                "lease_token": lease_token,
-            },
-        ),
+        {
+            "_blank_step_only": False,
+            **services._TRANSITION_IN_ONE.params(
+                moves=task_state.task_moves_to(to),
+                params={
+                    "reason": None,
+                    "step": None,
+                    "wake_at": None,
+                    "keep_lease": to == TaskState.RUNNING,
+                    "tenant_id": tenant_id,
+                    "task_id": task_id,
+                    "expected_version": expected_version,
+                    "lease_token": lease_token,
+                },
+            ),
+            **event,
+        },
     )
     row = cursor.fetchone()
-    if row is None:
-        raise RuntimeError(f"raw transition of {task_id} touched no row")
-    payload = {
-        "from": row[0],
-        "to": to,
-        "state_version": row[1 + _STATE_VERSION],
-        "step": row[1 + _CURRENT_STEP],
-        "lease_token": lease_token,
-        "data": {},
-    }
-    cursor.execute(
-        EVENT_AND_OUTBOX,
-        _event_params(
-            tenant_id=tenant_id,
-            code=EventCode.TASK_TRANSITIONED,
-            actor=actor,
-            task_id=task_id,
-            payload=payload,
-        ),
-    )
+    if row is None or not row[0]:
+        raise RuntimeError(f"raw transition of {task_id} wrote no event")
 
 
 # As long as tasks/sealed.py's seal of RESERVATION_INPUT: "v1:" and the base64 of a

@@ -51,6 +51,12 @@ def dumps(value: Any) -> bytes:
     return bytes(rfc8785.dumps(value))
 
 
+def stdlib_agrees(value: Any) -> bool:
+    """Whether ``dumps`` writes ``value`` with the standard library's encoder (the
+    values listed above), not with ``rfc8785``."""
+    return _agrees(value)
+
+
 def _agrees(value: Any) -> bool:
     """Whether the standard library writes ``value`` as RFC 8785 does."""
     if value is None or isinstance(value, (str, bool)):

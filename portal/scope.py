@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar, Token
 from typing import Any, Final, ParamSpec, TypeVar
@@ -188,3 +188,43 @@ def in_tenants_with(function: str) -> Callable[[Callable[_P, _R]], Callable[_P, 
         return scoped
 
     return decorate
+
+
+def one_round_trip(sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+    """Run one statement as a transaction of its own under the current scope, in one
+    round trip, and return its rows.
+
+    The scope's ``set_config(…, true)`` and the statement go to the server as one
+    psycopg pipeline closed by one Sync: PostgreSQL runs the messages before a Sync
+    in one implicit transaction and commits at the Sync, so the setting reaches the
+    statement and ends with it, and the statement commits, or fails and rolls back,
+    alone (no ``BEGIN`` and ``COMMIT`` of their own). Django's execute wrappers see
+    the statement as they see any other, except ``scoped_statement``, whose work this
+    is. Errors come as Django's database errors.
+
+    Raises:
+        RuntimeError: called inside an atomic block (use a cursor there).
+    """
+    connection = connections["default"]
+    if connection.in_atomic_block:
+        raise RuntimeError("one_round_trip runs its own transaction")
+    connection.ensure_connection()
+    raw = connection.connection
+    setting = ("SELECT set_config(%s, %s, true)", [SETTING, _value(_scope.get())])
+
+    def run(sql: str, params: Any, many: bool, context: Any) -> list[tuple[Any, ...]]:
+        with raw.pipeline():
+            raw.execute(*setting)
+            cursor = raw.cursor()
+            cursor.execute(sql, params)
+        return cursor.fetchall()
+
+    call: Callable[..., Any] = run
+    for wrapper in reversed(connection.execute_wrappers):
+        if wrapper is not scoped_statement:
+            call = functools.partial(wrapper, call)
+    with connection.wrap_database_errors:
+        rows: list[tuple[Any, ...]] = call(
+            sql, params, False, {"connection": connection, "cursor": None}
+        )
+    return rows

@@ -95,7 +95,8 @@ class TaskStateWrite:
         with_: a ``WITH`` clause that picks rows (``FOR UPDATE SKIP LOCKED``).
         from_: the relation the ``WITH`` defines, joined in ``where``.
         returning_old: columns whose values *before* the write come first in each
-            returned row (read from a self-join, ``old``); ``TASK_COLUMNS`` follow.
+            returned row (read from a self-join, ``old``), named ``old_<column>``;
+            ``TASK_COLUMNS`` follow.
     """
 
     where: str
@@ -119,7 +120,10 @@ class TaskStateWrite:
             from_=f"FROM {', '.join(relations)}\n" if relations else "",
             where=f"{old}({self.where})",
             returning=", ".join(
-                [*(f"old.{column}" for column in self.returning_old), TASK_COLUMNS]
+                [
+                    *(f"old.{column} AS old_{column}" for column in self.returning_old),
+                    TASK_COLUMNS,
+                ]
             ),
         )
 
