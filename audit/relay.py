@@ -35,7 +35,12 @@ unaffected).
 
 At least once. A crash between a wave's confirms and its ``sent`` mark leaves the
 wave's confirmed rows leased; when the lease lapses another relay publishes them
-again. The event id goes out
+again. The claim and the ``sent`` marks commit asynchronously
+(``synchronous_commit = off`` for their transactions only): visible to every other
+session at once, durable a moment later. A database crash can lose the last of
+them; then those rows are pending again and go out again, in order (the WAL keeps
+commit order), which is the same duplicate as a relay crash. Nothing is lost: the
+rows themselves were written by synchronous commits. The event id goes out
 as the AMQP ``message_id``: consumers dedupe on it (audit/inbox.py).
 """
 
@@ -185,13 +190,17 @@ SET attempts = o.attempts + 1,
     available_at = app_now() + make_interval(secs => %(lease_s)s)
 FROM claimable AS c
 WHERE o.id = c.id AND o.state = 'pending'
+  AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
 RETURNING o.id, o.tenant_id, o.topic, o.key, o.payload::text, o.task_id::text,
     COALESCE(o.payload->>'trace_id', ''), o.attempts, o.created_at
 """
 
+# The claim and the sent mark commit without waiting for the WAL flush (see "At
+# least once" above): set in the statement, for its transaction only.
 _MARK_SENT = """
 UPDATE audit_outbox SET state = 'sent', sent_at = app_now(), last_error = ''
 WHERE id = ANY(%s) AND state = 'pending'
+  AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
 """
 
 # The capped doubling wait after a failed attempt, for any outbox-shaped table with

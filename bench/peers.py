@@ -3,7 +3,7 @@
     .venv/bin/pip install -e '.[bench]' -c constraints.txt   # once: the peers
     .venv/bin/python bench/peers.py [--duration 3] [--clients 1,4,8] [--rounds 3]
         [--database-url postgres://postgres@127.0.0.1:5432/portal_bench_peers]
-        [--also rest,relay] [--rest-clients 1,4,16] [--relay-rate 1000]
+        [--also rest,relay] [--rest-clients 1,4,16] [--relay-rate 2000]
         [--no-docs] [--json reports/bench-peers.json]
 
 In the same interleaved rounds as ``bench/run.py`` (same client processes, barrier,
@@ -93,7 +93,7 @@ SIDE_BENCHMARKS: Final = ("rest", "relay")
 REST_AIM: Final = 0.30  # of raw SQL's reservations/s
 REST_P99_AIM_MS: Final = 50.0  # at the most clients
 RELAY_AIM: Final = 5000.0  # events/s
-RELAY_LAG_AIM_MS: Final = 500.0  # p99 at the offered rate
+RELAY_LAG_AIM_MS: Final = 100.0  # p99 at the offered rate (issue 23: 2,000/s)
 # Lifecycle last: once launched, DBOS keeps its threads in the client processes.
 FLAVOURS: Final[dict[str, tuple[str, ...]]] = {
     "transition": ("lean", "service"),
@@ -123,7 +123,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     )
     parser.add_argument("--rest-clients", default="1,4,16")
     parser.add_argument(
-        "--relay-rate", type=float, default=1000, help="steady events/s for the lag"
+        "--relay-rate", type=float, default=2000, help="steady events/s for the lag"
     )
     parser.add_argument("--no-docs", action="store_true")
     parser.add_argument("--json", type=Path, default=JSON_REPORT)
@@ -447,7 +447,8 @@ def side_table(figures: dict[str, Any]) -> str:
         steady = relay["steady"]
         lines.append(
             f"| relay: commit → publish lag at {steady['rate']:,.0f} events/s offered"
-            f" ({steady['published']:,} published of {steady['written']:,}) | 1 | - | -"
+            f" ({steady.get('achieved_per_s', 0):,.0f}/s achieved;"
+            f" {steady['published']:,} published of {steady['written']:,}) | 1 | - | -"
             f" | - | p99 < {RELAY_LAG_AIM_MS:g} ms"
             f" | {steady['lag_p50_ms']:.1f} / {steady['lag_p99_ms']:.1f} | - |"
         )
@@ -506,8 +507,9 @@ def _side_section(meta: dict[str, Any]) -> str:
         parts.append(
             f"relay: `bench/relay.py` run by this command (a backlog of"
             f" {relay.get('rows'):,} rows drained with publisher confirms to"
-            f" RabbitMQ, batch {relay.get('batch')}; several relays are threads of"
-            " one process)"
+            f" RabbitMQ, batch {relay.get('batch')}; several relays are"
+            f" {relay.get('relays_as', 'threads')} as Celery runs them; the lag's"
+            " load comes from writer processes, several events per commit)"
         )
     return (
         "\nThe issue's other rows, in the same run: " + "; ".join(parts) + ".\n\n"

@@ -110,6 +110,32 @@ def traceparent_of(trace: Trace) -> str:
     return f"00-{trace.trace_id}-{trace.span_id}-01"
 
 
+def spans_recorded() -> bool:
+    """True when a span started now would reach a span processor (an exporter).
+
+    False with no SDK in this process (the API's no-op provider) and with an SDK
+    provider that has no processor (``portal.telemetry`` adds one only when an
+    OTLP endpoint is set): then a span is made and dropped unseen, and a caller
+    that only needs the ids it would carry may skip making it (the relay, per
+    message: ``audit.broker``).
+    """
+    provider = otel_trace.get_tracer_provider()
+    # The SDK keeps its processors here (opentelemetry-sdk, pinned in pyproject.toml).
+    processors = getattr(getattr(provider, "_active_span_processor", None),
+                         "_span_processors", ())  # fmt: skip
+    return bool(processors)
+
+
+def unrecorded_traceparent(parent: Trace) -> str | None:
+    """The ``traceparent`` a PRODUCER span under ``parent`` would carry, when no
+    span is recorded (``spans_recorded()`` is False): ``parent``'s trace id and a
+    fresh span id. None when ``parent`` is not a valid trace."""
+    remote = parent.span_context()
+    if remote is None:
+        return None
+    return f"00-{format_trace_id(remote.trace_id)}-{secrets.token_hex(8)}-01"
+
+
 @contextmanager
 def producer_span(
     name: str, *, parent: Trace, attributes: Mapping[str, Any] | None = None
