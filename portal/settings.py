@@ -413,8 +413,10 @@ CELERY_BEAT_SCHEDULE: dict[str, Any] = {
 # how rows are leased, retried and given up on.
 PORTAL_EVENTS_BROKER_URL = os.environ.get("PORTAL_EVENTS_BROKER_URL", CELERY_BROKER_URL)
 PORTAL_EVENTS_EXCHANGE = os.environ.get("PORTAL_EVENTS_EXCHANGE", "portal.events")
-# A commit that wrote an outbox row nudges a relay run at once (coalesced).
+# A commit that wrote an outbox row nudges a relay run at once (coalesced), through
+# this Celery app (the relay is handed it by name, as WSGI_APPLICATION names the web's).
 PORTAL_RELAY_NUDGE = _env_bool("PORTAL_RELAY_NUDGE", default=True)
+PORTAL_CELERY_APP = "portal.celery.app"
 # 200: one relay drained 3,015 rows/s (median of three) with batches of 200 against
 # 2,498 with 50, interleaved on a quiet machine (bench/relay.py --batch, 2026-12-02):
 # fewer passes, each with its claim, waves and marks.
