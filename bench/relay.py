@@ -143,10 +143,12 @@ def make_backlog(*, tenant_id: uuid.UUID, rows: int) -> None:
 
 
 def run_parallel(
-    count: int, work: Callable[[], int], *, processes: bool = False
-) -> tuple[int, float]:
-    """Run ``work`` on ``count`` threads, or forked processes, released together;
-    (rows, seconds). Processes, as relays run in production (each in its Celery
+    count: int, work: Callable[[], tuple[int, float]], *, processes: bool = False
+) -> dict[str, float]:
+    """Run ``work`` (it returns its rows and its database backend's CPU seconds) on
+    ``count`` threads, or forked processes, released together; rows, rows/s and the
+    client and server CPU per row (µs; a thread's client CPU is its process's).
+    Processes, as relays run in production (each in its Celery
     worker process): threads of one interpreter share its lock, and a relay is
     CPU-bound in Python (kombu's framing) once confirms are pipelined."""
     from django.db import connection
@@ -163,7 +165,9 @@ def run_parallel(
     def run() -> None:
         try:
             barrier.wait()
-            outcomes.put(("ok", work()))
+            cpu = time.process_time()
+            rows, server_cpu_s = work()
+            outcomes.put(("ok", (rows, time.process_time() - cpu, server_cpu_s)))
         except BaseException as error:  # the caller raises it, after the join  # noqa: BLE001
             outcomes.put(("error", repr(error)))
         finally:
@@ -181,7 +185,21 @@ def run_parallel(
     failed = [detail for kind, detail in results if kind != "ok"]
     if failed:
         raise RuntimeError(f"a relay worker failed: {failed[0]}")
-    return sum(int(rows) for _, rows in results), elapsed
+    rows = sum(int(figures[0]) for _, figures in results)
+    per_row = 1e6 / rows if rows else 0.0
+    return {
+        "rows": rows,
+        "rows_per_s": rows / elapsed,
+        "client_cpu_us_per_row": sum(f[1] for _, f in results) * per_row,
+        "server_cpu_us_per_row": sum(f[2] for _, f in results) * per_row,
+    }
+
+
+def backend_cpu_s(execute: Callable[[str], Any]) -> float:
+    """CPU seconds the database backend behind this connection has used so far."""
+    from bench.workloads import process_cpu_s
+
+    return process_cpu_s(int(execute("SELECT pg_backend_pid()")[0][0]))
 
 
 def pending(raw: psycopg.Connection[Any]) -> int:
@@ -189,7 +207,7 @@ def pending(raw: psycopg.Connection[Any]) -> int:
     return int(row.fetchone()[0])  # type: ignore[index]
 
 
-def raw_claim_and_mark(database_url: str) -> int:
+def raw_claim_and_mark(database_url: str) -> tuple[int, float]:
     """The relay's statements with psycopg and no broker: claim, then mark each."""
     from django.conf import settings
 
@@ -218,11 +236,11 @@ def raw_claim_and_mark(database_url: str) -> int:
             done += len(rows)
             if not rows:
                 if not pending(raw):
-                    return done
+                    return done, backend_cpu_s(lambda q: raw.execute(q).fetchall())
                 time.sleep(0.005)  # another worker holds the rest
 
 
-def broker_only(rows: int) -> int:
+def broker_only(rows: int) -> tuple[int, float]:
     """The relay's publisher with no database: ``rows`` messages like the backlog's,
     in waves of the batch size, each wave's confirms awaited: the broker's ceiling."""
     from django.conf import settings
@@ -252,11 +270,13 @@ def broker_only(rows: int) -> int:
             failed = [o for o in publisher.publish_wave(wave) if o is not None]
             if failed:
                 raise RuntimeError(f"publishing failed: {failed[0]}")
-    return rows
+    return rows, 0.0
 
 
-def relay_drain() -> int:
+def relay_drain() -> tuple[int, float]:
     """A relay worker: passes until nothing is pending."""
+    from django.db import connection
+
     from audit import relay
     from audit.broker import broker_publisher
     from audit.models import Outbox
@@ -270,7 +290,11 @@ def relay_drain() -> int:
             done += report.sent
             if not report.claimed:
                 if not Outbox.objects.filter(state="pending").exists():
-                    return done
+                    with connection.cursor() as cursor:
+                        cursor.execute("SELECT 1")  # the backend is this cursor's
+                        return done, backend_cpu_s(
+                            lambda q: (cursor.execute(q), cursor.fetchall())[1]
+                        )
                 time.sleep(0.005)
 
 
@@ -410,32 +434,26 @@ def main(argv: Sequence[str] | None = None) -> int:
                 make_backlog(tenant_id=tenant.pk, rows=args.rows)
                 raw.execute("VACUUM (ANALYZE) audit_outbox")
                 say(f"raw SQL claim+mark, {count} connection(s), {args.rows} rows")
-                rows, seconds = run_parallel(
+                results["raw_sql"][count] = run_parallel(
                     count,
                     lambda: raw_claim_and_mark(args.database_url),
                     processes=not args.threads,
                 )
-                results["raw_sql"][count] = {"rows": rows, "rows_per_s": rows / seconds}
 
                 tenant = Tenant.objects.create(slug=f"relay-{count}", name="Relay")
                 make_backlog(tenant_id=tenant.pk, rows=args.rows)
                 raw.execute("VACUUM (ANALYZE) audit_outbox")
                 say(f"relay with confirms, {count} relay(s), {args.rows} rows")
-                rows, seconds = run_parallel(
+                results["relay"][count] = run_parallel(
                     count, relay_drain, processes=not args.threads
                 )
-                results["relay"][count] = {"rows": rows, "rows_per_s": rows / seconds}
 
                 say(f"broker only, no database: {count} publisher(s), {args.rows} msgs")
-                rows, seconds = run_parallel(
+                results["broker_only"][count] = run_parallel(
                     count,
                     functools.partial(broker_only, -(-args.rows // count)),
                     processes=not args.threads,
                 )
-                results["broker_only"][count] = {
-                    "rows": rows,
-                    "rows_per_s": rows / seconds,
-                }
 
             tenant = Tenant.objects.create(slug="steady", name="Steady")
             say(f"steady load: {args.rate}/s for {args.duration} s, one relay")
@@ -488,6 +506,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+HEADER = (
+    "| workers | raw SQL claim+mark rows/s | broker only msgs/s | relay rows/s"
+    " | relay/raw | relay CPU µs/row client + server"
+    " | raw SQL CPU µs/row client + server |\n"
+    "|---:|---:|---:|---:|---:|---:|---:|"
+)
+
+
+def _cpu(figures: dict[str, Any]) -> str:
+    if "client_cpu_us_per_row" not in figures:
+        return "-"
+    client, server = figures["client_cpu_us_per_row"], figures["server_cpu_us_per_row"]
+    return f"{client:,.0f} + {server:,.0f}"
+
+
 def markdown(meta: dict[str, Any], results: dict[str, Any]) -> str:
     relays_as = meta.get("relays_as", "threads")
     rows = []
@@ -498,7 +531,8 @@ def markdown(meta: dict[str, Any], results: dict[str, Any]) -> str:
         shown = f"{broker:,.0f}" if broker else "-"
         rows.append(
             f"| {count} | {raw:,.0f} | {shown} | {published:,.0f}"
-            f" | {published / raw:.0%} |"
+            f" | {published / raw:.0%} | {_cpu(results['relay'][count])}"
+            f" | {_cpu(results['raw_sql'][count])} |"
         )
     steady = results["steady"]
     table = "\n".join(rows)
@@ -535,8 +569,7 @@ edit between the markers, run the command again.
   publisher confirms**: wave k holds each task's k-th claimed row; the whole wave
   is published, all its confirms awaited, then its rows marked `sent` at once.
 
-| workers | raw SQL claim+mark rows/s | broker only msgs/s | relay rows/s | relay/raw |
-|---:|---:|---:|---:|---:|
+{HEADER}
 {table}
 
 Steady load: {steady.get("writers", 1)} writer process(es) offered
