@@ -1,0 +1,56 @@
+"""Smoke test of bench/relay.py at a tiny size, against the real broker and its own
+throwaway database: every phase drains what it was given, the steady load's rows are
+all published, and the CPU figures are there."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.parse
+import uuid
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+
+REPO = Path(__file__).resolve().parents[2]
+ROWS = 60
+
+
+def test_the_relay_bench_runs_every_phase_at_a_tiny_size(amqp_url: str, tmp_path: Path):
+    base = urllib.parse.urlsplit(os.environ["DATABASE_URL"])
+    name = f"portal_bench_relay_smoke_{uuid.uuid4().hex[:8]}"
+    url = base._replace(path=f"/{name}").geturl()
+    out = tmp_path / "relay.json"
+    try:
+        subprocess.run(
+            [sys.executable, "bench/relay.py", "--rows", str(ROWS), "--relays", "1,2",
+             "--rate", "80", "--writers", "2", "--per-commit", "2", "--duration", "1",
+             "--broker", amqp_url, "--database-url", url, "--no-docs", "--json",
+             str(out)],
+            cwd=REPO, check=True, timeout=600,
+        )  # fmt: skip
+    finally:
+        maintenance = base._replace(path="/postgres").geturl()
+        with psycopg.connect(maintenance, autocommit=True) as admin:
+            admin.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                    sql.Identifier(name)
+                )
+            )
+    figures = json.loads(out.read_text())
+
+    for phase in ("raw_sql", "relay", "broker_only"):
+        for count in ("1", "2"):
+            got = figures[phase][count]
+            assert got["rows"] == ROWS, (phase, count, got)
+            assert got["rows_per_s"] > 0
+            assert got["client_cpu_us_per_row"] > 0
+    assert figures["relay"]["1"]["server_cpu_us_per_row"] > 0
+    steady = figures["steady"]
+    assert steady["written"] > 0
+    assert steady["published"] == steady["written"]  # nothing left behind
+    assert (steady["writers"], steady["per_commit"]) == (2, 2)
+    assert steady["lag_p99_ms"] >= steady["lag_p50_ms"] > 0
