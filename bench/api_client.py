@@ -8,9 +8,12 @@ is not answered 2xx is counted as an error, not timed; an exhausted task pool is
 refilled untimed (the clock pauses and the deadline moves).
 
 The *api* flavour posts to the running server through one keep-alive
-``httpx.Client`` per process; the *raw* flavour is ``bench/workloads.py``'s raw
-psycopg runner for the same workload (the services' own statements, same
-parameters, one transaction).
+``httpx.Client`` per process, as agents hold their connections; the *close* flavour
+sends the same requests with ``Connection: close``, a new TCP connection each (a
+second row; gunicorn's sync workers close every connection anyway, so the two
+differ only under a server that keeps them); the *raw* flavour is
+``bench/workloads.py``'s raw psycopg runner for the same workload (the services'
+own statements, same parameters, one transaction).
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ if TYPE_CHECKING:
 
 WORKLOADS: Final = ("reservation", "transition")
 # Raw first, so the API run of a pair is never the one on the colder cache.
-FLAVOURS: Final = ("raw", "api")
+FLAVOURS: Final = ("raw", "api", "close")
+HTTP_FLAVOURS: Final = ("api", "close")
 HTTP_TIMEOUT_S: Final = 30.0
 # How many distinct failures a client reports (with their counts).
 FAILURE_SAMPLES: Final = 5
@@ -82,16 +86,16 @@ class ClientContext:
         self.failures[f"{response.status_code} {code}".strip()] += 1
         return False
 
-    def post(self, path: str, *, key: str, lease_token: int, body: Any) -> bool:
+    def post(
+        self, path: str, *, key: str, lease_token: int, body: Any, close: bool = False
+    ) -> bool:
+        """POST ``body``; ``close`` asks for ``Connection: close`` (a new TCP
+        connection for the next request)."""
+        headers = {"Authorization": f"Bearer {key}", "Lease-Token": str(lease_token)}
+        if close:
+            headers["Connection"] = "close"
         try:
-            response = self.http.post(
-                path,
-                json=body,
-                headers={
-                    "Authorization": f"Bearer {key}",
-                    "Lease-Token": str(lease_token),
-                },
-            )
+            response = self.http.post(path, json=body, headers=headers)
         except Exception as exc:  # a transport error is one failed request  # noqa: BLE001
             self.failures[type(exc).__name__] += 1
             return False
@@ -110,6 +114,7 @@ def _api_runners() -> dict[tuple[str, str], Callable[[ApiRunSpec, Any], ApiRunne
             super().__init__(spec, ctx.worker)
             self.client = ctx
             self.key = spec.api_key
+            self.close = spec.flavour == "close"
 
         def op(self) -> bool:
             return self.client.post(
@@ -117,6 +122,7 @@ def _api_runners() -> dict[tuple[str, str], Callable[[ApiRunSpec, Any], ApiRunne
                 key=self.key,
                 lease_token=1,
                 body={"to": "succeeded", "expected_state_version": 1},
+                close=self.close,
             )
 
     class ReservationApi(workloads._Reservation):
@@ -126,6 +132,7 @@ def _api_runners() -> dict[tuple[str, str], Callable[[ApiRunSpec, Any], ApiRunne
             super().__init__(spec, ctx.worker)
             self.client = ctx
             self.key = spec.api_key
+            self.close = spec.flavour == "close"
 
         def op(self) -> bool:
             return self.client.post(
@@ -138,6 +145,7 @@ def _api_runners() -> dict[tuple[str, str], Callable[[ApiRunSpec, Any], ApiRunne
                     "target": RESERVATION_TARGET,
                     "input": RESERVATION_INPUT,
                 },
+                close=self.close,
             )
 
     def raw(workload: str) -> Callable[[ApiRunSpec, Any], ApiRunner]:
@@ -146,8 +154,10 @@ def _api_runners() -> dict[tuple[str, str], Callable[[ApiRunSpec, Any], ApiRunne
 
     return {
         ("transition", "api"): TransitionApi,
+        ("transition", "close"): TransitionApi,
         ("transition", "raw"): raw("transition"),
         ("reservation", "api"): ReservationApi,
+        ("reservation", "close"): ReservationApi,
         ("reservation", "raw"): raw("reservation"),
     }
 

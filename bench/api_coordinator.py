@@ -20,6 +20,7 @@ import multiprocessing
 import os
 import platform
 import re
+import runpy
 import shlex
 import signal
 import socket
@@ -58,7 +59,7 @@ REFILL_BATCH: Final = 300
 REWARMUP: Final = 3
 # Generous throughput guesses, total and per client, that size the transition pools;
 # a client that runs out anyway refills untimed (reported as "refills").
-POOL_RATE: Final = {"raw": (2000, 250), "api": (400, 50)}
+POOL_RATE: Final = {"raw": (2000, 250), "api": (400, 50), "close": (400, 50)}
 SERVER_START_TIMEOUT_S: Final = 60.0
 SERVER_STOP_TIMEOUT_S: Final = 20.0
 
@@ -74,7 +75,16 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument(
         "--clients", default="1,4,16", help="comma-separated client counts"
     )
-    parser.add_argument("--workers", type=int, default=4, help="gunicorn workers")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        help="gunicorn worker processes (default: gunicorn.conf.py's, as `up` runs)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="threads per worker process (default: gunicorn.conf.py's)",
+    )
     parser.add_argument(
         "--workloads", default=",".join(WORKLOADS), help="subset of " + str(WORKLOADS)
     )
@@ -106,8 +116,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     unknown = set(args.workload_list) - set(WORKLOADS)
     if unknown or not args.client_counts or min(args.client_counts) < 1:
         parser.error(f"bad --workloads {sorted(unknown)} or --clients")
-    if args.rounds < 1 or args.workers < 1 or args.duration <= 0:
-        parser.error("--rounds, --workers and --duration must be positive")
+    if (
+        args.rounds < 1
+        or args.duration <= 0
+        or min(args.workers or 1, args.threads or 1) < 1
+    ):
+        parser.error("--rounds, --workers, --threads and --duration must be positive")
     return args
 
 
@@ -151,15 +165,30 @@ def server_environment(database_url: str, var_dir: Path) -> dict[str, str]:
 
 
 class Server:
-    """Gunicorn on a free local port, as a child in its own process group."""
+    """Gunicorn on a free local port, as a child in its own process group.
 
-    def __init__(self, *, workers: int, env: dict[str, str], log_path: Path) -> None:
+    With the repository's ``gunicorn.conf.py``, as ``manage.py up`` and the
+    deploy unit run it (its worker class, threads, keep-alive); ``workers`` and
+    ``threads`` override the file's only when given.
+    """
+
+    def __init__(
+        self,
+        *,
+        workers: int | None,
+        threads: int | None,
+        env: dict[str, str],
+        log_path: Path,
+    ) -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.command = [
             str(Path(sys.executable).parent / "gunicorn"), "portal.wsgi:application",
-            "-b", f"127.0.0.1:{self.port}", "--workers", str(workers),
-            "--no-control-socket",
+            "-b", f"127.0.0.1:{self.port}", "--config", "gunicorn.conf.py",
+            *(["--workers", str(workers)] if workers else []),
+            *(["--threads", str(threads)] if threads else []),
+            # INFO: gunicorn names its worker class and each worker it boots.
+            "--log-level", "info", "--no-control-socket",
         ]  # fmt: skip
         self.env = env
         self.log_path = log_path
@@ -226,6 +255,18 @@ class Server:
             + self.log_tail()
         )
 
+    def worker_model(self, threads: int | None) -> str:
+        """What the live server runs: its worker class (gunicorn's own log line),
+        its worker processes (counted live) and threads per process (``threads``,
+        else ``gunicorn.conf.py``'s), e.g. ``ProblemThreadWorker, 2 processes x 4
+        threads``."""
+        found = re.search(r"Using worker: (\S+)", self.log_path.read_text("utf-8"))
+        kind = found.group(1).rsplit(".", 1)[-1] if found else "unknown worker"
+        if threads is None:
+            config = runpy.run_path(str(REPO / "gunicorn.conf.py"))
+            threads = int(config.get("threads", 1))
+        return f"{kind}, {len(self.worker_pids())} processes x {threads} threads"
+
     def worker_pids(self) -> list[int]:
         import psutil
 
@@ -254,9 +295,9 @@ class Server:
 
 @contextlib.contextmanager
 def running_server(
-    *, workers: int, env: dict[str, str], log_path: Path
+    *, workers: int | None, threads: int | None, env: dict[str, str], log_path: Path
 ) -> Iterator[Server]:
-    server = Server(workers=workers, env=env, log_path=log_path)
+    server = Server(workers=workers, threads=threads, env=env, log_path=log_path)
     try:
         server.start()
         server.wait_ready()
@@ -658,12 +699,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         clients: Clients | None = None
         try:
             with running_server(
-                workers=args.workers, env=env, log_path=Path(scratch) / "gunicorn.log"
+                workers=args.workers,
+                threads=args.threads,
+                env=env,
+                log_path=Path(scratch) / "gunicorn.log",
             ) as server:
                 say(f"bench-api: {server.shown_command()} answers on {server.base_url}")
                 connection_header = warm_server(
-                    server, api_key=check.api_key, workers=args.workers
+                    server, api_key=check.api_key, workers=len(server.worker_pids())
                 )
+                worker_model = server.worker_model(args.threads)
+                say(f"bench-api: the server runs {worker_model}")
                 say(f"bench-api: the server answers Connection: {connection_header}")
                 count = max(args.client_counts)
                 say(f"bench-api: starting {count} client processes")
@@ -698,7 +744,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "command": _command(argv),
         "server_command": server_command,
-        "workers": args.workers,
+        "workers": worker_model,
         "connection_header": connection_header,
         "rate_limit": RATE_LIMIT,
         "nproc": len(os.sched_getaffinity(0)),

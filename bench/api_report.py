@@ -14,7 +14,11 @@ from typing import Any, Final
 from .report import RunSummary, round_ratios
 
 SECTION: Final = "api"
-FLAVOUR_LABELS: Final = {"api": "HTTP API", "raw": "raw psycopg"}
+FLAVOUR_LABELS: Final = {
+    "api": "HTTP API",
+    "close": "API close",
+    "raw": "raw psycopg",
+}
 WORKLOAD_TITLES: Final = {
     "reservation": "Reserve operation: `POST /api/v1/tasks/{id}/operations`"
     " (new idempotency key on a leased task)",
@@ -42,7 +46,7 @@ class ApiFigures:
 
 def progress_line(figures: ApiFigures) -> str:
     s = figures.summary
-    unit = "req/s" if s.flavour == "api" else "ops/s"
+    unit = "ops/s" if s.flavour == "raw" else "req/s"
     failures = f" {figures.failures}" if figures.failures else ""
     return (
         f"  {s.workload:<11} clients={s.clients:<2} {FLAVOUR_LABELS[s.flavour]:<11}"
@@ -123,6 +127,8 @@ def tables(figures: Sequence[ApiFigures]) -> str:
             "CPU raw / API",
             "API p50 / p99 ms", "raw p50 / p99 ms", "API CPU µs/req client + server",
             "raw CPU µs/op client + server", "API errors / 2xx", "raw errors / ok",
+            "`Connection: close` req/s", "close / raw", "close p50 / p99 ms",
+            "close CPU µs/req client + server",
         ]  # fmt: skip
         lines = [
             f"**{WORKLOAD_TITLES.get(workload, workload)}**",
@@ -133,10 +139,12 @@ def tables(figures: Sequence[ApiFigures]) -> str:
         for count in counts:
             api = keyed.get((workload, count, "api"))
             raw = keyed.get((workload, count, "raw"))
+            close = keyed.get((workload, count, "close"))
             cells = [
                 str(count), _rate(api), _rate(raw), f"**{share(api, raw)}**",
                 _slices(api, raw), _cpu_share(api, raw), _latency(api),
                 _latency(raw), _cpu(api), _cpu(raw), _errors(api), _errors(raw),
+                _rate(close), share(close, raw), _latency(close), _cpu(close),
             ]  # fmt: skip
             lines.append("| " + " | ".join(cells) + " |")
         blocks.append("\n".join(lines))
@@ -148,11 +156,13 @@ def headline(figures: Sequence[ApiFigures]) -> str:
     lines = []
     for workload in dict.fromkeys(f.summary.workload for f in figures):
         counts = sorted({c for w, c, _ in keyed if w == workload})
-        cells = [
-            f"{share(keyed.get((workload, n, 'api')), keyed.get((workload, n, 'raw')))}"
-            f" at {n}"
-            for n in counts
-        ]
+        cells = []
+        for n in counts:
+            raw = keyed.get((workload, n, "raw"))
+            cell = f"{share(keyed.get((workload, n, 'api')), raw)} at {n}"
+            if (workload, n, "close") in keyed:
+                cell += f" ({share(keyed[workload, n, 'close'], raw)} with close)"
+            cells.append(cell)
         lines.append(f"- {WORKLOAD_NAMES.get(workload, workload)}: " + ", ".join(cells))
     return "\n".join(lines)
 
@@ -180,10 +190,13 @@ def _statements(meta: Mapping[str, Any]) -> str:
 def _connections(meta: Mapping[str, Any]) -> str:
     if meta["connection_header"] == "close":
         return (
-            "Gunicorn's sync workers answer `Connection: close`, so every\n"
+            "The server answers `Connection: close`, so every\n"
             "  request opens a new TCP connection."
         )
-    return f"The server answered `Connection: {meta['connection_header']}`."
+    return (
+        f"The server answered `Connection: {meta['connection_header']}`: the\n"
+        "  client's connection is reused."
+    )
 
 
 def markdown_section(
@@ -227,7 +240,7 @@ Setup:
 - PostgreSQL {meta["postgres_version"]}, same host, over TCP:
   {settings}.
 - {versions}.
-- Server (sync workers, gunicorn's default; no access log):
+- Server ({meta["workers"]}; no access log):
 
   ```
   {meta["server_command"]}
@@ -250,8 +263,11 @@ Method:
 - *HTTP API*: each client posts through one `httpx.Client` (keep-alive), with the
   agent's Bearer key and `Lease-Token`.
   {_connections(meta)}
-  With more clients than workers ({meta["workers"]}), requests queue in the listen
-  backlog, and their latency includes that wait.
+  *`Connection: close`*: the same requests with that header, so each opens a new
+  TCP connection (the same as keep-alive under gunicorn's sync workers, which close
+  every connection).
+  With more clients than worker threads, requests wait in the server's queue, and
+  their latency includes that wait.
 - *Raw psycopg*: `bench/workloads.py`'s raw runner, one connection per client
   process, psycopg 3 defaults, running the services' own SQL constants with the
   same parameters in one `BEGIN … COMMIT` (`bench/run.py` checks they are exactly
