@@ -3,7 +3,7 @@
     .venv/bin/pip install -e '.[bench]' -c constraints.txt   # once: the peers
     .venv/bin/python bench/peers.py [--duration 3] [--clients 1,4,8] [--rounds 3]
         [--database-url postgres://postgres@127.0.0.1:5432/portal_bench_peers]
-        [--also rest,relay] [--rest-clients 1,4,16] [--relay-rate 2000]
+        [--also rest,relay,doors] [--rest-clients 1,4,16] [--relay-rate 2000]
         [--no-docs] [--json reports/bench-peers.json]
 
 In the same interleaved rounds as ``bench/run.py`` (same client processes, barrier,
@@ -18,13 +18,17 @@ slices in rotating order), on one PostgreSQL server:
 
 Then, in the same command, the issue's other rows from their own benchmarks
 (``--also``): the REST reservation under gunicorn against raw SQL (``bench/api.py``
-on ``<name>_rest``) and the outbox relay with publisher confirms, its throughput and
-commit→publish lag at ``--relay-rate`` (``bench/relay.py`` on ``<name>_relay``; needs
-RabbitMQ, ``BENCH_BROKER_URL``).
+on ``<name>_rest``, keep-alive clients and a ``Connection: close`` row), the outbox
+relay with publisher confirms, its throughput and commit→publish lag at
+``--relay-rate`` (``bench/relay.py`` on ``<name>_relay``; needs RabbitMQ,
+``BENCH_BROKER_URL``), and the agent's doors: the one-call action against the
+six-call lifecycle, and an MCP tool call against the REST one call at 1 and 8
+clients (``bench/doors.py`` on ``<name>_doors``: ``manage.py up --no-worker`` with
+the real ticket desk).
 
 Drops and creates its databases: the services' (name must contain "bench"), and
-the peers' own, ``<name>_procrastinate``, ``<name>_dbos``, ``<name>_rest`` and
-``<name>_relay``, dropped again at the end.
+the peers' own, ``<name>_procrastinate``, ``<name>_dbos``, ``<name>_rest``,
+``<name>_relay`` and ``<name>_doors``, dropped again at the end.
 """
 
 from __future__ import annotations
@@ -88,9 +92,12 @@ ROWS: Final = (
 )  # fmt: skip
 # Rows of the issue measured by their own benchmarks, run as subprocesses by main():
 # REST reserve under gunicorn against raw SQL (bench/api.py), the relay with publisher
-# confirms and its commit→publish lag (bench/relay.py).
-SIDE_BENCHMARKS: Final = ("rest", "relay")
-REST_AIM: Final = 0.30  # of raw SQL's reservations/s
+# confirms and its commit→publish lag (bench/relay.py), the one call and the MCP tool
+# call (bench/doors.py).
+SIDE_BENCHMARKS: Final = ("rest", "relay", "doors")
+REST_AIM: Final = 0.40  # of raw SQL's reservations/s
+ONE_CALL_AIM: Final = 2.0  # the one call's rate over the six-call lifecycle's
+MCP_ADDS_AIM_MS: Final = 5.0  # MCP p50 over the REST one call's
 REST_P99_AIM_MS: Final = 50.0  # at the most clients
 RELAY_AIM: Final = 5000.0  # events/s
 RELAY_LAG_AIM_MS: Final = 100.0  # p99 at the offered rate (issue 23: 2,000/s)
@@ -385,6 +392,8 @@ def run_side_benchmarks(args: argparse.Namespace, name: str) -> dict[str, Any]:
                     "--clients", args.rest_clients, "--duration", f"{args.duration:g}",
                     "--rounds", str(args.rounds),
                 ]  # fmt: skip
+            elif which == "doors":
+                command = ["bench/doors.py", "--clients", "1,8"]
             else:
                 command = [
                     "bench/relay.py", "--relays", "1,4",
@@ -420,13 +429,50 @@ def side_table(figures: dict[str, Any]) -> str:
             if clients == counts[-1]:
                 aim += f", p99 < {REST_P99_AIM_MS:g} ms"
             lines.append(
-                f"| REST reserve under gunicorn ({rest['meta']['workers']} sync"
-                f" workers) vs raw SQL reservation | {clients}"
+                f"| REST reserve, keep-alive clients ({rest['meta']['workers']})"
+                f" vs raw SQL reservation | {clients}"
                 f" | {api['ops_per_s']:,.0f}/s | {raw['ops_per_s']:,.0f}/s"
                 f" | **{api['ops_per_s'] / raw['ops_per_s']:.0%} of raw** | {aim}"
                 f" | {api['p50_ms']:.2f} / {api['p99_ms']:.2f}"
                 f" | {raw['p50_ms']:.2f} / {raw['p99_ms']:.2f} |"
             )
+            close = runs.get(("close", clients))
+            if close:
+                lines.append(
+                    f"| REST reserve, `Connection: close` clients vs raw SQL"
+                    f" | {clients} | {close['ops_per_s']:,.0f}/s"
+                    f" | {raw['ops_per_s']:,.0f}/s"
+                    f" | {close['ops_per_s'] / raw['ops_per_s']:.0%} of raw | -"
+                    f" | {close['p50_ms']:.2f} / {close['p99_ms']:.2f}"
+                    f" | {raw['p50_ms']:.2f} / {raw['p99_ms']:.2f} |"
+                )
+    doors = figures.get("doors")
+    if doors:
+        flows = doors["flows"]
+        lines.append(
+            f"| one-call action (`POST /api/v1/actions`) vs the six-call lifecycle"
+            f" (actions/s, each a real ticket) | 1 | {flows['one_call_per_s']:.1f}/s"
+            f" | {flows['six_calls_per_s']:.1f}/s | **{flows['ratio']:.2f}x**"
+            f" | >= {ONE_CALL_AIM:g}x | - | - |"
+        )
+        for row in doors["latency"]:
+            adds = row["mcp_p50_ms"] - row["rest_p50_ms"]
+            lines.append(
+                f"| MCP tool call vs the REST one call (ms; ratio column: MCP adds"
+                f" at p50) | {row['clients']} | {row['mcp_p50_ms']:.1f} p50"
+                f" | {row['rest_p50_ms']:.1f} p50 | **{adds:+.1f} ms**"
+                f" | < {MCP_ADDS_AIM_MS:g} ms"
+                f" | {row['mcp_p50_ms']:.1f} / {row['mcp_p99_ms']:.1f}"
+                f" | {row['rest_p50_ms']:.1f} / {row['rest_p99_ms']:.1f} |"
+            )
+        cpu = doors["cpu_ms_per_action"]
+        rest_ms = cpu["rest"]["web_ms"] + cpu["rest"]["mcp_ms"]
+        mcp_ms = cpu["mcp"]["web_ms"] + cpu["mcp"]["mcp_ms"]
+        lines.append(
+            f"| server CPU per action, MCP door vs REST one call (ms, web + MCP"
+            f" processes, the object-version PUT included) | 1 | {mcp_ms:.1f}"
+            f" | {rest_ms:.1f} | {mcp_ms - rest_ms:+.1f} ms | - | - | - |"
+        )
     relay = figures.get("relay")
     if relay:
         for count, got in sorted(relay["relay"].items(), key=lambda kv: int(kv[0])):
@@ -495,13 +541,23 @@ def _side_section(meta: dict[str, Any]) -> str:
         return ""
     rest = figures.get("rest", {}).get("meta", {})
     relay = figures.get("relay", {}).get("meta", {})
+    doors = figures.get("doors", {}).get("meta", {})
     parts = []
     if rest:
         parts.append(
-            f"REST: `bench/api.py` run by this command ({rest.get('workers')} gunicorn"
-            f" sync workers, {rest.get('duration_s'):g} s per flavour and client count"
+            f"REST: `bench/api.py` run by this command (gunicorn from"
+            f" `gunicorn.conf.py`: {rest.get('workers')};"
+            f" {rest.get('duration_s'):g} s per flavour and client count"
             f" in {rest.get('rounds')} alternated slices; the baseline is the same"
             " reservation in raw SQL)"
+        )
+    if doors:
+        parts.append(
+            "doors: `bench/doors.py` run by this command (`manage.py up"
+            " --no-worker` with `DJANGO_DEBUG=0` on its own database, the real"
+            f" ticket desk; {doors.get('actions')} actions per flow,"
+            f" {doors.get('mcp_actions')} per client and door for MCP; each client"
+            " its own process)"
         )
     if relay:
         parts.append(
