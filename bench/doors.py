@@ -173,6 +173,8 @@ def running_portal(database_url: str, log_path: Path) -> Iterator[Portal]:
             process=process,
         )
     finally:
+        if process.stdin is not None:
+            process.stdin.close()
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGTERM)
             try:
