@@ -9,7 +9,9 @@ body or URL), throttles per agent, parses ``traceparent``, and applies the
 from __future__ import annotations
 
 import logging
+import math
 import secrets
+import time
 import uuid
 from typing import Any, TypeVar
 
@@ -33,6 +35,7 @@ from rest_framework.authentication import (
 from rest_framework.permissions import BasePermission, IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.settings import api_settings
 from rest_framework.throttling import SimpleRateThrottle
 from rest_framework.views import APIView
 
@@ -47,7 +50,7 @@ from .exceptions import (
     TenantFrozen,
     ValidationFailed,
 )
-from .models import Agent, AgentRequestWindow, Tenant
+from .models import Agent, AgentRequestWindow, AuthFailureWindow, Tenant
 from .problems import PROBLEM_CONTENT_TYPE, encode, problem_body
 from .tracing import Trace, traceparent_of
 
@@ -87,13 +90,116 @@ def caller_refuse_frozen(*, agent: Agent) -> None:
         raise TenantFrozen(tenant_id=agent.tenant_id, agent_id=str(agent.pk))
 
 
+# Failed authentications, counted per source address and per key prefix in one
+# statement on the database clock (fixed windows, like the agent's request rate).
+_AUTH_FAILURE_WINDOW = f"""
+INSERT INTO {AuthFailureWindow._meta.db_table} AS w (bucket, window_start, failures)
+SELECT bucket,
+    to_timestamp(floor(extract(epoch FROM app_now()) / %(window_s)s) * %(window_s)s),
+    1
+FROM unnest(%(buckets)s::text[]) AS bucket
+ON CONFLICT (bucket) DO UPDATE SET
+    failures = CASE WHEN w.window_start = EXCLUDED.window_start
+                    THEN w.failures + 1 ELSE 1 END,
+    window_start = EXCLUDED.window_start
+RETURNING w.bucket, w.failures,
+    extract(epoch FROM w.window_start + make_interval(secs => %(window_s)s) - app_now())
+"""
+# Buckets over their limit, as this process last counted them: bucket -> monotonic
+# end of the block. Checked before any query, so a burst from a blocked source
+# costs no database work here until its window ends.
+_blocked: dict[str, float] = {}
+
+
+class AuthFailuresThrottled(RateLimited):
+    """Too many failed authentications from this address or for this key; wait."""
+
+
+def _auth_failure_rate() -> tuple[int, int] | None:
+    rate = api_settings.DEFAULT_THROTTLE_RATES.get("auth_failure")
+    if not rate:
+        return None
+    count, _, period = str(rate).partition("/")
+    return int(count), {"s": 1, "m": 60, "h": 3600, "d": 86400}[period[0]]
+
+
+def auth_failure_buckets(*, address: str, secret: str) -> list[str]:
+    """The throttle's buckets of a request: its source address, and the key prefix
+    it names if it has the shape of one (a prefix names a key, it opens nothing)."""
+    buckets = [f"addr:{address[:90]}"]
+    prefix, dot, _ = secret.partition(".")
+    if dot and 0 < len(prefix) <= 16 and prefix.isascii() and prefix.isprintable():
+        buckets.append(f"prefix:{prefix}")
+    return buckets
+
+
+def auth_failure_refuse_blocked(buckets: list[str]) -> None:
+    """Raises AuthFailuresThrottled while this process knows the request's source
+    address is blocked: before any query, whatever key it sends."""
+    now = time.monotonic()
+    for bucket in buckets:
+        until = _blocked.get(bucket)
+        if until is not None:
+            if until > now:
+                wait_s = max(1, math.ceil(until - now))
+                raise AuthFailuresThrottled(retry_after_s=wait_s)
+            _blocked.pop(bucket, None)
+
+
+def auth_failure_record(*, buckets: list[str], reason: str) -> None:
+    """Count a failed authentication and log it (address and prefix, never the
+    secret). Raises AuthFailuresThrottled when a bucket went over its limit.
+
+    An address over the limit is blocked in this process until its window ends. A
+    prefix over the limit only turns its failures into 429s: blocking it would let
+    anyone who knows a key's prefix lock its agent out.
+    """
+    logger.warning(
+        "API authentication failed",
+        extra={"buckets": ",".join(buckets), "reason": reason},
+    )
+    rate = _auth_failure_rate()
+    if rate is None:
+        return
+    limit, window_s = rate
+    with connection.cursor() as cursor:
+        cursor.execute(_AUTH_FAILURE_WINDOW, {"buckets": buckets, "window_s": window_s})
+        counted = {str(row[0]): (int(row[1]), float(row[2])) for row in cursor}
+    over = {b: left for b, (failures, left) in counted.items() if failures > limit}
+    if not over:
+        return
+    wait_s = max(1, math.ceil(max(over.values())))
+    for bucket, left in over.items():
+        if bucket.startswith("addr:"):
+            _blocked[bucket] = time.monotonic() + left
+    raise AuthFailuresThrottled(retry_after_s=wait_s)
+
+
 class AgentKeyAuthentication(BaseAuthentication):
-    """``Authorization: Bearer <agent key>``; the key fixes agent and tenant."""
+    """``Authorization: Bearer <agent key>``; the key fixes agent and tenant.
+
+    Failed attempts are counted per source address and per key prefix
+    (``PORTAL_AUTH_FAILURE_LIMIT``, default 20 a minute each); past the limit a
+    failure is ``429 RATE_LIMITED`` with ``Retry-After``, and the address is
+    refused until its window ends, a right key included (docs/limits.md).
+    """
 
     def authenticate(self, request: Request) -> tuple[Agent, None] | None:
         header = get_authorization_header(request).decode("latin-1")
         if not header:
             return None
+        buckets = auth_failure_buckets(
+            address=request.META.get("REMOTE_ADDR", ""),
+            secret=header.partition(" ")[2].strip(),
+        )
+        auth_failure_refuse_blocked(buckets)
+        try:
+            return self._authenticate(request, header)
+        except drf_exceptions.AuthenticationFailed as failed:
+            auth_failure_record(buckets=buckets, reason=type(failed).__name__)
+            raise
+
+    def _authenticate(self, request: Request, header: str) -> tuple[Agent, None]:
         scheme, _, secret = header.partition(" ")
         if scheme.lower() != "bearer" or not secret.strip():
             raise drf_exceptions.AuthenticationFailed(

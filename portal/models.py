@@ -303,6 +303,24 @@ class IdempotentRequest(models.Model):
         return f"{self.key} ({self.state})"
 
 
+class AuthFailureWindow(models.Model):
+    """Failed API authentications in the current fixed window, per bucket.
+
+    A bucket is ``addr:<source address>`` or ``prefix:<key prefix>``: no tenant (the
+    caller is not known), no key material (a prefix names a key, it opens nothing).
+    Counted by one statement on the database clock (``portal.api``), so every web
+    process counts against one number. ``UNLOGGED`` (migration 0013): a crash
+    empties it, which at worst restarts the window.
+    """
+
+    bucket = models.CharField(max_length=100, primary_key=True)
+    window_start = models.DateTimeField()
+    failures = models.PositiveIntegerField()
+
+    def __str__(self) -> str:
+        return f"{self.bucket}: {self.failures}"
+
+
 class AgentRequestWindow(models.Model):
     """An agent's API requests in the current fixed window: the shared throttle.
 

@@ -277,6 +277,9 @@ REST_FRAMEWORK: dict[str, Any] = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_THROTTLE_RATES": {
         "agent": os.environ.get("PORTAL_AGENT_RATE_LIMIT", "1200/min"),
+        # Failed API authentications per source address and per key prefix
+        # (portal.api.AuthFailureThrottle, docs/limits.md).
+        "auth_failure": os.environ.get("PORTAL_AUTH_FAILURE_LIMIT", "20/min"),
     },
 }
 SPECTACULAR_SETTINGS: dict[str, Any] = {

@@ -8,6 +8,7 @@ import pytest
 from django.core.cache import cache
 from rest_framework.test import APIClient
 
+from portal import api as portal_api
 from portal import services as portal_services
 from portal.models import Agent, Tenant
 
@@ -37,8 +38,10 @@ class AgentClient:
 @pytest.fixture(autouse=True)
 def _fresh_throttle_counters() -> Iterator[None]:
     cache.clear()
+    portal_api._blocked.clear()  # addresses blocked for failed authentications
     yield
     cache.clear()
+    portal_api._blocked.clear()
 
 
 @pytest.fixture
