@@ -86,6 +86,7 @@ from .outbound import connector_url_problems
 from .sealed import SETTLED_STATES, seal
 from .task_state import (
     TASK_COLUMNS,
+    TASK_STATES,
     TaskStateWrite,
     task_from_row,
     task_moves_to,
@@ -421,18 +422,19 @@ def task_transition(
         StaleState: ``expected_version`` is not the current state version.
         IllegalTransition: the state machine does not allow the move.
     """
-    if to not in TaskState.values:
+    if to not in TASK_STATES:
         raise ValidationFailed(field="to", value=str(to))
     refuse_sensitive(step=step)
     if wake_at is not None and to != TaskState.WAITING:
         raise ValidationFailed(
             "wake_at is only for moves to 'waiting'.", field="wake_at"
         )
+    to = str(TaskState(to).value)
     write = functools.partial(
         _task_transition_write,
         tenant=tenant,
         task_id=task_id,
-        to=str(TaskState(to).value),
+        to=to,
         expected_version=expected_version,
         lease_token=lease_token,
         actor=actor,
@@ -445,7 +447,7 @@ def task_transition(
     if (
         not data
         and not connection.in_atomic_block
-        and _redaction_keeps_sources(str(TaskState(to).value))
+        and _redaction_keeps_sources(to)
         and (step is None or _redaction_keeps("step", step))
     ):
         task = write(one_statement=True, round_trip=True)

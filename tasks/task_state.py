@@ -32,6 +32,9 @@ from portal.exceptions import IllegalTransition
 
 from .models import TASK_TRANSITIONS, Task, TaskState
 
+TASK_STATES: Final = frozenset(TaskState.values)
+"""Every task state's value (``TaskState.values`` builds a new list on each read)."""
+
 TASK_ATTNAMES, TASK_COLUMNS = portal_db.returning_columns(Task, "t")
 """Every concrete column of ``tasks_task`` (alias ``t``), in ``task_from_row`` order.
 
@@ -76,7 +79,7 @@ def task_moves_check(moves: Mapping[str, str], stay: Collection[str] = ()) -> No
     for source, target in sorted(moves.items()):
         if (source, target) not in TASK_TRANSITIONS:
             raise IllegalTransition(current=source, requested=target)
-    unknown = (set(moves) | set(stay)) - set(TaskState.values)
+    unknown = (set(moves) | set(stay)) - TASK_STATES
     if unknown or set(moves) & set(stay):
         raise ValueError(f"bad task-state write: moves={moves!r}, stay={stay!r}")
 
