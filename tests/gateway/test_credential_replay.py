@@ -284,6 +284,20 @@ def test_the_same_credential_issued_fresh_works_once(world: World):
     assert world.tickets() == 1
 
 
+def _wait_for_answers(world: World, offset: int, request: str, count: int) -> None:
+    """Wait until the desk has logged ``count`` answers to ``request`` past
+    ``offset`` of its request log (30 s at most)."""
+    deadline = time.monotonic() + 30
+    while True:
+        with world.desk.log_path.open("rb") as log:
+            log.seek(offset)
+            answered = log.read().decode(errors="replace").count(request)
+        if answered >= count:
+            return
+        assert time.monotonic() < deadline, f"{answered} of {count} {request} answers"
+        time.sleep(0.1)
+
+
 def test_recovery_retries_with_a_fresh_credential_and_the_late_first_is_void(
     world: World,
 ):
@@ -292,9 +306,12 @@ def test_recovery_retries_with_a_fresh_credential_and_the_late_first_is_void(
     request, arriving late at the desk, finds its credential revoked: one ticket."""
     started = world.start_task()
     world.desk.set_fault("slow", delay_s=3.0)  # longer than the 2 s read timeout
+    log_from = world.desk.log_path.stat().st_size
 
     body = world.execute(started).json()
-    time.sleep(1.5)  # the slow first request has woken up on the desk by now
+    # The slow first request wakes up on the desk and is answered (logged) after
+    # the retry's: two ticket requests in the desk's log.
+    _wait_for_answers(world, log_from, '"POST /tickets HTTP/1.1"', 2)
 
     assert body["outcome"] == "verified", body
     operation = Operation.objects.get(pk=started["operation"]["id"])

@@ -410,7 +410,12 @@ def test_a_retried_and_a_revoked_job_are_counted(
         control.control.revoke(task_id)
     finally:
         control.close()
-    time.sleep(1)  # the broadcast reaches the worker before the job does
+    # The broadcast reaches the worker before the job does: it logs the id it
+    # flagged ("Tasks flagged as revoked: <id>", INFO).
+    deadline = time.monotonic() + 30
+    while not any(task_id in line for line in celery_worker.lines):
+        assert time.monotonic() < deadline, celery_worker.lines[-20:]
+        time.sleep(0.1)
     with app.connection_for_write(amqp_url) as broker_link:
         app.send_task(
             run, kwargs=job, queue=celery_worker.queue, task_id=task_id,
