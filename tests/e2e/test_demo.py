@@ -8,143 +8,43 @@ Ctrl-C (SIGINT) must end everything ``up`` started.
 
 from __future__ import annotations
 
-import os
 import re
-import secrets
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, LiteralString
+from typing import Any, LiteralString
 
-import dj_database_url
 import httpx
 import psutil
 import psycopg
 import pytest
-from django.conf import settings
-from psycopg import sql
 
-from launcher import embedded_db
 from portal.management.commands.seed_demo import USERS
 from portal.models import Role
 from tests.support.net import free_port
 from tests.support.otlp import Receiver, Span, otlp_receiver
+from tests.support.up import (
+    REPO,
+    STOP_TIMEOUT_S,
+    alive,
+    clean_env,
+    running_up,
+    scratch_database_url,
+    wait_ready,
+)
 
-REPO = Path(__file__).resolve().parents[2]
+__all__ = ["scratch_database_url"]  # the fixture, from tests/support/up.py
+
 SCRIPT = REPO / "examples" / "customer_issue_agent.py"
 ISSUES = 3
-READY_TIMEOUT_S = 90.0
-STOP_TIMEOUT_S = 60.0
-AGENT_KEY = re.compile(r"Agent key:\s+Authorization: Bearer (\S+)")
-DESK_URL = re.compile(r"Ticket desk:\s+(http://\S+)")
 # Whatever `up` must have started, by a word of its command line.
 CHILDREN = ("ticketdesk", "gunicorn", "celery")
 AGENT_TRACE = re.compile(r"customer-issue agent: \d+ issue\(s\), trace ([0-9a-f]{32})")
 SPANS_TIMEOUT_S = 30.0
 
 pytestmark = pytest.mark.slow
-
-
-def _server_params() -> dict[str, Any]:
-    """How to reach the test run's PostgreSQL server (system or embedded)."""
-    # The administrator's URL: ``up`` makes its two roles from it, as in the README.
-    db = dj_database_url.parse(settings.DATABASE_URL)
-    return {
-        "host": db["HOST"] or "127.0.0.1",
-        "port": int(db["PORT"] or 5432),
-        "user": db["USER"],
-        "password": db["PASSWORD"] or None,
-    }
-
-
-@pytest.fixture
-def scratch_database_url() -> Iterator[str]:
-    """A new empty database on the test server, dropped afterwards."""
-    params = _server_params()
-    name = f"portal_e2e_{secrets.token_hex(4)}"
-    with psycopg.connect(dbname="postgres", autocommit=True, **params) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    auth = params["user"] + (f":{params['password']}" if params["password"] else "")
-    try:
-        yield f"postgres://{auth}@{params['host']}:{params['port']}/{name}"
-    finally:
-        with psycopg.connect(dbname="postgres", autocommit=True, **params) as admin:
-            # FORCE: a worker killed mid-query may leave a session behind.
-            admin.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                    sql.Identifier(name)
-                )
-            )
-
-
-@dataclass
-class Up:
-    """A running ``manage.py up`` and everything it printed so far."""
-
-    process: subprocess.Popen[bytes]
-    lines: list[str] = field(default_factory=list)
-
-    def output(self) -> str:
-        return "\n".join(self.lines)
-
-    def search(self, pattern: re.Pattern[str]) -> str | None:
-        match = pattern.search(self.output())
-        return match[1] if match else None
-
-
-def _collect(stream: IO[bytes], lines: list[str]) -> None:
-    with stream:
-        lines.extend(raw.decode("utf-8", "replace").rstrip("\n") for raw in stream)
-
-
-def _clean_env(**overrides: str) -> dict[str, str]:
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        # A proxy must not stand between the agent and 127.0.0.1; a secret key
-        # would turn on production settings, which seed nothing.
-        if "proxy" not in key.lower()
-        and key
-        not in (
-            "CELERY_BROKER_URL",
-            "PORTAL_EVENTS_BROKER_URL",
-            "DJANGO_SECRET_KEY",
-            "PORTAL_PORT",
-        )
-    }
-    env.update(overrides)
-    return env
-
-
-def _alive(process: psutil.Process) -> bool:
-    # A zombie has ended; only its parent (init, after up) has yet to reap it.
-    try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _wait_ready(up: Up, portal: str) -> tuple[str, str]:
-    """Wait for /admin/login/ to answer 200 and the banner; its agent key and desk."""
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    with httpx.Client(trust_env=False, timeout=2) as http:
-        while time.monotonic() < deadline:
-            if up.process.poll() is not None:
-                pytest.fail(f"up exited with {up.process.returncode}:\n{up.output()}")
-            try:
-                ready = http.get(f"{portal}/admin/login/").status_code == 200
-            except httpx.TransportError:
-                ready = False
-            key, desk = up.search(AGENT_KEY), up.search(DESK_URL)
-            if ready and key and desk:
-                return key, desk
-            time.sleep(0.5)
-    pytest.fail(f"up was not ready in {READY_TIMEOUT_S:.0f} s:\n{up.output()}")
 
 
 def _run_agent(portal: str, key: str) -> subprocess.CompletedProcess[str]:
@@ -157,7 +57,7 @@ def _run_agent(portal: str, key: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         timeout=120,
-        env=_clean_env(),
+        env=clean_env(),
         cwd=REPO,
         check=False,
     )
@@ -275,35 +175,18 @@ def _the_readme_demo(
     # exporting its spans to a collector (docs/observability.md).
     port, desk_port = free_port(), free_port()
     portal = f"http://127.0.0.1:{port}"
-    env = _clean_env(
-        DATABASE_URL=scratch_database_url,
+    with running_up(
+        scratch_database_url,
+        tmp_path,
+        port=port,
         PORTAL_TICKETDESK_PORT=str(desk_port),
         PORTAL_MCP_PORT=str(free_port()),  # up's MCP server (tests/mcp/test_up.py)
-        PORTAL_VAR_DIR=str(tmp_path / "var"),
-        DJANGO_STATIC_ROOT=str(tmp_path / "static"),
-        PYTHONUNBUFFERED="1",
         OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url,
         OTEL_BSP_SCHEDULE_DELAY="200",
-    )
-    process = subprocess.Popen(
-        # The venv's interpreter: `python3 manage.py` would only re-exec into it.
-        [sys.executable, "manage.py", "up", "--port", str(port)],
-        cwd=REPO,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        # If this test process dies, up (and through it everything) goes too.
-        preexec_fn=embedded_db.die_with_parent(signal.SIGTERM),
-    )
-    up = Up(process=process)
-    assert process.stdout is not None
-    pump = threading.Thread(
-        target=_collect, args=(process.stdout, up.lines), daemon=True
-    )
-    pump.start()
-    try:
-        key, desk = _wait_ready(up, portal)
+    ) as up:
+        process, env, pump = up.process, up.env, up.pump
+        assert pump is not None
+        key, desk = wait_ready(up, portal)
         assert desk == f"http://127.0.0.1:{desk_port}"
         children = psutil.Process(process.pid).children(recursive=True)
         commands = [" ".join(child.cmdline()) for child in children]
@@ -408,7 +291,7 @@ def _the_readme_demo(
         pump.join(10)
         assert returncode == 0, up.output()
         deadline = time.monotonic() + 10
-        while (left := [c for c in children if _alive(c)]) and (
+        while (left := [c for c in children if alive(c)]) and (
             time.monotonic() < deadline
         ):
             time.sleep(0.2)
@@ -426,7 +309,3 @@ def _the_readme_demo(
             )
             assert done.returncode == 0, done.stdout + done.stderr
         assert "ok tenant demo:" in done.stdout and "intact:" in done.stdout
-    finally:
-        if process.poll() is None:
-            process.kill()  # its children follow by their parent-death signal
-            process.wait()

@@ -7,27 +7,22 @@ from __future__ import annotations
 import re
 import signal
 import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
 import httpx
 
-from launcher import embedded_db
-from tests.e2e.test_demo import (
+from tests.support.net import free_port
+from tests.support.up import (
     AGENT_KEY,
-    REPO,
     STOP_TIMEOUT_S,
     Up,
-    _clean_env,
-    _collect,
-    _wait_ready,
+    running_up,
     scratch_database_url,
+    wait_ready,
 )
-from tests.support.net import free_port
 
-__all__ = ["scratch_database_url"]  # the fixture, from the demo's test
+__all__ = ["scratch_database_url"]  # the fixture, from tests/support/up.py
 
 IDLE_S = 20.0  # four runs of the 5 s beat jobs, each two lines at INFO
 BANNER_END = "Press Enter to show this again"
@@ -45,31 +40,18 @@ def test_an_idle_up_prints_nothing_after_its_banner(
 ) -> None:
     port = free_port()
     portal = f"http://127.0.0.1:{port}"
-    env = _clean_env(
-        DATABASE_URL=scratch_database_url,
+    with running_up(
+        scratch_database_url,
+        tmp_path,
+        port=port,
+        stdin=subprocess.PIPE,
+        unset=["PORTAL_LOG_LEVEL"],  # the default, as a new user runs it
         PORTAL_TICKETDESK_PORT=str(free_port()),
         PORTAL_MCP_PORT=str(free_port()),
-        PORTAL_VAR_DIR=str(tmp_path / "var"),
-        DJANGO_STATIC_ROOT=str(tmp_path / "static"),
-        PYTHONUNBUFFERED="1",
-    )
-    env.pop("PORTAL_LOG_LEVEL", None)  # the default, as a new user runs it
-    process = subprocess.Popen(
-        [sys.executable, "manage.py", "up", "--port", str(port)],
-        cwd=REPO,
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        preexec_fn=embedded_db.die_with_parent(signal.SIGTERM),
-    )
-    up = Up(process=process)
-    assert process.stdout is not None and process.stdin is not None
-    threading.Thread(
-        target=_collect, args=(process.stdout, up.lines), daemon=True
-    ).start()
-    try:
-        _wait_ready(up, portal)
+    ) as up:
+        process = up.process
+        assert process.stdin is not None
+        wait_ready(up, portal)
         _wait_for(up, re.compile(BANNER_END), 1, 10)
 
         # When: it idles (the beat's jobs run every 5 s)
@@ -93,8 +75,3 @@ def test_an_idle_up_prints_nothing_after_its_banner(
 
         process.send_signal(signal.SIGINT)
         assert process.wait(STOP_TIMEOUT_S) == 0, up.output()[-3000:]
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        process.stdin.close()
