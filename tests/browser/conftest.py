@@ -25,8 +25,10 @@ CHROMIUM_ARGS = [
 ]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def browser() -> Iterator[object]:
+    """One Chromium for the whole browser tier (each test gets a fresh context);
+    closed when the tier's last test is done."""
     if not os.path.exists(CHROMIUM):
         if os.environ.get("CI"):
             pytest.fail(
