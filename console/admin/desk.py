@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import uuid
 from typing import Any, Final
+from urllib.parse import parse_qsl, urlencode
 
 from django import forms
 from django.contrib import admin, messages
@@ -32,6 +33,8 @@ from django.db.models.functions import Now
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
 from django.views.decorators.http import require_POST
 
 from portal.exceptions import PortalError
@@ -81,6 +84,10 @@ class DeskStateFilter(admin.SimpleListFilter):
         return queryset.filter(state__in=WAITING_STATES)
 
 
+# A row's act and the item URL it posts to (the item page's own buttons).
+_ACT_URLS: Final = {"claim": "claim", "hand_back": "resolve", "release": "release"}
+
+
 class DeskChangeList(ChangeList):
     """Keyset pages instead of numbered ones; no count of the table."""
 
@@ -116,9 +123,34 @@ class DeskChangeList(ChangeList):
             tenant_ids={row.tenant_id for row in page.items},
         )
         clocks = desk.desk_clocks(tasks=page.items)
+        # What the person may do from the list (the same POSTs as the item page's
+        # buttons): claim a waiting item, hand back or release their own claim.
+        workable = set(tenant_ids(request, TenantPerm.WORK_TAKEOVER))
+        me = f"user:{request.user.pk}"
+        back = request.GET.urlencode()
         for row in page.items:
             row.desk_names = names
             row.desk_sla = clocks.get(row.pk)
+            row.desk_row_acts = (
+                ()
+                if row.tenant_id not in workable
+                else ("claim",)
+                if row.state == TaskState.HUMAN_REQUIRED
+                else ("hand_back", "release")
+                if row.state == TaskState.HUMAN_CLAIMED and row.lease_owner == me
+                else ()
+            )
+            row.desk_forms = [
+                (
+                    f"desk-{row.pk}-{act}",
+                    reverse(
+                        f"admin:console_takeoveritem_{_ACT_URLS[act]}", args=[row.pk]
+                    ),
+                    "hand_back" if act == "hand_back" else "",
+                )
+                for act in row.desk_row_acts
+            ]
+        self.desk_back = back
         self.result_list = page.items
         self.result_count = len(page.items)
         self.full_result_count = None
@@ -201,6 +233,7 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
     manage_perm = TenantPerm.WORK_TAKEOVER
     list_display = [
         "desk_task",
+        "desk_acts",
         "reason_code",
         "desk_age",
         "desk_object",
@@ -298,6 +331,50 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
         if clock is None:
             return "—"
         return clock.label
+
+    @admin.display(description="act")
+    def desk_acts(self, task: TakeoverItem) -> SafeString | str:
+        """Claim, or hand back / release one's own claim, without opening the item.
+
+        The controls name their forms (``form=``): the forms themselves stand
+        outside the changelist's own form (HTML has no nested forms), in the desk
+        list's template, and post to the item's own button URLs, back to this list.
+        """
+        acts = getattr(task, "desk_row_acts", ())
+        if not acts:
+            return "—"
+        parts = []
+        if "claim" in acts:
+            parts.append(
+                format_html(
+                    '<button type="submit" form="desk-{}-claim" '
+                    'class="desk-row-claim">Claim</button>',
+                    task.pk,
+                )
+            )
+        if "hand_back" in acts:
+            parts.append(
+                format_html(
+                    '<input type="text" name="note" form="desk-{0}-hand_back" '
+                    'required maxlength="2000" placeholder="why (for the agent)" '
+                    'aria-label="hand-back note"> '
+                    '<button type="submit" form="desk-{0}-hand_back" '
+                    'class="desk-row-hand-back">Hand back</button>',
+                    task.pk,
+                )
+            )
+        if "release" in acts:
+            parts.append(
+                format_html(
+                    '<button type="submit" form="desk-{}-release" '
+                    'class="desk-row-release">Release</button>',
+                    task.pk,
+                )
+            )
+        return format_html(
+            '<span class="desk-row-act">{}</span>',
+            format_html_join(" ", "{}", ((part,) for part in parts)),
+        )
 
     @admin.display(description="lease owner")
     def desk_lease_owner(self, task: TakeoverItem) -> str:
@@ -434,9 +511,31 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
         except TenantNotVisible:
             raise Http404("No such task on your desk.") from None
         except PortalError as error:
-            self.message_user(request, self._explain(error), messages.ERROR)
+            self.message_user(
+                request,
+                self._named(request, task, self._explain(error)),
+                messages.ERROR,
+            )
         else:
-            self.message_user(request, done, messages.SUCCESS)
+            self.message_user(
+                request, self._named(request, task, done), messages.SUCCESS
+            )
+        return self._back(request, task)
+
+    @staticmethod
+    def _from_list(request: HttpRequest) -> bool:
+        return request.POST.get("back") == "list"
+
+    def _named(self, request: HttpRequest, task: TakeoverItem, text: str) -> str:
+        """From the list, a message names its row's task."""
+        return f"{task.client_task_id}: {text}" if self._from_list(request) else text
+
+    def _back(self, request: HttpRequest, task: TakeoverItem) -> HttpResponse:
+        """To the list the person acted from (its filters kept), else the item."""
+        if self._from_list(request):
+            query = urlencode(parse_qsl(request.POST.get("list_query", "")[:2000]))
+            url = reverse("admin:console_takeoveritem_changelist")
+            return HttpResponseRedirect(f"{url}?{query}" if query else url)
         return HttpResponseRedirect(
             reverse("admin:console_takeoveritem_change", args=[task.pk])
         )
@@ -518,10 +617,12 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
         if not form.is_valid():
             task = self._desk_task(request, task_id)
             problems = "; ".join(_form_problems(form))
-            self.message_user(request, f"Not resolved: {problems}", messages.ERROR)
-            return HttpResponseRedirect(
-                reverse("admin:console_takeoveritem_change", args=[task.pk])
+            self.message_user(
+                request,
+                self._named(request, task, f"Not resolved: {problems}"),
+                messages.ERROR,
             )
+            return self._back(request, task)
         data = form.cleaned_data
         return self._run(
             request,
