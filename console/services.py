@@ -475,8 +475,9 @@ def membership_set(
     user = get_user_model().objects.filter(username=username, is_active=True).first()
     if user is None:
         raise ValidationFailed(
-            "No active account has that username; the platform operator creates "
-            "accounts.",
+            f"No active account has the username '{username[:150]}'. Accounts are "
+            "made by the platform operator: ask them to create it, then add it "
+            "here with its role.",
             field="username",
         )
     Tenant.objects.select_for_update().get(pk=tenant.pk)  # one role change at a time

@@ -445,7 +445,16 @@ class AgentGrantAdmin(TenantScopedAdmin):
 class MembershipForm(forms.ModelForm):
     """A person by username (accounts come from the platform operator) and a role."""
 
-    username = forms.CharField(max_length=150)
+    username = forms.CharField(
+        max_length=150,
+        help_text=(
+            "The person's portal username. They need an account first: accounts "
+            "are made by the platform operator (Users → Add user in this admin; "
+            "manage.py tenant_create for a tenant's first administrator), because "
+            "one account may belong to several tenants. Ask the operator for a new "
+            "colleague's account, then add it here with its role."
+        ),
+    )
 
     class Meta:
         model = Membership
