@@ -37,6 +37,8 @@ class EventCode(models.TextChoices):
     OPERATION_UNKNOWN = "operation.unknown"
     TENANT_DELETED = "tenant.deleted"
     GATEWAY_CHECKED = "gateway.checked"
+    # Not written since issue 23 (the operation.executing event lists the
+    # credentials it issued); kept for the events recorded before.
     CREDENTIAL_ISSUED = "credential.issued"
     CONNECTOR_CALLED = "connector.called"
     RECEIPT_QUERIED = "receipt.queried"

@@ -485,6 +485,11 @@ def print_events(client: PortalClient, task_id: str, name: str) -> None:
         payload = event.payload if isinstance(event.payload, dict) else {}
         if "to" in payload:
             detail = f"{payload.get('from')} -> {payload['to']}"
+        elif "checks" in payload:  # one check pass: every verdict in one event
+            detail = ", ".join(
+                f"{check.get('check')}: {check.get('verdict')}"
+                for check in payload["checks"]
+            )
         elif "check" in payload:
             detail = f"{payload['check']}: {payload.get('verdict')}"
         if event.reason_code:

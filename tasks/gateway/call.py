@@ -16,9 +16,8 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, transaction
 
-from audit import services as audit_services
-from audit.models import EventCode
 from portal import db as portal_db
+from portal import metrics
 from portal.actors import Actor, ActorType
 from portal.codes import ReasonCode
 from portal.db import db_now
@@ -47,7 +46,7 @@ from ..models import (
 )
 from ..sealed import operation_values
 from . import revocation
-from .checks import caller_may_execute, checked, refuse, version_conflict_evidence
+from .checks import caller_may_execute, refuse, version_conflict_evidence
 from .common import TestHook, lock, plan
 from .results import Authorized, Refused, credentials_spend, record_call, standing
 
@@ -89,9 +88,10 @@ def issue_credential(
 
     The token names the target (``aud``), the operation's idempotency key, action,
     object and field names, its ``use``, and for ``execute`` the SHA-256 of ``body``,
-    the exact bytes the call sends. Writes the ``Credential`` row and a
-    ``credential.issued`` event in the caller's transaction; the token itself is
-    returned, never stored.
+    the exact bytes the call sends. Writes the ``Credential`` row in the caller's
+    transaction; the token itself is returned, never stored. No event of its own:
+    the operation's event that uses it records it (``credential_facts``), the
+    ``operation.executing`` of the call or the ``receipt.queried`` of a look.
     """
     # A JWT's exp is whole seconds: round up, and keep the row's expiry equal to it,
     # so the portal and the target agree on the instant (and the TTL is never cut).
@@ -126,25 +126,20 @@ def issue_credential(
     token = credential_mint(claims=claims, connector=connector)
     credential.secret_hash = credential_fingerprint(token)
     credential.save(force_insert=True)
-    audit_services.event_append(
-        tenant_id=tenant.pk,
-        code=EventCode.CREDENTIAL_ISSUED,
-        actor=actor,
-        task_id=task.pk,
-        operation_id=operation.pk,
-        trace=trace,
-        data={
-            "credential_id": str(credential.pk),
-            "use": use,
-            "action": action,
-            "target": operation.target,
-            "fields": field_names,
-            "expires_at": expires_at.isoformat(),
-            "ttl_s": ttl_s,
-        },
-        publish=False,
-    )
     return token, credential
+
+
+def credential_facts(credential: Credential, *, use: str, ttl_s: int) -> dict[str, Any]:
+    """What the operation's event says of a credential it issued (never the token)."""
+    return {
+        "credential_id": str(credential.pk),
+        "use": use,
+        "action": credential.action,
+        "target": credential.target,
+        "fields": list(credential.fields),
+        "expires_at": credential.expires_at.isoformat(),
+        "ttl_s": ttl_s,
+    }
 
 
 def authorize_call(
@@ -179,6 +174,7 @@ def authorize_call(
         trace=trace,
         body=body,
     )
+    issued = [credential_facts(credential, use=USE_EXECUTE, ttl_s=ttl_s)]
     lookup_token, lookup_credential = None, None
     if connector.supports_lookup:
         lookup_token, lookup_credential = issue_credential(
@@ -194,6 +190,11 @@ def authorize_call(
             trace=trace,
             use=USE_LOOKUP,
         )
+        issued.append(
+            credential_facts(
+                lookup_credential, use=USE_LOOKUP, ttl_s=ttl_s + LOOKUP_EXTRA_TTL_S
+            )
+        )
     return Authorized(
         operation=operation,
         connector=connector,
@@ -202,6 +203,7 @@ def authorize_call(
         body=body,
         lookup_credential_id=lookup_credential.pk if lookup_credential else None,
         lookup_token=lookup_token,
+        credentials=tuple(issued),
     )
 
 
@@ -214,7 +216,8 @@ def begin_call(
     actor: Actor,
     trace: Trace,
 ) -> Operation | Refused:
-    """Right before the call, check again what time can change; then ``executing``.
+    """Right before the call, check again what time can change; then ``executing``,
+    whose event records this check and the credentials the call carries.
 
     The credential must still be live (``CREDENTIAL_EXPIRED``) and the object version
     still the one the task read (``VERSION_CONFLICT``): both may have changed since
@@ -272,16 +275,8 @@ def begin_call(
             contract=None,
             **evidence,
         )
-    checked(
-        tenant=tenant,
-        operation=operation,
-        check="credential",
-        reason=None,
-        actor=actor,
-        trace=trace,
-        contract=None,
-        credential_id=str(authorized.credential_id),
-    )
+    # The last-moment check and the credentials are the executing event's own.
+    metrics.gateway_verdict_counted(check="credential", reason=None)
     deadline = dt.timedelta(seconds=settings.PORTAL_EXECUTION_DEADLINE_S)
     return services.operation_move(
         tenant=tenant,
@@ -292,7 +287,17 @@ def begin_call(
         actor=actor,
         trace=trace,
         check_in=deadline,
-        data={"executed_by": {"type": actor.type, "id": actor.id}},
+        data={
+            "executed_by": {"type": actor.type, "id": actor.id},
+            "checks": [
+                {
+                    "check": "credential",
+                    "verdict": "passed",
+                    "credential_id": str(authorized.credential_id),
+                }
+            ],
+            "issued": list(authorized.credentials),
+        },
     )
 
 
@@ -538,6 +543,7 @@ def credential_renew(
             "cause": ReasonCode.CREDENTIAL_EXPIRED,
             "jti": str(renewed.credential_id),
             "executed_by": {"type": actor.type, "id": actor.id},
+            "issued": list(renewed.credentials),
         },
     )
     return dataclasses.replace(renewed, operation=moved)

@@ -1,9 +1,10 @@
 """The gateway's checks, each a function of what the execution knows so far.
 
 ``CHECKS`` lists them in the order of docs/gateway.md; ``execute.authorize`` runs them
-as a loop. Each returns ``Passed`` (its facts go in a ``gateway.checked`` event), a
-``Refusal`` (the reason and the evidence), or None when it does not apply (no
-event). The first refusal hands the task to a person (``refuse``).
+as a loop. Each returns ``Passed`` (its facts), a ``Refusal`` (the reason and the
+evidence), or None when it does not apply (not listed). The pass writes one
+``gateway.checked`` event listing every verdict (``checks_recorded``); the first
+refusal ends the pass and hands the task to a person (``refuse``).
 
 0. ``frozen``: neither the executing agent nor its tenant is frozen
    (``AGENT_FROZEN``, ``TENANT_FROZEN``; docs/limits.md);
@@ -22,7 +23,7 @@ event). The first refusal hands the task to a person (``refuse``).
    values, used once (``APPROVAL_REQUIRED``; tasks/approvals.py).
 
 The credential (step 8) is issued after the loop and checked right before the call
-(``call.begin_call``).
+(``call.begin_call``); the ``operation.executing`` event records it.
 """
 
 from __future__ import annotations
@@ -116,7 +117,8 @@ class CheckContext:
 
 @dataclass(frozen=True)
 class Passed:
-    """The check passed; ``facts`` join its ``gateway.checked`` event."""
+    """The check passed; ``facts`` join its entry in the pass's ``gateway.checked``
+    event."""
 
     facts: Mapping[str, Any] = field(default_factory=dict)
 
@@ -133,19 +135,38 @@ Verdict = Passed | Refusal | None
 Check = Callable[[CheckContext], Verdict]
 
 
-def checked(
+def check_entry(name: str, verdict: Passed | Refusal) -> dict[str, Any]:
+    """One check's line in its pass's event: its name, verdict, facts or evidence."""
+    if isinstance(verdict, Refusal):
+        return {"check": name, "verdict": "refused", **verdict.evidence}
+    return {"check": name, "verdict": "passed", **verdict.facts}
+
+
+def checks_recorded(
     *,
     tenant: Tenant,
     operation: Operation,
-    check: str,
+    checks: Sequence[Mapping[str, Any]],
     reason: str | None,
     actor: Actor,
     trace: Trace,
     contract: Contract | None,
-    **facts: Any,
 ) -> None:
-    """Write one check's verdict (a ``gateway.checked`` event, not published) and
-    count it (``portal_gateway_verdicts_total``) once it commits."""
+    """Write one check pass as one ``gateway.checked`` event (not published) and
+    count each check's verdict (``portal_gateway_verdicts_total``) once it commits.
+
+    ``checks``: every check that ran, in order, each ``check_entry``; a refusal is
+    the last and names the pass's ``reason``. The event's payload is ``verdict``
+    (``passed`` or ``refused``), ``checks``, and on a refusal ``check``, the name of
+    the check that refused (its evidence is in its entry).
+    """
+    refused_by = checks[-1]["check"] if reason else None
+    data: dict[str, Any] = {
+        "verdict": "refused" if reason else "passed",
+        "checks": list(checks),
+    }
+    if refused_by is not None:
+        data["check"] = refused_by
     audit_services.event_append(
         tenant_id=tenant.pk,
         code=EventCode.GATEWAY_CHECKED,
@@ -155,10 +176,14 @@ def checked(
         reason=reason,
         contract=(contract.key, contract.version) if contract else None,
         trace=trace,
-        data={"check": check, "verdict": "refused" if reason else "passed", **facts},
+        data=data,
         publish=False,
     )
-    metrics.gateway_verdict_counted(check=check, reason=reason)
+    for entry in checks:
+        metrics.gateway_verdict_counted(
+            check=entry["check"],
+            reason=reason if entry["check"] == refused_by else None,
+        )
 
 
 def refuse(
@@ -171,18 +196,19 @@ def refuse(
     actor: Actor,
     trace: Trace,
     contract: Contract | None,
+    passed: Sequence[Mapping[str, Any]] = (),
     **evidence: Any,
 ) -> Refused:
-    """Write the failed check's verdict, hand the task to a person, report it."""
-    checked(
+    """Write the pass's event (the checks ``passed`` before, then this refusal),
+    hand the task to a person, report it."""
+    checks_recorded(
         tenant=tenant,
         operation=operation,
-        check=check,
+        checks=[*passed, check_entry(check, Refusal(reason, evidence))],
         reason=reason,
         actor=actor,
         trace=trace,
         contract=contract,
-        **evidence,
     )
     record = takeover.escalate(
         tenant=tenant,
@@ -521,4 +547,4 @@ CHECKS: Final[tuple[tuple[str, Check], ...]] = (
     ("version", check_version),
     ("approval", check_approval),
 )
-"""The checks in order, by the name their ``gateway.checked`` event carries."""
+"""The checks in order, by the name their entry in ``gateway.checked`` carries."""

@@ -2,10 +2,12 @@
 
 ``operation_execute`` (an agent, under its lease) and ``operation_run_queued`` (a
 worker, for an execution queued earlier) both run ``authorize``: it locks the task
-and the operation, settles repeats, and runs ``checks.CHECKS`` in order, each
-writing a ``gateway.checked`` event. The first refusal hands the task to a person.
-When all pass, a credential is issued (or, queued, the authorisation recorded) and
-the transaction commits; ``run`` then makes the call with no transaction open.
+and the operation, settles repeats, and runs ``checks.CHECKS`` in order; the pass
+writes one ``gateway.checked`` event with every verdict. The first refusal ends the
+pass and hands the task to a person. When all pass, the credentials are issued (or,
+queued, the authorisation recorded) and the transaction commits; ``run`` then makes
+the call with no transaction open, and its ``operation.executing`` event records
+the credentials.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import datetime as dt
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Final
+from typing import Any, Final
 
 from django.db import transaction
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
@@ -42,7 +44,8 @@ from .checks import (
     FieldValue,
     Refusal,
     caller_may_execute,
-    checked,
+    check_entry,
+    checks_recorded,
     refuse,
 )
 from .common import SYSTEM, TestHook, lock, no_hook
@@ -129,6 +132,7 @@ def authorize(
         actor=actor,
         trace=trace,
     )
+    passed: list[dict[str, Any]] = []
     for name, check in CHECKS:
         verdict = check(context)
         if isinstance(verdict, Refusal):
@@ -144,19 +148,21 @@ def authorize(
                 actor=actor,
                 trace=trace,
                 contract=contract,
+                passed=passed,
                 **verdict.evidence,
             )
         if verdict is not None:
-            checked(
-                tenant=tenant,
-                operation=operation,
-                check=name,
-                reason=None,
-                actor=actor,
-                trace=trace,
-                contract=contract,
-                **verdict.facts,
-            )
+            passed.append(check_entry(name, verdict))
+    # One event for the whole pass, every verdict in it (docs/gateway.md).
+    checks_recorded(
+        tenant=tenant,
+        operation=operation,
+        checks=passed,
+        reason=None,
+        actor=actor,
+        trace=trace,
+        contract=contract,
+    )
     connector = context.connector
     assert connector is not None  # the target check refuses without one
     spec = contract.spec

@@ -42,7 +42,7 @@ from ..models import (
 )
 from ..sealed import unsealable_log
 from . import revocation
-from .call import authorize_call, call, issue_credential
+from .call import authorize_call, call, credential_facts, issue_credential
 from .common import SYSTEM, TestHook, lock, no_hook, plan
 from .results import (
     Authorized,
@@ -71,6 +71,8 @@ class Lookup:
     token: str | None
     credential_id: uuid.UUID | None
     refused: str = ""
+    # What the look's receipt.queried event records of its credential.
+    credential: dict[str, Any] | None = None
 
 
 @transaction.atomic(durable=True)
@@ -156,6 +158,9 @@ def recovery_claim(
         connector=connector,
         token=token,
         credential_id=credential.pk,
+        credential=credential_facts(
+            credential, use=USE_LOOKUP, ttl_s=LOOKUP_CREDENTIAL_TTL_S
+        ),
     )
 
 
@@ -240,6 +245,7 @@ def recovery_decide(
             "status": lookup.status,
             "error": lookup.error[:200],
             "lookup": operation.lookups + 1,
+            "issued": [claim.credential] if claim.credential else [],
         },
     )
     common: dict[str, Any] = {
@@ -363,7 +369,11 @@ def recovery_decide(
         to=OperationState.EXECUTING,
         reason=None,
         check_in=dt.timedelta(seconds=settings.PORTAL_EXECUTION_DEADLINE_S),
-        data={"retry": True, "jti": str(authorized.credential_id)},
+        data={
+            "retry": True,
+            "jti": str(authorized.credential_id),
+            "issued": list(authorized.credentials),
+        },
         **common,
     )
     return dataclasses.replace(authorized, operation=moved)

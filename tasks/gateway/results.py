@@ -57,6 +57,8 @@ class Authorized:
     body: bytes
     lookup_credential_id: uuid.UUID | None = None
     lookup_token: str | None = None
+    # What the executing event records of each credential (``call.credential_facts``).
+    credentials: tuple[dict[str, Any], ...] = ()
 
     @property
     def credential_ids(self) -> list[uuid.UUID]:

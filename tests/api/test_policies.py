@@ -23,6 +23,7 @@ from tasks import takeover
 from tasks.models import Approval, Escalation, Operation, Task
 from tests.gateway import conftest as gateway_world
 from tests.gateway.conftest import World
+from tests.support.checks import check_entries
 from tests.support.contracts import SPEC
 from tests.support.db import connect_as
 
@@ -91,13 +92,7 @@ def with_amount(world: World, amount: int) -> list[dict[str, Any]]:
 
 def policy_events(operation_id: str) -> list[dict[str, Any]]:
     return [
-        data
-        for data in Event.objects.filter(
-            operation_id=operation_id, code=EventCode.GATEWAY_CHECKED
-        )
-        .order_by("id")
-        .values_list("payload", flat=True)
-        if data["check"] == "policy"
+        entry for entry in check_entries(operation_id) if entry["check"] == "policy"
     ]
 
 

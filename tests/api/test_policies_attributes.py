@@ -26,6 +26,7 @@ from tests.api.test_policies import PERMIT_ALL
 from tests.console.test_desk import make_person
 from tests.gateway import conftest as gateway_world
 from tests.gateway.conftest import World
+from tests.support.checks import check_entries
 from tests.support.contracts import SPEC
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -137,9 +138,7 @@ def test_declared_amounts_and_only_those(world):
     assert isinstance(big, dict)
     waiting = world.execute(big)
     assert waiting.json()["code"] == "APPROVAL_REQUIRED", waiting.text
-    evidence = Event.objects.filter(
-        operation_id=big["operation"]["id"], code=EventCode.GATEWAY_CHECKED
-    ).values_list("payload", flat=True)
+    evidence = check_entries(big["operation"]["id"])
     [policy] = [e["policy"] for e in evidence if e["check"] == "policy"]
     assert sorted(policy["determining"]) == ["big-refunds-need-finance", "policy0"]
     small = reserve(world, 2, amount=100)

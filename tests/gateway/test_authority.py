@@ -21,7 +21,7 @@ from portal.models import Agent, Role
 from tasks import services as task_services
 from tasks import takeover
 from tasks.jobs import run_operation_job
-from tasks.models import Connector, Escalation, Operation, Task
+from tasks.models import Connector, Credential, Escalation, Operation, Task
 from tests.support.contracts import SPEC, TARGET
 
 from .conftest import World
@@ -102,7 +102,9 @@ def test_an_agent_without_a_grant_cannot_execute_another_agents_operation(
         1,
     )
     assert events(started, "gateway.checked") == []
-    assert events(started, "credential.issued") == []
+    assert not Credential.objects.filter(
+        operation_id=started["operation"]["id"]
+    ).exists()
 
 
 def test_an_agent_without_a_grant_cannot_queue_another_agents_operation(
@@ -135,7 +137,7 @@ def test_an_agent_with_its_own_grant_executes_and_is_recorded_as_executor(
     done = operation(started)
     assert done.agent_id == world.agent.pk  # who reserved
     assert done.executed_by_agent_id == agent_b.pk  # who executed
-    for code in ("gateway.checked", "credential.issued", "connector.called"):
+    for code in ("gateway.checked", "operation.executing", "connector.called"):
         assert {e.actor_id for e in events(started, code)} == {str(agent_b.pk)}, code
 
 
@@ -322,9 +324,25 @@ def test_a_credential_expired_mid_call_is_retried_once_with_a_fresh_one(
     assert world.tickets() == 1
     done = operation(started)
     assert done.attempts == 2
-    issued = events(started, "credential.issued")
-    # Each call: one execute credential and one for its confirming lookup.
-    assert [e.payload["use"] for e in issued].count("execute") == 2
+    issued = [
+        credential
+        for event in events(started, "operation.executing")
+        for credential in event.payload["issued"]
+    ]
+    # Each call: one execute credential and one for its confirming lookup, recorded
+    # in the executing event of the call that carries them.
+    assert sorted(c["use"] for c in issued) == [
+        "execute",
+        "execute",
+        "lookup",
+        "lookup",
+    ]
+    assert {c["credential_id"] for c in issued} == {
+        str(pk)
+        for pk in Credential.objects.filter(
+            operation_id=started["operation"]["id"]
+        ).values_list("pk", flat=True)
+    }
     expired = events(started, "operation.unknown")
     assert [e.reason_code for e in expired] == ["CREDENTIAL_EXPIRED"]
     assert {

@@ -20,6 +20,7 @@ from tasks import services as task_services
 from tasks.credentials import public_jwk
 from tasks.models import Connector, Credential, Operation, Task
 from tests.gateway.conftest import World
+from tests.support.checks import check_entries
 from tests.support.outbound import allow as outbound_allow
 from tests.support.tls import make_certificates
 from ticketdesk.harness import start_ticketdesk
@@ -174,12 +175,7 @@ def refused_run(world: World, **row: str) -> dict[str, Any]:
     assert answer.status_code == 200, answer.text
     operation = Operation.objects.get(pk=started["operation"]["id"])
     task = Task.objects.get(pk=started["task"]["id"])
-    checks = [
-        {**payload, "reason": reason}
-        for payload, reason in Event.objects.filter(
-            operation_id=operation.pk, code="gateway.checked"
-        ).values_list("payload", "reason_code")
-    ]
+    checks = check_entries(operation.pk)
     return {
         "answer": answer.json(),
         "operation": operation,

@@ -28,6 +28,7 @@ from tasks import gateway, services, takeover
 from tasks.credentials import body_digest, credential_mint, request_body
 from tasks.jobs import check_receipts_job
 from tasks.models import Escalation, Operation, OperationState, Task, TaskState
+from tests.support.checks import check_entries
 from tests.support.concurrency import run_in_threads
 
 from .conftest import World, minutes_ago
@@ -51,10 +52,8 @@ def state_of(started: dict) -> tuple[str, str, str | None]:
 
 def checks_of(started: dict) -> list[tuple[str, str]]:
     return [
-        (event.payload["check"], event.payload["verdict"])
-        for event in Event.objects.filter(
-            operation_id=started["operation"]["id"], code="gateway.checked"
-        ).order_by("id")
+        (entry["check"], entry["verdict"])
+        for entry in check_entries(started["operation"]["id"])
     ]
 
 
