@@ -8,6 +8,7 @@ then at most two for the actors' names.
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -15,9 +16,10 @@ from django.db.models import Prefetch
 from django.urls import reverse
 from django.utils.html import format_html
 
-from audit.models import Event
+from audit.models import Event, EventCode
 from portal.actor_names import ActorNames
 from tasks.models import (
+    TASK_TERMINAL_STATES,
     Approval,
     ApprovalDecision,
     Credential,
@@ -155,29 +157,143 @@ def task_story(*, task: Task, event_limit: int = EVENT_LIMIT) -> TaskStory:
 
 def event_rows(events: list[Event], names: ActorNames) -> list[dict[str, Any]]:
     """Events as the task's story shows them (admin/console/event_table.html), in
-    the order given: time to the millisecond, the actor by name, the payload as
-    key/value lines. The takeover desk shows a task's events the same way."""
-    return [
-        {
-            "id": model_link("audit.event", event.pk),
-            "when": when(event.created_at),
-            "actor": names.actor_html(event.actor_type, event.actor_id),
-            "code": event.code,
-            "reason": event.reason_code or "",
-            "contract": (
-                f"{event.contract_key} v{event.contract_version}"
-                if event.contract_key
-                else ""
-            ),
-            "operation": model_link("tasks.operation", event.operation_id),
-            "payload": list(payload_lines(event.payload)),
-            "trace": trace_link(event.trace_id),
-            "span": format_html("<code>{}</code>", event.span_id)
-            if event.span_id
-            else "",
+    the order given (oldest first): one row per step, time to the millisecond, how
+    long after the step before (``after``), the actor by name, the payload as
+    key/value lines. The takeover desk shows a task's events the same way.
+
+    One call's checks are one row: a check pass is one ``gateway.checked`` event
+    (its verdicts summed up in one ``checks`` line, the refusing check's evidence
+    after it), and the one-event-per-check rows written before issue 23 fold into
+    one row too. A person's part gets a ``note``: how long the task waited on the
+    desk before someone claimed it, and how long they held it.
+    """
+    rows: list[dict[str, Any]] = []
+    previous_at: dt.datetime | None = None
+    escalated_at: dt.datetime | None = None
+    claimed: tuple[dt.datetime, str] | None = None
+    for step in _steps(events):
+        first = step[0]
+        at = first.created_at
+        note = ""
+        if first.code == EventCode.TASK_ESCALATED:
+            escalated_at = at
+        elif first.code == EventCode.TASK_HUMAN_CLAIMED:
+            who = names.label(first.actor_type, first.actor_id)
+            if escalated_at is not None:
+                note = f"waited {duration(at - escalated_at)} on the desk"
+            claimed, escalated_at = (at, who), None
+        elif (
+            first.code in (EventCode.TASK_HUMAN_RELEASED, EventCode.TASK_RESOLVED)
+            and claimed is not None
+        ):
+            note = f"held {duration(at - claimed[0])} by {claimed[1]}"
+            claimed = None
+        rows.append(
+            {
+                "id": model_link("audit.event", first.pk),
+                "when": when(at),
+                "after": f"+{duration(at - previous_at)}" if previous_at else "",
+                "note": note,
+                "actor": names.actor_html(first.actor_type, first.actor_id),
+                "code": first.code,
+                "reason": next((e.reason_code for e in step if e.reason_code), "")
+                or "",
+                "contract": (
+                    f"{first.contract_key} v{first.contract_version}"
+                    if first.contract_key
+                    else ""
+                ),
+                "operation": model_link("tasks.operation", first.operation_id),
+                "payload": _step_lines(step),
+                "trace": trace_link(first.trace_id),
+                "span": format_html("<code>{}</code>", first.span_id)
+                if first.span_id
+                else "",
+            }
+        )
+        previous_at = step[-1].created_at
+    return rows
+
+
+def _is_check(event: Event) -> bool:
+    return event.code == EventCode.GATEWAY_CHECKED and isinstance(event.payload, dict)
+
+
+def _steps(events: list[Event]) -> list[list[Event]]:
+    """The events grouped into steps: a run of one-check ``gateway.checked`` events
+    (the form before issue 23) of one operation and actor is one step; every other
+    event is a step of its own."""
+    steps: list[list[Event]] = []
+    for event in events:
+        last = steps[-1][-1] if steps else None
+        if (
+            last is not None
+            and _is_check(event)
+            and _is_check(last)
+            and "checks" not in event.payload
+            and "checks" not in last.payload
+            and last.operation_id == event.operation_id is not None
+            and (last.actor_type, last.actor_id) == (event.actor_type, event.actor_id)
+        ):
+            steps[-1].append(event)
+        else:
+            steps.append([event])
+    return steps
+
+
+def _step_lines(step: list[Event]) -> list[tuple[str, str]]:
+    """The key/value lines of a step: a check pass's verdicts on one line, then
+    what the refusing check said; any other event's payload as it is."""
+    first = step[0]
+    if not _is_check(first):
+        return list(payload_lines(first.payload))
+    entries: list[dict[str, Any]] = []
+    for event in step:
+        payload = event.payload
+        entries.extend(payload.get("checks", [payload]))
+    passed = [e for e in entries if e.get("verdict") != "refused"]
+    refused = [e for e in entries if e.get("verdict") == "refused"]
+    summary = ", ".join(f"{e.get('check')} ✓" for e in passed)
+    summary += ", " if passed and refused else ""
+    summary += ", ".join(f"{e.get('check')} ✗" for e in refused)
+    lines = [("checks", summary or "—")]
+    for entry in refused:
+        evidence = {
+            key: value
+            for key, value in entry.items()
+            if key not in ("check", "verdict")
         }
-        for event in events
-    ]
+        lines.extend(payload_lines(evidence, str(entry.get("check"))))
+    if "checks" in first.payload:  # anything else the pass's event says
+        lines.extend(
+            payload_lines(
+                {
+                    key: value
+                    for key, value in first.payload.items()
+                    if key not in ("check", "checks", "verdict")
+                }
+            )
+        )
+    return lines
+
+
+def duration(delta: dt.timedelta) -> str:
+    """A step's distance from the one before, read at a glance: ms, s, min, h."""
+    seconds = max(delta.total_seconds(), 0.0)
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes = seconds / 60
+    if minutes < 60:
+        return f"{minutes:.0f} min"
+    hours, rest = divmod(round(minutes), 60)
+    return f"{hours} h {rest} min" if rest else f"{hours} h"
+
+
+def is_live(task: Task) -> bool:
+    """Whether the task may still change: its pages refresh their timeline."""
+    return task.state not in TASK_TERMINAL_STATES
 
 
 def story_context(story: TaskStory) -> dict[str, Any]:
@@ -242,6 +358,7 @@ def story_context(story: TaskStory) -> dict[str, Any]:
     ]
     return {
         "story_events": events,
+        "story_live": is_live(task),
         "story_more_events": story.more_events,
         "story_all_events_url": events_of_task_url(task.pk),
         "story_operations": operations,

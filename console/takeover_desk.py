@@ -56,7 +56,7 @@ from tasks.models import (
 )
 from tasks.sealed import operation_given_fields
 
-from .story import event_rows
+from .story import event_rows, is_live
 
 EVENTS_SHOWN: Final = 50
 
@@ -144,6 +144,8 @@ class DeskEvidence:
     # (story.event_rows); ``more_events``: older ones are in the event browser.
     timeline: list[dict[str, Any]]
     more_events: bool = False
+    # The task may still change: the page refreshes its timeline (story-live.js).
+    live: bool = False
     names: dict[str, str] = field(default_factory=dict)
     # Who has the item and its SLA clock (routing/), when it was routed.
     sla: routing_selectors.SlaClock | None = None
@@ -251,6 +253,7 @@ def desk_evidence(*, task: Task) -> DeskEvidence:
         operations=operations,
         timeline=timeline,
         more_events=len(latest) > EVENTS_SHOWN,
+        live=is_live(task),
         names=names,
         sla=desk_clock(task=task),
     )

@@ -129,7 +129,9 @@ def test_support_edits_a_stale_field_and_the_desk_makes_one_ticket(
     last_row = page.locator("#desk-events tbody tr").last.inner_text()
     assert "task.resolved" in last_row and "sam (person)" in last_row
     assert "edited_and_executed" in last_row
-    codes = page.locator("#desk-events tbody tr td:nth-child(3)").all_inner_texts()
+    codes = page.locator(
+        "#desk-events tbody tr td:nth-child(4) strong"
+    ).all_inner_texts()
     assert codes[0] == "task.registered", codes
     assert (
         "settled: Edited the fields and executed (edited_and_executed) by sam"
