@@ -1,8 +1,9 @@
 """Human takeover: escalation, the queue, claim, release, resolve, one-time approvals.
 
-The whole human loop lives here: ``escalate`` hands a task to a person (the gateway
-calls it when a check refuses or a result stays in doubt), and the services below
-are what the person does with it.
+``tasks.escalation.escalate`` hands a task to a person (the gateway calls it when a
+check refuses or a result stays in doubt); the services here are what the person does
+with it, one of them (``task_human_edit``) through the gateway, which never imports
+this module.
 
 A person acts only in tenants where their membership carries ``work_takeover``
 (support and admin roles; checked here, in the services, not only by the caller).
@@ -14,18 +15,15 @@ the task's own chain and trace, with the person as actor.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
-from django.conf import settings
 from django.db import transaction
 from django.db.models import QuerySet
 from django.db.models.functions import Now
 
 from audit import services as audit_services
 from audit.models import EventCode
-from audit.redaction import redact
 from portal import db as portal_db
 from portal.actors import Actor
 from portal.codes import ReasonCode
@@ -33,13 +31,11 @@ from portal.exceptions import IllegalTransition, PortalError, ValidationFailed
 from portal.models import Tenant, TenantPerm
 from portal.roles import Person, has_tenant_perm, tenant_ids_with_perm
 from portal.tracing import NO_TRACE, Trace
-from routing import services as routing_services
-from routing.models import ItemKind
 
-from . import approvals, keyset, services
+from . import approvals, gateway, keyset, services
 from .exceptions import OperationNotFound, TaskNotFound
+from .gateway import FieldValue, GatewayResult
 from .models import (
-    OPERATION_TRANSITIONS,
     Approval,
     ApprovalState,
     Escalation,
@@ -52,8 +48,6 @@ from .task_state import TaskStateWrite, task_from_row, task_state_write
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
-
-    from .gateway import FieldValue, GatewayResult
 
 # A person's claim is a lease like an agent's, only longer: a working day.
 HUMAN_LEASE_HOURS: Final = 8
@@ -129,101 +123,6 @@ def _owner(user: Person) -> str:
 
 
 # --- Escalation ----------------------------------------------------------------------
-
-# Only automation's states: a task a person holds (or that ended) stays as it is.
-_ESCALATE_MOVES: Final[dict[str, str]] = dict.fromkeys(
-    services.LEASABLE_STATES, TaskState.HUMAN_REQUIRED
-)
-_ESCALATE: Final = TaskStateWrite(
-    where="t.tenant_id = %(tenant_id)s AND t.id = %(task_id)s",
-    assignments=(
-        "reason_code = %(reason)s",
-        "lease_owner = NULL",
-        "lease_acquired_at = NULL",
-        "lease_expires_at = NULL",
-        "lease_token = t.lease_token + 1",
-    ),
-)
-
-
-def escalate(
-    *,
-    tenant: Tenant,
-    task: Task,
-    operation: Operation | None,
-    reason: ReasonCode,
-    evidence: Mapping[str, Any],
-    actor: Actor,
-    trace: Trace = NO_TRACE,
-) -> Escalation:
-    """Hand a task to a person, in the caller's transaction.
-
-    The operation (if it can) moves to ``human_required``; the task moves there too
-    from pending, running or waiting, losing its automatic lease with a new fencing
-    token, so the worker that held it can write nothing more. The evidence is stored
-    redacted and bounded.
-
-    Raises:
-        TransactionRequired: called outside a transaction.
-    """
-    portal_db.require_transaction()
-    if (
-        operation is not None
-        and (operation.state, OperationState.HUMAN_REQUIRED) in OPERATION_TRANSITIONS
-    ):
-        operation = services.operation_move(
-            tenant=tenant,
-            operation_id=operation.pk,
-            to=OperationState.HUMAN_REQUIRED,
-            expected_version=operation.state_version,
-            actor=actor,
-            trace=trace,
-            reason=reason,
-        )
-    rows = task_state_write(
-        statement=_ESCALATE,
-        moves=_ESCALATE_MOVES,
-        params={"reason": reason, "tenant_id": tenant.pk, "task_id": task.pk},
-    )
-    moved = task_from_row(rows[0]) if rows else None
-    record = Escalation.objects.create(
-        tenant=tenant,
-        task_id=task.pk,
-        operation=operation,
-        reason_code=reason,
-        evidence=redact(
-            dict(evidence),
-            tenant_id=tenant.pk,
-            max_bytes=settings.PORTAL_EVENT_PAYLOAD_MAX_BYTES // 4,
-        ),
-        responsible_owner=task.lease_owner or actor.id,
-    )
-    audit_services.event_append(
-        tenant_id=tenant.pk,
-        code=EventCode.TASK_ESCALATED,
-        actor=actor,
-        task_id=task.pk,
-        operation_id=operation.pk if operation else None,
-        reason=reason,
-        trace=trace,
-        data={
-            "escalation_id": str(record.pk),
-            "task_moved": moved is not None,
-            "lease_token": moved.lease_token if moved else None,
-            "evidence": record.evidence,
-        },
-    )
-    # Who works it and by when; notifications commit with the escalation.
-    routing_services.item_assign(
-        tenant=tenant,
-        item_kind=ItemKind.ESCALATION,
-        item_id=record.pk,
-        reason_code=reason,
-        task_id=task.pk,
-        actor=actor,
-    )
-    return record
-
 
 # --- The queue and a person's moves --------------------------------------------------
 
@@ -625,8 +524,6 @@ def task_human_edit(
         ValidationFailed: no field values.
         TransactionForbidden: called inside a transaction (the gateway calls out).
     """
-    from . import gateway  # the gateway imports this module for escalate
-
     portal_db.forbid_transaction("the gateway calls the remote system")
     if not fields:
         raise ValidationFailed("Give the fresh value of each field.", field="fields")

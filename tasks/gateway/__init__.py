@@ -12,8 +12,8 @@ One module per step (docs/gateway.md has the whole flow):
   never by a new key (``operation_recover``);
 - ``common``: the lock order, the database clock, the evidence of a plan.
 
-Any refusal hands the task to a person through ``tasks.takeover.escalate``, where
-the whole human loop lives.
+Any refusal hands the task to a person through ``tasks.escalation.escalate``; what the
+person then does is ``tasks.takeover``.
 """
 
 from __future__ import annotations

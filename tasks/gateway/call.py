@@ -24,7 +24,7 @@ from portal.db import db_now
 from portal.models import Tenant
 from portal.tracing import Trace
 
-from .. import services, takeover
+from .. import escalation, services
 from ..connectors import CallResult, RemoteSystem, connector_for
 from ..credentials import (
     USE_EXECUTE,
@@ -503,7 +503,7 @@ def credential_renew(
     elif not caller_may_execute(tenant=tenant, operation=current, actor=executor):
         problem, why = ReasonCode.PERMISSION_REVOKED, "the executor lost its authority"
     if problem is not None:
-        takeover.escalate(
+        escalation.escalate(
             tenant=tenant,
             task=task,
             operation=current,

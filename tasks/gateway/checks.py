@@ -50,7 +50,7 @@ from portal.models import Tenant, TenantPerm
 from portal.roles import has_tenant_perm
 from portal.tracing import Trace
 
-from .. import approvals, takeover
+from .. import approvals, escalation
 from ..contracts import (
     contract_amount_fields,
     contract_risk_class,
@@ -210,7 +210,7 @@ def refuse(
         trace=trace,
         contract=contract,
     )
-    record = takeover.escalate(
+    record = escalation.escalate(
         tenant=tenant,
         task=task,
         operation=operation,

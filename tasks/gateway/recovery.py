@@ -28,7 +28,7 @@ from portal.db import db_now
 from portal.models import Tenant
 from portal.tracing import NO_TRACE, Trace
 
-from .. import services, takeover
+from .. import escalation, services
 from ..connectors import LookupResult, RemoteSystem, connector_for
 from ..credentials import USE_LOOKUP
 from ..exceptions import ConnectorKeyUnsealable
@@ -103,7 +103,7 @@ def recovery_claim(
         return standing(operation)
     connector = Connector.objects.filter(tenant=tenant, target=operation.target).first()
     if connector is None or not connector.supports_lookup:
-        record = takeover.escalate(
+        record = escalation.escalate(
             tenant=tenant,
             task=task,
             operation=operation,
@@ -258,7 +258,7 @@ def recovery_decide(
     }
 
     def to_person(reason: ReasonCode, **evidence: Any) -> GatewayResult:
-        record = takeover.escalate(
+        record = escalation.escalate(
             tenant=tenant,
             task=task,
             operation=operation,
@@ -288,7 +288,7 @@ def recovery_decide(
             reason=ReasonCode.MULTIPLE_RECEIPTS,
             **common,
         )
-        record = takeover.escalate(
+        record = escalation.escalate(
             tenant=tenant,
             task=task,
             operation=moved,

@@ -23,7 +23,7 @@ from portal.codes import ReasonCode
 from portal.models import Tenant
 from portal.tracing import Trace
 
-from .. import services, takeover
+from .. import escalation, services
 from ..connectors import CallResult, LookupResult
 from ..models import Connector, Operation, OperationState, Task
 from .common import lock, plan
@@ -215,7 +215,7 @@ def record_call(
             task = Task.objects.select_for_update(of=("self",)).get(
                 tenant=tenant, pk=operation.task_id
             )
-            takeover.escalate(
+            escalation.escalate(
                 tenant=tenant,
                 task=task,
                 operation=conflicted,

@@ -9,7 +9,7 @@ from rest_framework.test import APIClient
 from portal import services as portal_services
 from portal.actors import Actor
 from portal.models import Role
-from tasks import takeover
+from tasks import escalation
 from tasks.models import Escalation, Task, TaskState
 
 pytestmark = pytest.mark.django_db
@@ -22,7 +22,7 @@ def escalated(make_task, tenant):
 
     task = make_task(state=TaskState.RUNNING, leased=True)
     with transaction.atomic():
-        takeover.escalate(
+        escalation.escalate(
             tenant=tenant,
             task=task,
             operation=None,
@@ -147,7 +147,7 @@ def test_the_queue_pages_past_any_size_both_ways(make_task, tenant):
     for _ in range(250):
         task = make_task(state=TaskState.RUNNING, leased=True)
         with transaction.atomic():
-            takeover.escalate(
+            escalation.escalate(
                 tenant=tenant,
                 task=task,
                 operation=None,

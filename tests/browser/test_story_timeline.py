@@ -16,8 +16,8 @@ from audit.models import EventCode
 from portal.actors import Actor
 from portal.codes import ReasonCode
 from portal.models import Role
+from tasks.escalation import escalate
 from tasks.models import OperationState, Task, TaskState
-from tasks.takeover import escalate
 from tests.browser.conftest import PASSWORD, log_in
 from tests.console.test_desk import make_person
 

@@ -23,7 +23,7 @@ from audit.models import Event, EventCode
 from portal.actors import Actor
 from portal.db import db_now
 from portal.models import Role, Tenant
-from tasks import sealed, takeover
+from tasks import escalation, sealed
 from tasks.gateway import FieldValue
 from tasks.models import (
     Approval,
@@ -537,7 +537,7 @@ def test_approve_is_offered_and_works_for_approval_required(
     task = make_task(state=TaskState.RUNNING, leased=True, client_task_id="issue-9")
     operation = make_operation(task=task, state=OperationState.UNKNOWN)
     with transaction.atomic():
-        takeover.escalate(
+        escalation.escalate(
             tenant=tenant,
             task=task,
             operation=operation,

@@ -10,7 +10,7 @@ from portal import services as portal_services
 from portal.actors import Actor
 from portal.codes import ReasonCode
 from portal.models import Role
-from tasks import takeover
+from tasks import escalation, takeover
 from tasks.jobs import check_receipts_job, run_operation_job
 from tasks.models import Operation, Task
 from tests.support.db import db_clock_offset
@@ -93,7 +93,7 @@ def test_a_takeover_while_queued_means_the_run_does_nothing(world: World):
     queue(world, started)
     task = Task.objects.get(pk=started["task"]["id"])
     with transaction.atomic():  # escalated meanwhile, then claimed by a person
-        takeover.escalate(
+        escalation.escalate(
             tenant=world.tenant,
             task=task,
             operation=None,

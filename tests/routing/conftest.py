@@ -25,7 +25,7 @@ from portal.actors import Actor
 from portal.models import Role, Tenant
 from routing import services as routing_services
 from routing.models import Group, RoutingRule, Webhook
-from tasks import takeover
+from tasks import escalation
 from tasks.models import Escalation, Task, TaskState
 from tests.support import broker
 from tests.support import outbound as outbound_support
@@ -196,7 +196,7 @@ def escalate_with_canary(
         call_fields={"email": CUSTOMER_EMAIL, "note": CANARY},
     )
     with transaction.atomic():
-        record = takeover.escalate(
+        record = escalation.escalate(
             tenant=tenant,
             task=task,
             operation=operation,
