@@ -35,6 +35,39 @@ def pytest_configure(config: pytest.Config) -> None:
     settings.PORTAL_RELAY_NUDGE = False
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_hash_per_password() -> Iterator[None]:
+    """Each password the tests give their accounts is hashed once, then reused.
+
+    Django's PBKDF2 takes a million iterations, a second or more a hash on a busy
+    2-core machine, and the tests make thousands of accounts with a handful of
+    passwords. The hash stays Django's default (a server in another process
+    verifies it as it would any); only its salt is shared between accounts.
+    """
+    from django.contrib.auth import base_user, hashers
+    from django.contrib.auth import models as auth_models
+
+    original = hashers.make_password
+    hashes: dict[str, str] = {}
+
+    def make_password(
+        password: str | None, salt: str | None = None, hasher: str = "default"
+    ) -> str:
+        if not isinstance(password, str) or salt is not None or hasher != "default":
+            return original(password, salt, hasher)
+        if password not in hashes:
+            hashes[password] = original(password)
+        return hashes[password]
+
+    base_user.make_password = make_password  # type: ignore[attr-defined]
+    auth_models.make_password = make_password  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        base_user.make_password = original  # type: ignore[attr-defined]
+        auth_models.make_password = original  # type: ignore[attr-defined]
+
+
 @pytest.fixture(scope="session")
 def django_db_modify_db_settings(django_db_modify_db_settings: None) -> None:
     """Make both roles from DATABASE_URL (an administrator's); create as the owner.
