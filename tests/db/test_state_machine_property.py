@@ -39,7 +39,7 @@ from portal import services as portal_services
 from portal.codes import ReasonCode
 from portal.exceptions import IllegalTransition, LeaseExpired, StaleState
 from portal.models import Role
-from tasks import services, takeover
+from tasks import escalation, services, takeover
 from tasks.exceptions import LeaseHeld, TaskNotLeasable
 from tasks.models import (
     OPERATION_TRANSITIONS,
@@ -214,7 +214,7 @@ class TaskMachine(RuleBasedStateMachine):
         if with_operation and m.operations:
             op = m.operations[index % len(m.operations)]
         with transaction.atomic():
-            takeover.escalate(
+            escalation.escalate(
                 tenant=self.tenant,
                 task=Task.objects.get(pk=self.task_id),
                 operation=services.selectors.operation_get(
