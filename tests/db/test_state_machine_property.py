@@ -100,8 +100,8 @@ class TaskMachine(RuleBasedStateMachine):
         self.tenant, self.actor, self.person = tenant, actor, person
         self.seen = (1, 0)  # the last state_version and lease_token read back
 
-    @initialize()
-    def register(self) -> None:
+    @initialize(started=st.booleans())
+    def register(self, started: bool) -> None:
         registration = services.task_register(
             tenant=self.tenant,
             actor=self.actor,
@@ -114,6 +114,10 @@ class TaskMachine(RuleBasedStateMachine):
         )
         self.task_id = registration.task.pk
         self.model = TaskModel()
+        if started:  # half the walks start at work: leased, running, one reservation
+            self.lease_acquire()
+            self.transition(to=TaskState.RUNNING, good_token=True, fresh=True)
+            self.reserve(good_token=True)
 
     # --- helpers -----------------------------------------------------------------
 
