@@ -85,7 +85,7 @@ ROWS: Final = (
      "claim → complete through the services vs Procrastinate jobs processed"),
     ("claim", "lean", "procrastinate", 0.0,
      "(reference) lean claim → complete vs Procrastinate jobs processed"),
-    ("transition", "service", "lean", 0.6,
+    ("transition", "service", "lean", 0.5,
      "service transition vs lean raw psycopg transition (one CTE, no triggers)"),
     ("reservation", "service", "lean", 0.4,
      "reservation through the services vs lean raw reservation (one CTE)"),
