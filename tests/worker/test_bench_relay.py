@@ -48,7 +48,9 @@ def test_the_relay_bench_runs_every_phase_at_a_tiny_size(amqp_url: str, tmp_path
             assert got["rows"] == ROWS, (phase, count, got)
             assert got["rows_per_s"] > 0
             assert got["client_cpu_us_per_row"] > 0
-    assert figures["relay"]["1"]["server_cpu_us_per_row"] > 0
+    # A backend's CPU time is counted in clock ticks (10 ms): at this size it can
+    # read zero, so the smoke test asks only that the figure is there.
+    assert figures["relay"]["1"]["server_cpu_us_per_row"] >= 0
     steady = figures["steady"]
     assert steady["written"] > 0
     assert steady["published"] == steady["written"]  # nothing left behind
