@@ -27,7 +27,7 @@ from tasks import approvals, takeover
 from tasks.models import Approval
 
 from .display import redacted_lines
-from .takeover_desk import human_age
+from .takeover_desk.names import human_age
 
 
 @dataclass(frozen=True, kw_only=True)

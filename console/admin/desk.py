@@ -3,9 +3,9 @@
 Everyone with ``view_trail`` on a tenant reads its desk (reviewers read-only);
 the Claim, Release, Resolve, Edit, Take over and Reassign buttons appear, and
 their POSTs are accepted, only for people with ``work_takeover`` there. Each
-button calls one wrapper in ``console/takeover_desk.py``, which calls the takeover
-(or routing) service with the person as the actor; a refusal is an admin message,
-never a 500, and changes nothing.
+button calls one wrapper in ``console/takeover_desk/actions.py``, which calls the
+takeover (or routing) service with the person as the actor; a refusal is an admin
+message, never a 500, and changes nothing.
 
 "Edit the fields and execute" makes a network call (the gateway calls the remote
 system), so its view opens no transaction: ``ATOMIC_REQUESTS`` is off project-wide
@@ -44,9 +44,12 @@ from tasks import keyset, takeover
 from tasks.gateway import FieldValue
 from tasks.models import Escalation, Operation, TaskState
 
-from .. import takeover_desk as desk
 from ..models import TakeoverItem
 from ..story import events_of_task_url as story_events_url
+from ..takeover_desk import actions as desk_actions
+from ..takeover_desk import evidence as desk_evidence
+from ..takeover_desk import forms as desk_forms
+from ..takeover_desk import names as desk_names
 from .base import TenantScopedAdmin, tenant_ids
 
 DIR_VAR: Final = "dir"
@@ -117,12 +120,12 @@ class DeskChangeList(ChangeList):
             after=after,
             limit=self.list_per_page,
         )
-        names = desk.owner_names(
+        names = desk_names.owner_names(
             [row.lease_owner for row in page.items]
             + [row.desk_owner for row in page.items],
             tenant_ids={row.tenant_id for row in page.items},
         )
-        clocks = desk.desk_clocks(tasks=page.items)
+        clocks = desk_evidence.desk_clocks(tasks=page.items)
         # What the person may do from the list (the same POSTs as the item page's
         # buttons): claim a waiting item, hand back or release their own claim.
         workable = set(tenant_ids(request, TenantPerm.WORK_TAKEOVER))
@@ -176,7 +179,7 @@ class DeskChangeList(ChangeList):
 
 class ResolveForm(forms.Form):
     # Every resolution the service knows is accepted here; the page offers fewer
-    # (desk.resolution_choices) and the service refuses what does not apply.
+    # (desk_forms.resolution_choices) and the service refuses what does not apply.
     resolution = forms.ChoiceField(
         choices=[(r, r.replace("_", " ")) for r in takeover.RESOLUTIONS]
     )
@@ -187,7 +190,9 @@ class ResolveForm(forms.Form):
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
         if data.get("resolution") == "hand_back" and not data.get("note"):
-            self.add_error("note", f"hand back needs a note: {desk.HAND_BACK_NOTE}")
+            self.add_error(
+                "note", f"hand back needs a note: {desk_forms.HAND_BACK_NOTE}"
+            )
         return data
 
 
@@ -305,7 +310,7 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
     def desk_age(self, task: TakeoverItem) -> str:
         since = getattr(task, "desk_since", None) or task.updated_at
         now = getattr(task, "desk_now", None) or timezone.now()
-        return desk.human_age(now - since)
+        return desk_names.human_age(now - since)
 
     @admin.display(description="object")
     def desk_object(self, task: TakeoverItem) -> str:
@@ -380,7 +385,7 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
     def desk_lease_owner(self, task: TakeoverItem) -> str:
         if not task.lease_owner:
             return "—"
-        names = desk.owner_names([task.lease_owner], tenant_ids=[task.tenant_id])
+        names = desk_names.owner_names([task.lease_owner], tenant_ids=[task.tenant_id])
         return names.get(task.lease_owner, task.lease_owner)
 
     # --- the evidence page --------------------------------------------------------
@@ -395,7 +400,7 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
         task = self.get_object(request, object_id)
         context = dict(extra_context or {})
         if task is not None:
-            evidence = desk.desk_evidence(task=task)
+            evidence = desk_evidence.desk_evidence(task=task)
             may_act = self.has_manage_permission(request, task)
             mine = task.lease_owner == f"user:{request.user.pk}"
             claimed = task.state == TaskState.HUMAN_CLAIMED
@@ -417,31 +422,33 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
                     in tenant_ids(request, TenantPerm.RELEASE_ANY_CLAIM)
                 ),
                 routing=(
-                    desk.desk_routing(task=task, user=request.user) if may_act else None
+                    desk_actions.desk_routing(task=task, user=request.user)
+                    if may_act
+                    else None
                 ),
                 resolve_form=ResolveForm(),
-                resolutions=desk.resolution_choices(task=task),
+                resolutions=desk_forms.resolution_choices(task=task),
                 approvable=task.reason_code in takeover.APPROVABLE_REASONS,
-                hand_back_note=desk.HAND_BACK_NOTE,
-                edit_help=desk.EDIT_HELP,
+                hand_back_note=desk_forms.HAND_BACK_NOTE,
+                edit_help=desk_forms.EDIT_HELP,
                 open_operations=[
                     o.operation
                     for o in evidence.operations
                     if o.operation.state in ("human_required", "unknown", "conflict")
                 ],
             )
-            edit_operations = desk.edit_operations(
+            edit_operations = desk_forms.edit_operations(
                 operations=[o.operation for o in evidence.operations]
             )
             if context["can_settle"] and edit_operations:
                 context.update(
                     # Kept and asked rows for the first operation (the one the
                     # form executes when there is one; the usual case).
-                    edit_rows=desk.desk_edit_rows(
+                    edit_rows=desk_forms.desk_edit_rows(
                         task=task, operation=edit_operations[0]
                     ),
                     edit_operations=edit_operations,
-                    edit_now=timezone.localtime(desk.desk_now()).strftime(
+                    edit_now=timezone.localtime(desk_forms.desk_now()).strftime(
                         "%Y-%m-%dT%H:%M:%S"
                     ),
                     edit_tz=timezone.get_current_timezone_name(),
@@ -545,11 +552,11 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
         context = error.context
         if isinstance(error, takeover.AlreadyClaimed):
             owner = str(context.get("claimed_by") or "")
-            name = desk.owner_names([owner]).get(owner, owner or "someone")
+            name = desk_names.owner_names([owner]).get(owner, owner or "someone")
             return f"Someone else claimed this task first: {name}."
         if isinstance(error, takeover.NotYourClaim):
             owner = str(context.get("claimed_by") or "")
-            name = desk.owner_names([owner]).get(owner, owner or "someone")
+            name = desk_names.owner_names([owner]).get(owner, owner or "someone")
             return f"{error.detail} It is claimed by {name}."
         if isinstance(error, takeover.ApprovalNotAllowed):
             reason = context.get("reason_code") or "this reason"
@@ -571,7 +578,7 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
         return self._run(
             request,
             task_id,
-            lambda task: desk.desk_claim(task=task, user=request.user),
+            lambda task: desk_actions.desk_claim(task=task, user=request.user),
             "You claimed this task; nobody else can act on it until you release "
             "or resolve it.",
         )
@@ -580,7 +587,7 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
         return self._run(
             request,
             task_id,
-            lambda task: desk.desk_release(task=task, user=request.user),
+            lambda task: desk_actions.desk_release(task=task, user=request.user),
             "Released: the task is back in the queue.",
         )
 
@@ -591,7 +598,9 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
         return self._run(
             request,
             task_id,
-            lambda task: desk.desk_release_any(task=task, user=request.user, note=note),
+            lambda task: desk_actions.desk_release_any(
+                task=task, user=request.user, note=note
+            ),
             "Released the other person's claim: the task is back in the queue.",
         )
 
@@ -599,7 +608,7 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
         return self._run(
             request,
             task_id,
-            lambda task: desk.desk_take_over(task=task, user=request.user),
+            lambda task: desk_actions.desk_take_over(task=task, user=request.user),
             "You took this item over: it is yours on the desk (the SLA clock runs on).",
         )
 
@@ -608,7 +617,9 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
         return self._run(
             request,
             task_id,
-            lambda task: desk.desk_reassign(task=task, user=request.user, to=to),
+            lambda task: desk_actions.desk_reassign(
+                task=task, user=request.user, to=to
+            ),
             "Moved: the item's new group (or person) is told by e-mail and webhook.",
         )
 
@@ -627,7 +638,7 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
         return self._run(
             request,
             task_id,
-            lambda task: desk.desk_resolve(
+            lambda task: desk_actions.desk_resolve(
                 task=task,
                 user=request.user,
                 resolution=data["resolution"],
@@ -649,7 +660,7 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
         The rows come from the task's pinned contract, not from the POST: a value
         for a field the contract does not require is ignored, a missing one is a
         message. A kept row left empty executes with the value sealed with the
-        operation at its refused execute (desk.edit_fields), never one posted.
+        operation at its refused execute (desk_forms.edit_fields), never one posted.
         Bad input is a message and changes nothing.
         """
         task = self._desk_task(request, task_id)
@@ -666,7 +677,7 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
             if form.is_valid()
             else None
         )
-        rows = desk.desk_edit_rows(task=task, operation=operation) or []
+        rows = desk_forms.desk_edit_rows(task=task, operation=operation) or []
         problems = [] if rows else ["the task pins no contract with fields to give"]
         problems += _form_problems(form)
         given: list[FieldValue] = []
@@ -691,7 +702,7 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
                 )
             )
         fields = (
-            desk.edit_fields(rows=rows, operation=operation, given=given)
+            desk_forms.edit_fields(rows=rows, operation=operation, given=given)
             if operation is not None
             else given
         )
@@ -701,7 +712,7 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
             )
             return back
         try:
-            outcome = desk.desk_edit(
+            outcome = desk_actions.desk_edit(
                 task=task,
                 user=request.user,
                 operation_id=form.cleaned_data["operation_id"],
@@ -715,7 +726,7 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
         except PortalError as error:
             self.message_user(request, self._explain(error), messages.ERROR)
             return back
-        report = desk.edit_report(task=task, outcome=outcome)
+        report = desk_forms.edit_report(task=task, outcome=outcome)
         self.message_user(
             request, report.text, messages.SUCCESS if report.ok else messages.ERROR
         )

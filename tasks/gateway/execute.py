@@ -137,7 +137,8 @@ def authorize(
         verdict = check(context)
         if isinstance(verdict, Refusal):
             # A person settles it: the values given stay sealed with the operation
-            # so the desk asks only for those that fail (console/takeover_desk.py).
+            # so the desk asks only for those that fail
+            # (console/takeover_desk/forms.py).
             keep_given_fields(operation, fields)
             return refuse(
                 tenant=tenant,
