@@ -13,7 +13,8 @@ import math
 import secrets
 import time
 import uuid
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any, Final, TypeVar
 
 from django.core import exceptions as django_exceptions
 from django.db import DatabaseError, InterfaceError, OperationalError, connection
@@ -576,6 +577,21 @@ class PortalApi(APIView):
         return dict(serializer.validated_data)
 
 
+# Named points on the way out of an agent's POST that carries an Idempotency-Key
+# (docs/style.md R18): the service's transaction has committed and the answer is not
+# stored yet ("before_answer_stored"), or stored and not sent yet
+# ("after_answer_stored"). The fault tier's server replaces ``fault_hook`` to fail,
+# cut or kill the request there (tests/fault/fault_wsgi.py); otherwise it does nothing.
+FAULT_POINTS: Final = ("before_answer_stored", "after_answer_stored")
+
+
+def _no_fault(point: str) -> None:
+    return None
+
+
+fault_hook: Callable[[str], None] = _no_fault
+
+
 class AgentApi(PortalApi):
     """Base of every agent endpoint. Subclasses call one service and serialise."""
 
@@ -621,6 +637,7 @@ class AgentApi(PortalApi):
         if record is not None:
             if isinstance(response, Response):
                 response.render()
+            fault_hook("before_answer_stored")
             try:
                 idempotency.idempotent_request_finish(
                     record_id=record,
@@ -634,6 +651,7 @@ class AgentApi(PortalApi):
                 # Lost with the connection: the record stays in flight until
                 # PORTAL_IDEMPOTENCY_LOCK_S, then a retry of the same request takes
                 # it over (409 REQUEST_IN_FLIGHT until then).
+            fault_hook("after_answer_stored")
         return response
 
     # Helpers for subclasses.

@@ -314,7 +314,7 @@ PORTAL_IDEMPOTENCY_WINDOW_S = int(
     os.environ.get("PORTAL_IDEMPOTENCY_WINDOW_S", "86400")
 )
 # How long a first delivery may run before a duplicate may take its key over.
-PORTAL_IDEMPOTENCY_LOCK_S = 60
+PORTAL_IDEMPOTENCY_LOCK_S = int(os.environ.get("PORTAL_IDEMPOTENCY_LOCK_S", "60"))
 
 # Django's cache stays its default, per-process memory: nothing in the portal uses
 # it. The API throttle counts in PostgreSQL (portal/api.py, docs/limits.md), the one

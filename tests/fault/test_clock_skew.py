@@ -110,9 +110,7 @@ def test_a_worker_with_a_skewed_clock_lives_by_the_database_clock(
     assert all(_between(created_at, before, after) for _, created_at in events)
     # And another worker takes the lease over once it lapses by the database's
     # clock (seconds, not ten minutes)
-    wait_for(
-        lambda: db_now() >= lapses_at, timeout=60, what="the lease lapse"
-    )
+    wait_for(lambda: db_now() >= lapses_at, timeout=60, what="the lease lapse")
     taken = task_services.task_lease_acquire(
         tenant=world.tenant,
         task_id=task.pk,

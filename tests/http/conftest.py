@@ -33,7 +33,6 @@ REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 60.0
 
 
-
 @dataclass
 class Server:
     port: int
@@ -57,6 +56,7 @@ def start(
     workers: int = 2,
     extra_args: tuple[str, ...] = (),
     wait_path: str = "/api/v1/",
+    app: str = "portal.wsgi:application",
 ) -> Server:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SECRET_KEY"}
@@ -75,7 +75,7 @@ def start(
                 sys.executable,
                 "-m",
                 "gunicorn",
-                "portal.wsgi:application",
+                app,
                 "-b",
                 f"127.0.0.1:{port}",
                 "--workers",
