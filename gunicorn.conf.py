@@ -1,6 +1,6 @@
 """Gunicorn's settings for the portal's web server (read from the working folder).
 
-``gunicorn portal.wsgi:application`` started in this folder reads this file by
+``gunicorn config.wsgi:application`` started in this folder reads this file by
 itself; ``manage.py up`` names it with ``--config``. Settings given on the command
 line win over these.
 """
@@ -21,7 +21,7 @@ workers = int(os.environ.get("PORTAL_WEB_WORKERS", "4"))
 # below, unparsable request lines and headers) with problem+json instead of HTML.
 # Sync workers close the connection after every answer (``Connection: close``):
 # there is no keep-alive to get wrong after an error.
-worker_class = "portal.gunicorn_worker.ProblemSyncWorker"
+worker_class = "config.gunicorn_worker.ProblemSyncWorker"
 
 # Gunicorn's defaults, stated: a request line over 4094 bytes is a 414, more than
 # 100 headers or one over 8190 bytes a 431 (docs/api.md, "Errors").
@@ -65,7 +65,7 @@ def post_fork(server: object, worker: object) -> None:
     also when the application is preloaded in the arbiter."""
     import os
 
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     from portal import telemetry
 
     telemetry.setup("portal-web")

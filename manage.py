@@ -116,7 +116,7 @@ def main() -> None:
     _bootstrap()
     if len(sys.argv) > 1 and sys.argv[1] in DEV_COMMANDS:
         os.environ.setdefault("PORTAL_DEV_MODE", "1")
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     from django.core.management import execute_from_command_line
 
     if len(sys.argv) > 1 and sys.argv[1] not in DEV_COMMANDS:

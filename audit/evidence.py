@@ -57,6 +57,7 @@ from typing import Any, Final, TypeVar
 from django.conf import settings
 from django.db import connection, transaction
 
+from portal import jobs as portal_jobs
 from portal import process
 
 from . import chain, checkpoints, jobs, merkle, tlog, witness_client
@@ -505,7 +506,7 @@ def _signed_by_worker(
 
 def _ask_worker(*, tenant_id: uuid.UUID) -> bool:
     """Send the tenant's checkpoint job; False when the broker refused it."""
-    from portal.celery import app  # the configured app, not celery's default one
+    app = portal_jobs.celery_app()  # the configured app, not celery's default one
 
     try:
         with app.producer_or_acquire() as producer:

@@ -54,12 +54,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Final, Protocol
 
-from celery import Celery
 from django.conf import settings
 from django.db import connection, transaction
-from django.utils.module_loading import import_string
 
 from portal import db as portal_db
+from portal import jobs as portal_jobs
 from portal import scope
 from portal.exceptions import PortalError
 from portal.models import Tenant
@@ -528,14 +527,6 @@ _last_nudge_at = float("-inf")
 NUDGE_MIN_INTERVAL_S = 0.2
 
 
-def _celery_app() -> Celery:
-    """The configured Celery app (not celery's default one), handed over by the
-    settings: ``PORTAL_CELERY_APP`` names it as ``WSGI_APPLICATION`` names the WSGI
-    one, so the relay names no wiring module."""
-    app: Celery = import_string(settings.PORTAL_CELERY_APP)
-    return app
-
-
 def _send_nudge() -> None:
     global _nudge_paused_until
     global _last_nudge_at
@@ -546,7 +537,7 @@ def _send_nudge() -> None:
         return  # a relay run is already on its way and drains whole batches
     _last_nudge_at = now
     try:
-        app = _celery_app()
+        app = portal_jobs.celery_app()
         with app.producer_or_acquire() as producer:
             # One connection attempt, not kombu's default retry loop.
             producer.connection.ensure_connection(max_retries=0)

@@ -105,7 +105,7 @@ def _free_port() -> int:
 def gunicorn(*, env: dict[str, str], port: int) -> Iterator[str]:
     """The portal under gunicorn on 127.0.0.1:``port``, until the block ends."""
     command = [
-        sys.executable, "-m", "gunicorn", "portal.wsgi:application",
+        sys.executable, "-m", "gunicorn", "config.wsgi:application",
         "-b", f"127.0.0.1:{port}", "--workers", "1", "--timeout", "120",
         "--no-control-socket", "--log-level", "warning",
     ]  # fmt: skip
@@ -411,11 +411,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     os.environ["PORTAL_NO_BOOTSTRAP"] = "1"
     # The loaded data set is a development one: its users have published passwords.
     os.environ["PORTAL_DEV_MODE"] = "1"
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     import django
 
     django.setup()
-    from portal.management.commands.load_scale_data import PASSWORD
+    from config.management.commands.load_scale_data import PASSWORD
 
     started_at = dt.datetime.now(dt.UTC)
     started = time.monotonic()

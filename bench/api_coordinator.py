@@ -152,7 +152,7 @@ def server_environment(database_url: str, var_dir: Path) -> dict[str, str]:
     }
     env.update(
         DATABASE_URL=database_url,
-        DJANGO_SETTINGS_MODULE="portal.settings",
+        DJANGO_SETTINGS_MODULE="config.settings",
         DJANGO_ALLOWED_HOSTS="127.0.0.1",
         DJANGO_SECURE_SSL_REDIRECT="0",  # matters only with DJANGO_SECRET_KEY set
         PORTAL_AGENT_RATE_LIMIT=RATE_LIMIT,
@@ -183,7 +183,7 @@ class Server:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.command = [
-            str(Path(sys.executable).parent / "gunicorn"), "portal.wsgi:application",
+            str(Path(sys.executable).parent / "gunicorn"), "config.wsgi:application",
             "-b", f"127.0.0.1:{self.port}", "--config", "gunicorn.conf.py",
             *(["--workers", str(workers)] if workers else []),
             *(["--threads", str(threads)] if threads else []),

@@ -107,13 +107,15 @@ def load_scale(args: argparse.Namespace, *, resume: bool) -> None:
     """Make the scale database (or, ``resume``, keep what an interrupted load left:
     the loader tops it up) and fill it, then vacuum and analyse it once."""
     verb = "topping up" if resume else "making"
-    say(f"flat: {verb} {args.scale_url.rsplit('/', 1)[-1]} to "
-        f"{args.tasks:,} tasks and {args.events:,} events (about 12 min at 1M/10M)")
+    say(
+        f"flat: {verb} {args.scale_url.rsplit('/', 1)[-1]} to "
+        f"{args.tasks:,} tasks and {args.events:,} events (about 12 min at 1M/10M)"
+    )
     app_url = recreate_database(args.scale_url, keep_rows=resume)
     env = {
         **os.environ,
         "DATABASE_URL": app_url,
-        "DJANGO_SETTINGS_MODULE": "portal.settings",
+        "DJANGO_SETTINGS_MODULE": "config.settings",
         "PORTAL_NO_BOOTSTRAP": "1",
         "PORTAL_DEV_MODE": "1",
     }
@@ -161,8 +163,9 @@ def compare(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
                 keyed.setdefault(key, {"empty": [], "scale": []})[side].append(run)
     rows = []
     for (workload, flavour, clients), sides in sorted(keyed.items()):
-        empty, scale = _median(sides, "empty", "ops_per_s"), _median(
-            sides, "scale", "ops_per_s"
+        empty, scale = (
+            _median(sides, "empty", "ops_per_s"),
+            _median(sides, "scale", "ops_per_s"),
         )
         rows.append({
             "workload": workload, "flavour": flavour, "clients": clients,

@@ -234,7 +234,7 @@ def serve(*, workers: int, log_path: Path) -> Iterator[str]:
     }
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "portal.wsgi:application",
+            [sys.executable, "-m", "gunicorn", "config.wsgi:application",
              "-b", f"127.0.0.1:{port}", "--workers", str(workers),
              "--no-control-socket"],
             cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log,
@@ -266,7 +266,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--base-url", default="")
     args = parser.parse_args(argv)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     os.environ.setdefault("PORTAL_DEV_MODE", "1")
     import django
 

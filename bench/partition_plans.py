@@ -37,7 +37,7 @@ def main() -> int:
     parser.add_argument("--events-per-month", type=int, default=20000)
     args = parser.parse_args()
     recreate_database(args.database_url)
-    os.environ["DJANGO_SETTINGS_MODULE"] = "portal.settings"
+    os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings"
     os.environ.setdefault("PORTAL_DEV_MODE", "1")
     os.environ["DATABASE_URL"] = args.database_url
     import django

@@ -383,9 +383,7 @@ def run_side_benchmarks(args: argparse.Namespace, name: str) -> dict[str, Any]:
         for which in wanted:
             out = Path(folder) / f"{which}.json"
             database = f"{name}_{which}"
-            url = urllib.parse.urlsplit(args.database_url)._replace(
-                path=f"/{database}"
-            )
+            url = urllib.parse.urlsplit(args.database_url)._replace(path=f"/{database}")
             if which == "rest":
                 command = [
                     "bench/api.py", "--workloads", "reservation",
@@ -568,8 +566,11 @@ def _side_section(meta: dict[str, Any]) -> str:
             " load comes from writer processes, several events per commit)"
         )
     return (
-        "\nThe issue's other rows, in the same run: " + "; ".join(parts) + ".\n\n"
-        + side_table(figures) + "\n"
+        "\nThe issue's other rows, in the same run: "
+        + "; ".join(parts)
+        + ".\n\n"
+        + side_table(figures)
+        + "\n"
     )
 
 
@@ -590,7 +591,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "lifecycle" in args.workload_list:
         peer_urls["dbos"] = setup_dbos(_recreate(admin_url, f"{name}_dbos"))
 
-    os.environ["DJANGO_SETTINGS_MODULE"] = "portal.settings"
+    os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings"
     os.environ.setdefault("PORTAL_DEV_MODE", "1")
     os.environ["DATABASE_URL"] = app_url
     import django

@@ -207,7 +207,7 @@ def main() -> int:
     if args.profile not in flavours:
         parser.error(f"--profile must be one of {flavours}")
     app_url = recreate_database(args.database_url)
-    os.environ["DJANGO_SETTINGS_MODULE"] = "portal.settings"
+    os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings"
     os.environ.setdefault("PORTAL_DEV_MODE", "1")  # benchmarks run the dev setup
     os.environ["DATABASE_URL"] = app_url
     import django

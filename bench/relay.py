@@ -112,7 +112,7 @@ def setup_django(database_url: str, broker_url: str, exchange: str) -> None:
     os.environ["DATABASE_URL"] = database_url
     os.environ["PORTAL_EVENTS_BROKER_URL"] = broker_url
     os.environ["PORTAL_EVENTS_EXCHANGE"] = exchange
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     os.environ.setdefault("PORTAL_DEV_MODE", "1")  # benchmarks run the dev setup
     import django
 

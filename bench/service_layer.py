@@ -185,7 +185,7 @@ def migrate(database_url: str, *, owner_url: str = "") -> None:
             **os.environ,
             "DATABASE_URL": database_url,
             "DATABASE_OWNER_URL": owner_url,
-            "DJANGO_SETTINGS_MODULE": "portal.settings",
+            "DJANGO_SETTINGS_MODULE": "config.settings",
             "PORTAL_NO_BOOTSTRAP": "1",
             "PORTAL_DEV_MODE": "1",
         },
@@ -423,7 +423,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.database_url = recreate_database(args.database_url, keep_rows=args.reuse)
     say(f"bench: the services connect as {args.database_url.split('@')[0]}")
 
-    os.environ["DJANGO_SETTINGS_MODULE"] = "portal.settings"
+    os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings"
     os.environ.setdefault("PORTAL_DEV_MODE", "1")  # benchmarks run the dev setup
     os.environ["DATABASE_URL"] = args.database_url
     import django

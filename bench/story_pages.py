@@ -20,7 +20,7 @@ import time
 
 import django
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 os.environ.setdefault("PORTAL_DEV_MODE", "1")  # benchmarks run the dev setup
 django.setup()
 

@@ -63,7 +63,7 @@ def worker_main(
     database_url: str,
 ) -> None:
     """Serve runs from the coordinator until it sends ``None``."""
-    os.environ["DJANGO_SETTINGS_MODULE"] = "portal.settings"
+    os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings"
     os.environ.setdefault("PORTAL_DEV_MODE", "1")  # benchmarks run the dev setup
     os.environ["DATABASE_URL"] = database_url
     import django

@@ -57,7 +57,7 @@ class PortalAdminSite(admin.AdminSite):
     def workers_view(self, request: HttpRequest) -> HttpResponse:
         """Workers, the jobs' queue and beat for an operator (a superuser); the
         outbox of their own tenants for a tenant administrator; 403 for others."""
-        from portal.celery import app as celery_app
+        from portal.jobs import celery_app
 
         from .admin.base import tenant_ids
 
@@ -73,7 +73,7 @@ class PortalAdminSite(admin.AdminSite):
             return dashboard.outbox_health(tenants=tenants)
 
         page = workers.workers_page_get(
-            operator=operator, outbox=outbox, app=celery_app
+            operator=operator, outbox=outbox, app=celery_app()
         )
         context = {
             **self.each_context(request),

@@ -42,8 +42,8 @@ from django.core.management import call_command
 from django.core.management.base import OutputWrapper
 from django.db import connections
 
+from config.management.commands.seed_demo import USERS, seed, ticketdesk_keys_path
 from portal import db_roles
-from portal.management.commands.seed_demo import USERS, seed, ticketdesk_keys_path
 
 from . import embedded_db
 
@@ -413,7 +413,7 @@ class Up:
         env.setdefault("DJANGO_DEBUG", "1")
         env["PYTHONUNBUFFERED"] = "1"  # logs appear as they happen
         level = children_log_level()
-        env["PORTAL_LOG_LEVEL"] = level  # portal/settings.py's root logger
+        env["PORTAL_LOG_LEVEL"] = level  # config/settings.py's root logger
         # The access log and Celery's start-up banner only when logs are verbose.
         access_log = ["--access-logfile", "-"] if _verbose(level) else []
         quiet = [] if _verbose(level) else ["--quiet"]
@@ -427,7 +427,7 @@ class Up:
             env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
         commands = {
             "web server": [
-                "gunicorn", "portal.wsgi:application", "-b", f"127.0.0.1:{port}",
+                "gunicorn", "config.wsgi:application", "-b", f"127.0.0.1:{port}",
                 "--config", str(Path(settings.BASE_DIR) / "gunicorn.conf.py"),
                 "--workers", "2", "--graceful-timeout", "10", *access_log,
                 "--log-level", level.lower(),
@@ -445,11 +445,11 @@ class Up:
             if not settings.PRODUCTION and "PORTAL_AUDIT_WITNESSES" not in env:
                 env["PORTAL_AUDIT_WITNESSES"] = self._start_witness(children, env=env)
             commands["Celery worker"] = [
-                "celery", *quiet, "-A", "portal", "worker",
+                "celery", *quiet, "-A", "config", "worker",
                 f"--loglevel={level}", "--concurrency=2",
             ]  # fmt: skip
             commands["Celery beat"] = [
-                "celery", *quiet, "-A", "portal", "beat", f"--loglevel={level}",
+                "celery", *quiet, "-A", "config", "beat", f"--loglevel={level}",
                 "--schedule", str(var_dir / "celerybeat-schedule"),
             ]  # fmt: skip
         for name, command in commands.items():

@@ -14,7 +14,7 @@ from starlette.applications import Starlette
 
 def application() -> Starlette:
     """The app (uvicorn ``factory=True``): Django set up, then ``server.http_app``."""
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     import django
 
     django.setup()

@@ -1,3 +1,5 @@
-"""The Django project: settings, URLs, the Celery app, tenancy and identity."""
+"""Tenancy and identity (tenants, agents, keys, grants, memberships) and the plumbing
+every app builds on: the ground floor, which imports no other app; the wiring above
+the apps is in ``config/``."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The last run of each Celery job, recorded by the worker that ran it.
 
-``ScopedTask.__call__`` (portal/celery.py) calls :func:`job_run_record` when a job
+``ScopedTask.__call__`` (config/celery.py) calls :func:`job_run_record` when a job
 returns or raises, on the job's own database connection (Celery's Django fixup
 closes it before and after each job, so a write after the job would open another).
 One upsert of ``portal_jobrun``. A job that runs many times a second (the outbox

@@ -2,10 +2,10 @@
 
 Each counter has one caller, the single code path of its event (docs/observability.md,
 "Metrics"): the gateway's ``checks.checked`` (verdicts), the lease reaper
-(``tasks.services.unscoped_leases_reap``), the Celery signals in ``portal.celery``
+(``tasks.services.unscoped_leases_reap``), the Celery signals in ``config.celery``
 (job outcomes) and ``HttpMetricsMiddleware`` (request latency). What the database
 knows (tasks by state, the takeover queue, the outbox) is read when ``/metrics`` is
-scraped (``portal.metrics_views``), never counted here.
+scraped (``config.metrics_views``), never counted here.
 
 Multiprocess: with ``PROMETHEUS_MULTIPROC_DIR`` set before this module is imported
 (``gunicorn.conf.py`` sets it for its workers; the Celery worker gets it from its

@@ -10,7 +10,7 @@ into the problem document of its status and keeps its headers (``Allow``,
 It also refuses, before any view or query runs, a path or query string that
 carries a NUL character, which PostgreSQL cannot store or compare.
 
-``ProblemGuard`` wraps the WSGI application itself (``portal/wsgi.py``): it answers
+``ProblemGuard`` wraps the WSGI application itself (``config/wsgi.py``): it answers
 what would break Django before its middleware runs, and rewrites an error answer
 under ``/api/`` that some middleware outside ``ApiProblemMiddleware`` wrote (the
 OpenTelemetry middleware, which Django's instrumentation puts first, reads the

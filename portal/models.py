@@ -362,7 +362,7 @@ class JobRun(models.Model):
     """The last run of each Celery job, whoever started it (beat, a nudge, a test).
 
     One row per job name, moved by one upsert at the end of the job in the worker
-    that ran it (``portal.celery.ScopedTask``, ``portal.jobruns``): the workers page
+    that ran it (``config.celery.ScopedTask``, ``portal.jobruns``): the workers page
     (console/workers.py) reads from it when beat's jobs last ran and how. Not a
     tenant's row: a job serves every tenant. A row is at most a second old per
     worker process for a job that runs more often (a failure is always written).

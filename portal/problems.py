@@ -3,7 +3,7 @@
 Plain Python on purpose (no Django, no DRF): the DRF exception handler
 (``portal.api``), the middleware that catches what Django answers itself
 (``portal.middleware``) and the gunicorn worker that answers before Django runs
-(``portal.gunicorn_worker``) all build their bodies here.
+(``config.gunicorn_worker``) all build their bodies here.
 """
 
 from __future__ import annotations

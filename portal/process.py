@@ -1,7 +1,7 @@
 """Which kind of process this is, where that decides what it may hold.
 
 The web server faces the internet, so it holds no audit signing key
-(docs/audit-integrity.md, "The signing key"): ``portal/wsgi.py`` marks its process
+(docs/audit-integrity.md, "The signing key"): ``config/wsgi.py`` marks its process
 as the web before Django is set up, and the signer (``audit.checkpoints``) refuses
 to load the key in a process so marked. Every other process (Celery workers and
 beat, management commands, tests) is unmarked.
@@ -19,5 +19,5 @@ def mark_web() -> None:
 
 
 def is_web() -> bool:
-    """Whether ``portal/wsgi.py`` marked this process as the web server."""
+    """Whether ``config/wsgi.py`` marked this process as the web server."""
     return _web

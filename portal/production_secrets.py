@@ -1,6 +1,6 @@
 """Production refuses to start on a missing, placeholder or short secret.
 
-``portal/settings.py`` calls ``secrets_refuse_weak`` when the settings are
+``config/settings.py`` calls ``secrets_refuse_weak`` when the settings are
 production's. deploy/portal.env.example ships ``change-me`` in every secret; a
 deployment that forgets one must not start with it (a known ``DJANGO_SECRET_KEY``
 forges sessions, a known ``PORTAL_REDACTION_SECRET`` makes the stored e-mail and
@@ -139,7 +139,7 @@ def secrets_refuse_weak(environ: Mapping[str, str], *, web: bool) -> None:
     silent fallback to the secret key in production) are required; the metrics
     token is checked when set. The audit keys must be real Ed25519 PEM: the private
     key where it is configured (the Celery worker), the public key file everywhere
-    it is set and in the web always. The web (``web``: ``portal/wsgi.py`` marked the
+    it is set and in the web always. The web (``web``: ``config/wsgi.py`` marked the
     process) must not be given the private key at all. The passwords in the
     database, broker and Redis URLs must not be placeholders.
 

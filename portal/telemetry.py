@@ -1,9 +1,9 @@
 """OpenTelemetry: the tracer provider and the instrumentations, once per process.
 
-``setup`` is called where a process starts serving: the web server (``portal/wsgi.py``
+``setup`` is called where a process starts serving: the web server (``config/wsgi.py``
 when a gunicorn worker loads the application, and gunicorn's ``post_fork`` hook in
 ``gunicorn.conf.py``), each Celery worker process (``worker_process_init``, or
-``worker_init`` for a pool that does not fork; ``portal/celery.py``), and management
+``worker_init`` for a pool that does not fork; ``config/celery.py``), and management
 commands (``manage.py``). It is idempotent within a process.
 
 The SDK's tracer provider is always installed, so every request, job and gateway

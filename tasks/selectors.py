@@ -136,7 +136,7 @@ def contract_list(*, tenant: Tenant, key: str | None = None) -> QuerySet[Contrac
 
 
 # --- Monitoring, across tenants (docs/observability.md, "Metrics") ------------------
-# Read by /metrics when it is scraped (portal/metrics_views.py); each is one cheap
+# Read by /metrics when it is scraped (config/metrics_views.py); each is one cheap
 # statement. They read ``tasks_task`` across tenants: once that table has row-level
 # security, each becomes a call to a SECURITY DEFINER function returning the same
 # aggregate (docs/database-roles.md).

@@ -70,7 +70,7 @@ def test_the_web_process_serves_the_public_key_from_its_file_alone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # given a key pair whose private half this process is not given, and the
-    # process marked as the web server (portal/wsgi.py does so)
+    # process marked as the web server (config/wsgi.py does so)
     private = Ed25519PrivateKey.generate()
     public_file = tmp_path / "audit-public-key.pem"
     public_file.write_text(checkpoints.public_key_pem(private.public_key()))

@@ -1,6 +1,6 @@
 """BOLA matrix: every endpoint x another tenant's ids answers exactly like a missing id.
 
-Routes are read from ``portal.urls.api_v1``, so a new endpoint is covered (or this test
+Routes are read from ``config.urls.api_v1``, so a new endpoint is covered (or this test
 fails asking for its request body). For each route and method the answer to another
 tenant's id must equal the answer to a random id (status, code, detail, field names),
 and the other tenant's rows must be unchanged to the byte.
@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from config.urls import api_v1
 from portal.models import Role
-from portal.urls import api_v1
 from tasks import services as task_services
 from tasks.models import Approval, ApprovalState
 from tests.support.contracts import SPEC

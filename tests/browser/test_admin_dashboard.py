@@ -11,9 +11,9 @@ from django.contrib.auth.models import User
 from django.db import connection
 
 from audit.models import Event, EventCode, Outbox, OutboxState
+from config.management.commands.seed_demo import seed
 from portal.codes import ReasonCode
 from portal.db import db_now
-from portal.management.commands.seed_demo import seed
 from portal.models import Tenant
 from tasks.models import TaskState
 from tests.browser.conftest import log_in

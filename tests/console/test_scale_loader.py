@@ -17,8 +17,8 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import ProgrammingError, connection, transaction
 
+from config.management.commands import load_scale_data
 from portal import scope
-from portal.management.commands import load_scale_data
 from portal.models import Tenant, TenantPerm
 from tasks.hashing import input_hash
 from tasks.models import Operation, Task

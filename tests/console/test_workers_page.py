@@ -26,7 +26,7 @@ URL = "/admin/workers/"
 @pytest.fixture
 def dead_broker() -> Iterator[str]:
     """The Celery app pointed at a port that refuses every connection."""
-    from portal.celery import app
+    from config.celery import app
 
     saved = (app.conf.broker_url, app.conf.task_default_queue)
     with closed_port() as port:
@@ -139,7 +139,7 @@ def test_a_hung_broker_ask_is_cut_at_the_deadline():
 
 
 def test_a_job_records_its_last_run_and_a_failure_with_its_error(db):
-    from portal.celery import app
+    from config.celery import app
 
     @app.task(name="tests.console.failing_job", bind=False)
     def failing_job() -> None:

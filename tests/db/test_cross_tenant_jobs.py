@@ -1,7 +1,7 @@
 """Work that spans tenants still serves every tenant under row-level security.
 
 Each job runs as it does in production: from no scope at all (a Celery job starts
-with none, ``portal.celery.ScopedTask``). It learns which tenants have work from a
+with none, ``config.celery.ScopedTask``). It learns which tenants have work from a
 discovery function and works in exactly those (docs/database-roles.md, "Work across
 tenants"), so two tenants' work goes in one run.
 """
@@ -44,9 +44,9 @@ def test_the_reaper_takes_back_two_tenants_lapsed_leases_in_one_run(
     with scope.unit_of_work():
         assert jobs.reap_leases_job() == 2
         assert scope.current() is None
-    assert set(Task.objects.filter(pk__in=[a.pk, b.pk]).values_list("state", flat=True)) == {
-        "pending"
-    }
+    assert set(
+        Task.objects.filter(pk__in=[a.pk, b.pk]).values_list("state", flat=True)
+    ) == {"pending"}
     assert Event.objects.filter(code=EventCode.TASK_LEASE_EXPIRED).count() == 2
 
 

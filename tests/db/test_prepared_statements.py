@@ -1,7 +1,7 @@
 """Prepared statements are on at runtime, not only in the settings.
 
 Django 5.2 hands psycopg ``prepare_threshold=None`` (never prepare) unless the
-database OPTIONS name it, so the settings must (portal/settings.py). These tests look
+database OPTIONS name it, so the settings must (config/settings.py). These tests look
 at the live connection and at the server's ``pg_prepared_statements`` of its backend.
 """
 
@@ -12,7 +12,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 
-from portal import settings as portal_settings
+from config import settings as portal_settings
 from tasks import services
 from tasks.models import TaskState
 

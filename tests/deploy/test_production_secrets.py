@@ -2,7 +2,7 @@
 
 Each case starts a fresh interpreter with deploy/portal.env.example's variables
 filled with good values, then one of them spoiled, and sets Django up as every
-process does (``django.setup()``; the web server's as ``portal/wsgi.py`` does).
+process does (``django.setup()``; the web server's as ``config/wsgi.py`` does).
 Refused means a non-zero exit whose ``ImproperlyConfigured`` names the variable.
 """
 
@@ -21,13 +21,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from portal.production_secrets import URLS_WITH_PASSWORDS
 from tests.deploy import units
 
-# As manage.py and the Celery app (portal/celery.py) name the settings first.
+# As manage.py and the Celery app (config/celery.py) name the settings first.
 SETUP = (
-    "import os; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'portal.settings'); "
+    "import os; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'config.settings'); "
     "import django; django.setup()"
 )
-WEB = "import portal.wsgi"
-# Django's development default (portal/settings.py), which contains "insecure".
+WEB = "import config.wsgi"
+# Django's development default (config/settings.py), which contains "insecure".
 DEVELOPMENT_KEY = "django-insecure-development-only-key-never-use-in-production"
 
 

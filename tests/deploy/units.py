@@ -74,9 +74,9 @@ def environment_template() -> tuple[dict[str, str], dict[str, str]]:
 
 
 def settings_variables() -> set[str]:
-    """Every environment variable portal/settings.py and gunicorn.conf.py read."""
+    """Every environment variable config/settings.py and gunicorn.conf.py read."""
     names: set[str] = set()
-    for path in (REPO / "portal" / "settings.py", REPO / "gunicorn.conf.py"):
+    for path in (REPO / "config" / "settings.py", REPO / "gunicorn.conf.py"):
         text = path.read_text()
         names |= set(re.findall(r"os\.environ(?:\.get)?\(\s*\"([A-Z0-9_]+)\"", text))
         names |= set(re.findall(r"os\.environ\[\"([A-Z0-9_]+)\"\]", text))

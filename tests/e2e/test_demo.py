@@ -21,7 +21,7 @@ import psutil
 import psycopg
 import pytest
 
-from portal.management.commands.seed_demo import USERS
+from config.management.commands.seed_demo import USERS
 from portal.models import Role
 from tests.support.net import free_port
 from tests.support.otlp import Receiver, Span, otlp_receiver

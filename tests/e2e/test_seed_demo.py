@@ -12,8 +12,8 @@ import pytest
 from django.core.management import call_command
 from rest_framework.test import APIClient
 
+from config.management.commands.seed_demo import seed as seed_function
 from launcher.up import use_ticketdesk_port
-from portal.management.commands.seed_demo import seed as seed_function
 from portal.models import AgentGrant, AgentKey, Tenant
 from portal.selectors import agent_key_authenticate
 from tasks import outbound

@@ -217,7 +217,7 @@ def make_workers(
     env.update(
         CELERY_BROKER_URL=amqp_url,
         DATABASE_URL=database_url(),
-        DJANGO_SETTINGS_MODULE="portal.settings",
+        DJANGO_SETTINGS_MODULE="config.settings",
         PORTAL_EXECUTION_DEADLINE_S=str(EXECUTION_DEADLINE_S),
         PORTAL_LOG_LEVEL="INFO",
         PYTHONUNBUFFERED="1",

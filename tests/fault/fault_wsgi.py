@@ -1,4 +1,4 @@
-"""``portal.wsgi`` with one armed fault at a named point of the agent API.
+"""``config.wsgi`` with one armed fault at a named point of the agent API.
 
 The points are ``portal.api.FAULT_POINTS`` (the service has committed; the answer is
 not stored yet, or not sent yet). A test arms one by writing ``{"point", "action"}``
@@ -21,7 +21,7 @@ import json
 import os
 from pathlib import Path
 
-from portal.wsgi import application  # isort: skip  (sets Django up first)
+from config.wsgi import application  # isort: skip  (sets Django up first)
 
 from django.db import DatabaseError, connection
 

@@ -1,6 +1,6 @@
 """The fault tier's machinery: real Celery workers, a SIGKILL nemesis, the checks.
 
-Nothing here is a mock. Workers are ``celery -A portal worker`` processes on the
+Nothing here is a mock. Workers are ``celery -A config worker`` processes on the
 machine's RabbitMQ and the test database; the nemesis sends real SIGKILLs to pool
 children and worker main processes; the checks read the database and the ticket
 desk's own ledger.
@@ -168,7 +168,7 @@ class WorkerPool:
 
     def command(self, slot: Slot) -> list[str]:
         return [
-            sys.executable, "-m", "celery", "-A", "portal", "worker",
+            sys.executable, "-m", "celery", "-A", "config", "worker",
             "--pool", "prefork", "--concurrency", str(self.concurrency),
             "-Q", self.queue, "--without-gossip", "--without-mingle",
             "--without-heartbeat", "-n", f"{slot.name}@%h", "-l", "INFO",

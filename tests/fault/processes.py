@@ -117,7 +117,7 @@ def start_child(
     env = dict(os.environ)
     env.update(
         DATABASE_URL=database_url(),
-        DJANGO_SETTINGS_MODULE="portal.settings",
+        DJANGO_SETTINGS_MODULE="config.settings",
         PORTAL_EXECUTION_DEADLINE_S=str(EXECUTION_DEADLINE_S),
         PORTAL_NO_BOOTSTRAP="1",
         PYTHONUNBUFFERED="1",

@@ -21,8 +21,8 @@ from typing import Any
 from django.db import connection
 from kombu import Connection
 
+from config.celery import app
 from portal import scope
-from portal.celery import app
 from tasks.jobs import check_receipts_job, run_operation_job
 
 from .conftest import Planned, World

@@ -1,7 +1,7 @@
 """R08: an ambiguous commit, retried with the same Idempotency-Key, has one effect.
 
 A real gunicorn (one worker) serves the agent API through ``tests/fault/fault_wsgi.py``:
-``portal.wsgi`` with one armed fault at a named point of ``AgentApi`` after the
+``config.wsgi`` with one armed fault at a named point of ``AgentApi`` after the
 service's transaction committed (``portal.api.FAULT_POINTS``): before the answer is
 stored under the key, or after it is stored and before it is sent. The request is
 parked there on an advisory lock the test holds, and the test then makes it raise,

@@ -249,7 +249,7 @@ def _run_on_a_celery_worker(operation_id: str, timeout: float = 60) -> None:
     queued execution's job, the relay nudges) until the operation is settled."""
     from celery.contrib.testing.worker import start_worker
 
-    from portal.celery import app
+    from config.celery import app
 
     conf: Any = app.conf
     hijack = conf.worker_hijack_root_logger

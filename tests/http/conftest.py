@@ -56,7 +56,7 @@ def start(
     workers: int = 2,
     extra_args: tuple[str, ...] = (),
     wait_path: str = "/api/v1/",
-    app: str = "portal.wsgi:application",
+    app: str = "config.wsgi:application",
 ) -> Server:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SECRET_KEY"}
@@ -196,7 +196,7 @@ _PARAM = re.compile(r"<(?:(?P<converter>\w+):)?(?P<name>\w+)>")
 
 def api_routes() -> list[str]:
     """Every route of the URL conf under /api/, as a pattern (``<uuid:task_id>``)."""
-    from portal.urls import urlpatterns
+    from config.urls import urlpatterns
 
     return [
         "/" + str(p.pattern)

@@ -132,7 +132,7 @@ class Worker:
     lines: list[str]
 
     def send(self, amqp_url: str, name: str, **kwargs: Any) -> None:
-        from portal.celery import app
+        from config.celery import app
 
         with app.connection_for_write(amqp_url) as broker:
             app.send_task(name, kwargs=kwargs, queue=self.queue, connection=broker)
@@ -377,7 +377,7 @@ def test_a_retried_and_a_revoked_job_are_counted(
     """The two outcomes no plain job reaches: ``retry`` (a job that retries itself
     on a database error, ``run_operation_job``'s ``autoretry_for``) and ``revoked``
     (a job revoked before a worker took it; counted by the worker's main process)."""
-    from portal.celery import app
+    from config.celery import app
 
     run = "tasks.jobs.run_operation_job"
     outcome = "portal_celery_job_outcomes_total"

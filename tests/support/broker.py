@@ -335,7 +335,7 @@ def celery_test_queue(amqp_url: str) -> Iterator[str]:
     listens; the queue is deleted afterwards.
     """
     from audit import relay
-    from portal.celery import app
+    from config.celery import app
 
     name = f"celery-test-{uuid.uuid4().hex[:10]}"
     saved = (app.conf.broker_url, app.conf.task_default_queue)
@@ -349,7 +349,7 @@ def celery_test_queue(amqp_url: str) -> Iterator[str]:
 
 def redirect_celery(*, broker_url: str, queue: str) -> None:
     """Re-point the Celery app; its cached producers and queues are rebuilt lazily."""
-    from portal.celery import app
+    from config.celery import app
 
     conf: Any = app.conf
     conf.broker_url = broker_url

@@ -1,6 +1,6 @@
 """A real Celery worker as a child process, for tests that need one.
 
-Started with ``python -m celery -A portal worker`` in the repository, its output
+Started with ``python -m celery -A config worker`` in the repository, its output
 read line by line on a thread (``lines``), and handed over only once it printed
 ``ready.``; stopped with SIGTERM (then SIGKILL after 30 s) when the block ends.
 The chaos tier's pool of many workers is ``tests/fault/harness.WorkerPool``.
@@ -43,7 +43,7 @@ def celery_worker_running(
     """A worker consuming ``queue`` with ``env`` (the whole environment) until the
     block ends; fails the test when it is not ready within ``ready_s``."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "portal", "worker", *pool,
+        [sys.executable, "-m", "celery", "-A", "config", "worker", *pool,
          "-Q", queue, "--loglevel", "INFO", "--without-mingle", "--without-gossip",
          "--hostname", f"{name}-{uuid.uuid4().hex[:6]}@%h"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -35,7 +35,7 @@ def main() -> None:
 
     print(json.dumps({"clock": time.time()}))
     sys.stdout.flush()
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     import django
 
     django.setup()

@@ -138,7 +138,7 @@ def subprocess_env(*, amqp_url: str, exchange: str, **extra: str) -> dict[str, s
         PORTAL_EVENTS_BROKER_URL=amqp_url,
         PORTAL_EVENTS_EXCHANGE=exchange,
         PYTHONUNBUFFERED="1",
-        DJANGO_SETTINGS_MODULE="portal.settings",
+        DJANGO_SETTINGS_MODULE="config.settings",
     )
     env.update(extra)
     return env

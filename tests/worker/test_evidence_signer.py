@@ -1,7 +1,7 @@
 """The web server exports evidence without the signing key: a real Celery worker,
 which alone holds the key, signs the checkpoint the bundle needs.
 
-This test process plays the web (marked as ``portal/wsgi.py`` marks gunicorn's
+This test process plays the web (marked as ``config/wsgi.py`` marks gunicorn's
 workers) and answers the export through the real API view; the worker is a real
 ``celery worker`` process on RabbitMQ with the test database and a key file the
 test process is never given.

@@ -519,7 +519,7 @@ def test_nudge_with_the_broker_down_never_raises_nor_blocks_the_commit(
 
 def test_relay_job_is_registered_and_scheduled() -> None:
     """Beat runs the relay job every few seconds; the name resolves to the job."""
-    from portal.celery import app
+    from config.celery import app
 
     app.loader.import_default_modules()
     schedule = settings.CELERY_BEAT_SCHEDULE["relay-outbox"]

@@ -18,7 +18,7 @@ import django
 
 
 def main(tenant_id: str, count: int) -> int:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     django.setup()
     from django.db import transaction
 

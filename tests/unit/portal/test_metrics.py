@@ -13,8 +13,8 @@ from django.test import Client
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
+from config.metrics_views import token_matches
 from portal import metrics
-from portal.metrics_views import token_matches
 
 pytestmark = pytest.mark.django_db
 

@@ -29,7 +29,7 @@ for alias in settings.CACHES:
 
 
 def test_every_configured_cache_works_with_redis_url_set():
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "portal.settings"}
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings"}
     env.update(
         PORTAL_DEV_MODE="1",
         PORTAL_NO_BOOTSTRAP="1",
@@ -53,5 +53,5 @@ def test_every_configured_cache_works_with_redis_url_set():
 
 def test_no_document_offers_redis_url():
     repo = Path(settings.BASE_DIR)
-    for path in ("README.md", "deploy/portal.env.example", "portal/settings.py"):
+    for path in ("README.md", "deploy/portal.env.example", "config/settings.py"):
         assert "REDIS_URL" not in (repo / path).read_text(), path

@@ -24,7 +24,7 @@ def _env(**overrides: str) -> dict[str, str]:
         if key not in ("DJANGO_SECRET_KEY", "PORTAL_DEV_MODE", "DJANGO_DEBUG")
     }
     env.update(
-        DJANGO_SETTINGS_MODULE="portal.settings", PORTAL_NO_BOOTSTRAP="1", **overrides
+        DJANGO_SETTINGS_MODULE="config.settings", PORTAL_NO_BOOTSTRAP="1", **overrides
     )
     return env
 

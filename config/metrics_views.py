@@ -16,7 +16,7 @@ metric family                        function
 Each reads the tenants in scope; a scrape is the operator's view of the whole
 portal, so it reads in the scope of every tenant (``portal.scope.every_tenant``).
 
-Wiring above the apps (like ``portal.urls``): it imports ``tasks`` and ``audit``.
+Wiring above the apps (like ``config.urls``): it imports ``tasks`` and ``audit``.
 docs/observability.md, "Metrics", lists every metric and says how to scrape.
 """
 
@@ -39,10 +39,9 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from audit import relay
+from portal import scope
+from portal.problems import PROBLEM_CONTENT_TYPE, encode, status_problem
 from tasks import selectors as task_selectors
-
-from . import scope
-from .problems import PROBLEM_CONTENT_TYPE, encode, status_problem
 
 logger = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from gunicorn.http import errors
 from gunicorn.http.wsgi import Response, default_environ
 from gunicorn.workers.sync import SyncWorker
 
-from .problems import PROBLEM_CONTENT_TYPE, encode, status_problem
+from portal.problems import PROBLEM_CONTENT_TYPE, encode, status_problem
 
 # How much of an unread request body the worker reads away after answering, and for
 # how long (a sync worker serves no one else meanwhile). Past either, it closes

@@ -50,7 +50,7 @@ if "DJANGO_SECRET_KEY" not in os.environ and not DEV_MODE:
 PRODUCTION = not DEBUG and "DJANGO_SECRET_KEY" in os.environ
 if PRODUCTION:
     # No placeholder, short or missing secret, no signing key in the web server
-    # (portal/production_secrets.py; portal/wsgi.py marks the web's process).
+    # (portal/production_secrets.py; config/wsgi.py marks the web's process).
     production_secrets.secrets_refuse_weak(os.environ, web=process.is_web())
 
 # Development runs get a fixed, clearly insecure key; production must bring its own.
@@ -82,6 +82,7 @@ INSTALLED_APPS = [
     "audit",
     "tenant_deletion",  # above the apps: its migration holds the operator's purge
     "mcp_server",  # above the apps: the MCP server's `manage.py mcp` (docs/mcp.md)
+    "config",  # the wiring above every app: the commands that span apps (up, test, ...)
 ]
 
 MIDDLEWARE = [
@@ -106,8 +107,8 @@ MIDDLEWARE = [
     "axes.middleware.AxesMiddleware",
 ]
 
-ROOT_URLCONF = "portal.urls"
-WSGI_APPLICATION = "portal.wsgi.application"
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
 
 TEMPLATES = [
     {
@@ -419,7 +420,7 @@ PORTAL_EVENTS_EXCHANGE = os.environ.get("PORTAL_EVENTS_EXCHANGE", "portal.events
 # A commit that wrote an outbox row nudges a relay run at once (coalesced), through
 # this Celery app (the relay is handed it by name, as WSGI_APPLICATION names the web's).
 PORTAL_RELAY_NUDGE = _env_bool("PORTAL_RELAY_NUDGE", default=True)
-PORTAL_CELERY_APP = "portal.celery.app"
+PORTAL_CELERY_APP = "config.celery.app"
 # 200: one relay drained 3,015 rows/s (median of three) with batches of 200 against
 # 2,498 with 50, interleaved on a quiet machine (bench/relay.py --batch, 2026-12-02):
 # fewer passes, each with its claim, waves and marks.
@@ -535,7 +536,7 @@ LOGGING: dict[str, Any] = {
         "json": {
             "()": "portal.logs.JsonFormatter",
             "format": "%(asctime)s %(levelname)s %(name)s %(message)s",
-            # By dotted path: portal does not import audit (tests/unit/test_layering).
+            # By dotted path: loaded when logging is configured, after the apps.
             "redactor": "audit.redaction.redact",
         },
     },

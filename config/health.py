@@ -18,7 +18,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_safe
 
-from .problems import PROBLEM_CONTENT_TYPE, encode, problem_body
+from portal.problems import PROBLEM_CONTENT_TYPE, encode, problem_body
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ def database_reachable() -> None:
 
 def broker_reachable() -> None:
     """Open (and close) a connection to the Celery broker, no retries."""
-    from portal.celery import app
+    from config.celery import app
 
     with app.connection_for_write(connect_timeout=BROKER_CONNECT_TIMEOUT_S) as broker:
         broker.ensure_connection(max_retries=0)

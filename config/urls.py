@@ -14,10 +14,10 @@ from drf_spectacular.views import (
 )
 
 from audit.api import AuditPublicKeyApi
+from config import health
+from config.api_root import ApiRootApi
+from config.metrics_views import metrics_view
 from limits import api as limits_api
-from portal import health
-from portal.api_root import ApiRootApi
-from portal.metrics_views import metrics_view
 from tasks.api import agent as agent_api
 from tasks.api import evidence as evidence_api
 from tasks.api import staff as staff_api

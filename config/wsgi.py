@@ -11,7 +11,7 @@ from portal.middleware import ProblemGuard
 # the audit signing key (portal/process.py); production settings refuse a web whose
 # environment names one.
 process.mark_web()
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 # Before the handler is built: the Django instrumentation adds its middleware.
 telemetry.setup("portal-web")
 # ProblemGuard answers what would break Django before its middleware runs.

@@ -8,7 +8,7 @@ from typing import Any
 from celery import Celery, Task, signals
 from celery.signals import beat_init, setup_logging, worker_init, worker_process_init
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 
 class ScopedTask(Task):
