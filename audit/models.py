@@ -92,6 +92,8 @@ class EventCode(models.TextChoices):
     APPROVAL_EXPIRED = "approval.expired"
     APPROVAL_CONSUMED = "approval.consumed"
     APPROVAL_SUPERSEDED = "approval.superseded"
+    # A person's comment on a desk item (console/takeover_desk/comments.py).
+    TASK_COMMENTED = "task.commented"
 
 
 class Event(models.Model):

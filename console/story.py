@@ -9,6 +9,7 @@ then at most two for the actors' names.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -35,6 +36,7 @@ from .display import (
     trace_link,
     when,
 )
+from .takeover_desk.comments import desk_comment_texts
 
 EVENT_LIMIT: Final = 500
 
@@ -85,6 +87,8 @@ class TaskStory:
     operations: list[OperationStory]
     escalations: list[Escalation]
     names: ActorNames
+    # The desk comments' texts by id, for their ``task.commented`` rows.
+    comments: dict[str, str] = field(default_factory=dict)
 
     @property
     def lease_owner(self) -> str:
@@ -152,14 +156,27 @@ def task_story(*, task: Task, event_limit: int = EVENT_LIMIT) -> TaskStory:
         operations=list(by_operation.values()),
         escalations=escalations,
         names=ActorNames(actors, tenant_ids=[task.tenant_id]),
+        comments=(
+            desk_comment_texts(task=task)
+            if any(e.code == EventCode.TASK_COMMENTED for e in events)
+            else {}
+        ),
     )
 
 
-def event_rows(events: list[Event], names: ActorNames) -> list[dict[str, Any]]:
+def event_rows(
+    events: list[Event],
+    names: ActorNames,
+    comments: Mapping[str, str] | None = None,
+) -> list[dict[str, Any]]:
     """Events as the task's story shows them (admin/console/event_table.html), in
     the order given (oldest first): one row per step, time to the millisecond, how
     long after the step before (``after``), the actor by name, the payload as
     key/value lines. The takeover desk shows a task's events the same way.
+
+    A comment on the desk (``task.commented``) shows its text, from ``comments``
+    (by comment id: ``takeover_desk.comments.desk_comment_texts``), where its
+    event stands; the event itself carries only the id, length and digest.
 
     One call's checks are one row: a check pass is one ``gateway.checked`` event
     (its verdicts summed up in one ``checks`` line, the refusing check's evidence
@@ -204,7 +221,7 @@ def event_rows(events: list[Event], names: ActorNames) -> list[dict[str, Any]]:
                     else ""
                 ),
                 "operation": model_link("tasks.operation", first.operation_id),
-                "payload": _step_lines(step),
+                "payload": _step_lines(step, comments or {}),
                 "trace": trace_link(first.trace_id),
                 "span": format_html("<code>{}</code>", first.span_id)
                 if first.span_id
@@ -241,10 +258,17 @@ def _steps(events: list[Event]) -> list[list[Event]]:
     return steps
 
 
-def _step_lines(step: list[Event]) -> list[tuple[str, str]]:
+def _step_lines(
+    step: list[Event], comments: Mapping[str, str]
+) -> list[tuple[str, str]]:
     """The key/value lines of a step: a check pass's verdicts on one line, then
-    what the refusing check said; any other event's payload as it is."""
+    what the refusing check said; a comment's text; any other event's payload as
+    it is."""
     first = step[0]
+    if first.code == EventCode.TASK_COMMENTED and isinstance(first.payload, dict):
+        text = comments.get(str(first.payload.get("comment_id")))
+        if text is not None:
+            return [("comment", text)]
     if not _is_check(first):
         return list(payload_lines(first.payload))
     entries: list[dict[str, Any]] = []
@@ -300,7 +324,7 @@ def story_context(story: TaskStory) -> dict[str, Any]:
     """The rows the task page renders: links, names and readable payloads."""
     names = story.names
     task = story.task
-    events = event_rows(story.events, names)
+    events = event_rows(story.events, names, story.comments)
     operations = [
         {
             "id": model_link("tasks.operation", item.operation.pk),

@@ -68,7 +68,9 @@ DISCOVERY_FUNCTIONS: Final = (
 # deletion removes it, and a missing policy means the defaults, which an UPDATE could
 # set as well). Only the four retention entry points are executable, never
 # ``audit_event_partition_create`` or ``audit_retention_unguarded``. The discovery
-# functions are the app role's way across tenants (docs/database-roles.md).
+# functions are the app role's way across tenants (docs/database-roles.md). Desk
+# comments are append-only: inserted and read, never changed or deleted (the
+# operator deletes a deleted tenant's, below).
 APP_GRANTS: Final = """
 GRANT USAGE ON SCHEMA public TO {app};
 GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {app};
@@ -79,6 +81,7 @@ REVOKE INSERT, UPDATE, DELETE ON django_migrations, portal_test_clock FROM {app}
 REVOKE UPDATE ON portal_tenant FROM {app};
 GRANT UPDATE (slug, name, frozen_at, frozen_by_id) ON portal_tenant TO {app};
 REVOKE DELETE ON audit_chainhead FROM {app};
+REVOKE UPDATE, DELETE ON console_deskcomment FROM {app};
 REVOKE INSERT, UPDATE, DELETE ON audit_retentionpurge, audit_retentionanchor FROM {app};
 REVOKE INSERT, UPDATE, DELETE ON tenant_deletion_tombstone,
     tenant_deletion_tombstonestamp FROM {app};
@@ -112,6 +115,7 @@ OPERATOR_GRANTS: Final = (
 GRANT UPDATE (events_on_delete) ON portal_tenant TO {app};
 GRANT EXECUTE ON FUNCTION tenant_deletion_purge(uuid) TO {app};
 GRANT INSERT ON tenant_deletion_tombstone, tenant_deletion_tombstonestamp TO {app};
+GRANT DELETE ON console_deskcomment TO {app};
 """
 )
 

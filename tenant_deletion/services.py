@@ -48,6 +48,7 @@ from audit.models import (
     RetentionPurge,
     TreeHead,
 )
+from console.models import DeskComment
 from limits.models import Budget, LimitUsage, RateLimit
 from policies.models import PolicySet
 from portal import db as portal_db
@@ -109,6 +110,7 @@ DELETION_ORDER: Final[tuple[type[Model], ...]] = (
     ApprovalDecision,  # -> approval
     Approval,  # -> operation
     Escalation,  # -> task, operation
+    DeskComment,  # -> task; the operator's DELETE (comments are append-only)
     Notification,  # routing: e-mails and webhook posts, sent or not
     Assignment,  # -> group
     RoutingRule,  # -> group

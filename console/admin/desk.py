@@ -44,9 +44,10 @@ from tasks import keyset, takeover
 from tasks.gateway import FieldValue
 from tasks.models import Escalation, Operation, TaskState
 
-from ..models import TakeoverItem
+from ..models import COMMENT_MAX_CHARS, TakeoverItem
 from ..story import events_of_task_url as story_events_url
 from ..takeover_desk import actions as desk_actions
+from ..takeover_desk import comments as desk_comments
 from ..takeover_desk import evidence as desk_evidence
 from ..takeover_desk import forms as desk_forms
 from ..takeover_desk import names as desk_names
@@ -430,6 +431,7 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
                 resolutions=desk_forms.resolution_choices(task=task),
                 approvable=task.reason_code in takeover.APPROVABLE_REASONS,
                 hand_back_note=desk_forms.HAND_BACK_NOTE,
+                comment_max_chars=COMMENT_MAX_CHARS,
                 edit_help=desk_forms.EDIT_HELP,
                 open_operations=[
                     o.operation
@@ -485,6 +487,11 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
                 "<uuid:task_id>/reassign/",
                 wrap(require_POST(self.reassign_view)),
                 name="{}_{}_reassign".format(*info),
+            ),
+            path(
+                "<uuid:task_id>/comment/",
+                wrap(require_POST(self.comment_view)),
+                name="{}_{}_comment".format(*info),
             ),
             path(
                 "<uuid:task_id>/resolve/",
@@ -621,6 +628,19 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
                 task=task, user=request.user, to=to
             ),
             "Moved: the item's new group (or person) is told by e-mail and webhook.",
+        )
+
+    def comment_view(self, request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
+        """Add a comment; back on the item page (the form's text is not kept: a
+        reload shows the page, it does not post the comment again)."""
+        body = request.POST.get("body", "")[: COMMENT_MAX_CHARS * 2]
+        return self._run(
+            request,
+            task_id,
+            lambda task: desk_comments.desk_comment_add(
+                task=task, user=request.user, body=body
+            ),
+            "Comment added to the timeline.",
         )
 
     def resolve_view(self, request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:

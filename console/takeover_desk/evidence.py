@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from audit.models import Event
+from audit.models import Event, EventCode
 from audit.redaction import redact
 from portal.actor_names import ActorNames
 from portal.db import db_now
@@ -22,6 +22,7 @@ from routing import selectors as routing_selectors
 from tasks.models import Escalation, ObjectVersion, Operation, Task
 
 from ..story import event_rows, is_live
+from .comments import desk_comment_texts
 from .forms import resolution_label
 from .names import owner_names
 
@@ -162,6 +163,11 @@ def desk_evidence(*, task: Task) -> DeskEvidence:
         events,
         ActorNames(
             [(e.actor_type, e.actor_id) for e in events], tenant_ids=[task.tenant_id]
+        ),
+        comments=(
+            desk_comment_texts(task=task)
+            if any(e.code == EventCode.TASK_COMMENTED for e in events)
+            else None
         ),
     )
     return DeskEvidence(

@@ -18,6 +18,7 @@ from django.db import connection, models, transaction
 
 from audit import services as audit_services
 from audit.models import Outbox
+from console.models import DeskComment
 from limits.models import Budget, LimitUsage, RateLimit
 from portal import idempotency
 from portal import services as portal_services
@@ -137,6 +138,8 @@ def test_task_pins_its_contract_within_its_tenant():
 
 # --- Raw SQL attacks: point a child into another tenant ------------------------------
 
+APPEND_ONLY = frozenset({"console_deskcomment"})
+
 SPEC = customer_issue_spec(fields=[], target="desk")
 
 
@@ -237,6 +240,13 @@ def _child_and_foreign_parent(
         operation = make_operation()
         other_agent = portal_services.agent_create(tenant=other, name="b")
         return "tasks_operation", operation, other_agent.pk
+    if relation == "console_deskcomment.task_id":
+        task = make_task(tenant=tenant)
+        author = User.objects.create_user(username=f"commenter-{task.pk}")
+        comment = DeskComment.objects.create(
+            tenant=tenant, task=task, author=author, body="seen"
+        )
+        return "console_deskcomment", comment, make_task(tenant=other).pk
     if relation == "audit_outbox.event_id":
         outbox = _event_in(tenant)
         return "audit_outbox", outbox, _event_in(other).event_id
@@ -304,11 +314,17 @@ def test_raw_sql_cannot_point_a_child_into_another_tenant(
         relation, tenant, other_tenant, make_operation, make_task
     )
     column = relation.split(".")[1]
+    # An append-only table takes no UPDATE at all: a copy of the row pointing into
+    # the other tenant is the attack there.
+    statement = (
+        f"INSERT INTO {table} (id, tenant_id, task_id, author_id, body, created_at)"
+        f" SELECT gen_random_uuid(), tenant_id, %s, author_id, body, now()"
+        f" FROM {table} WHERE id = %s"
+        if table in APPEND_ONLY
+        else f"UPDATE {table} SET {column} = %s WHERE id = %s"
+    )
     with refused_by(f"{table}_{column.removesuffix('_id')}_same_tenant_fk"):
-        execute(
-            f"UPDATE {table} SET {column} = %s WHERE id = %s",
-            [foreign_parent, child.pk],
-        )
+        execute(statement, [foreign_parent, child.pk])
 
 
 @pytest.mark.django_db

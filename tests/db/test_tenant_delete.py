@@ -36,6 +36,7 @@ from audit.models import (
     RetentionPolicy,
     TreeHead,
 )
+from console.takeover_desk import comments as desk_comments
 from limits.models import Budget, RateLimit
 from policies import services as policy_services
 from policies.exceptions import PolicyImmutable
@@ -232,6 +233,8 @@ def populate(
             reason_code="FIELD_STALE",
             evidence={"fields": ["email"]},
         )
+        # A desk comment: append-only for the app role; the operator deletes it.
+        desk_comments.desk_comment_add(task=task, user=user, body="called the customer")
         # A waiting approval with one person's decision: the deletion expires it
         # (a revocation) before the decision and the approval can go.
         approval = Approval.objects.create(

@@ -8,7 +8,7 @@ from django.apps import apps
 from django.db import connection
 from django.db.models import Model
 
-OWNED_APPS = ("portal", "tasks", "audit", "limits", "policies")
+OWNED_APPS = ("portal", "tasks", "audit", "limits", "policies", "console")
 
 
 def models_with_a_tenant_field() -> list[type[Model]]:
