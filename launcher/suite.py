@@ -3,17 +3,28 @@
 The work of the ``test`` command, which replaces Django's own. With DATABASE_URL
 unset, an embedded PostgreSQL runs for the duration of the run (data in
 ``var/pgdata-test``, port PORTAL_EMBEDDED_PG_PORT + 1, so it never meets the server
-of ``manage.py up``); otherwise the tests use DATABASE_URL. The exit code is
-pytest's.
+of ``manage.py up``); otherwise the tests use DATABASE_URL.
+
+The run has two phases (``plan``): every test not marked ``slow`` in
+``PORTAL_TEST_WORKERS`` pytest-xdist workers (2 by default, whole files to a
+worker), each with its own test database (``<name>_gw0``, ``<name>_gw1``…), ticket
+desk, browser and servers; then the ``slow`` tests (the fault tier: it restarts the
+shared PostgreSQL and kills processes) in one process, alone. ``-m``, ``-k``, paths
+and ``-x`` apply to both phases. ``--serial`` (or ``PORTAL_TEST_SERIAL=1``) runs
+everything in one process, as before; an explicit ``-n`` or ``-p no:xdist`` is the
+caller's and gives one pytest run as written. The exit code is pytest's: the first
+phase's failure, else the second's; "no tests collected" (5) only when neither
+phase ran any.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from types import FrameType
@@ -22,9 +33,83 @@ from django.conf import settings
 
 from . import embedded_db
 
+SERIAL_OPTION = "--serial"
+SERIAL_ENV = "PORTAL_TEST_SERIAL"
+WORKERS_ENV = "PORTAL_TEST_WORKERS"
+DEFAULT_WORKERS = 2
+SLOW = "slow"
+NO_TESTS_COLLECTED = 5
+
+
+def plan(args: Sequence[str], env: Mapping[str, str]) -> list[list[str]]:
+    """The pytest runs, in order, that ``manage.py test args`` makes."""
+    args = list(args)
+    serial = SERIAL_OPTION in args or env.get(SERIAL_ENV, "") not in ("", "0")
+    args = [arg for arg in args if arg != SERIAL_OPTION]
+    workers = int(env.get(WORKERS_ENV) or DEFAULT_WORKERS)
+    if serial or workers < 2 or _drives_xdist(args):
+        return [args]
+    rest, marker = _split_marker(args)
+
+    def selecting(expression: str) -> list[str]:
+        return ["-m", f"({marker}) and {expression}" if marker else expression]
+
+    return [
+        [*rest, *selecting(f"not {SLOW}"), "-n", str(workers), "--dist", "loadfile"],
+        [*rest, *selecting(SLOW)],
+    ]
+
+
+def _drives_xdist(args: Sequence[str]) -> bool:
+    """Whether the caller set xdist up (or turned it off) themselves."""
+    for index, arg in enumerate(args):
+        if arg in ("-n", "--numprocesses", "--dist", "-pno:xdist"):
+            return True
+        if arg.startswith(("--numprocesses=", "--dist=")):
+            return True
+        if arg.startswith("-n") and not arg.startswith("--"):  # -n4, -nauto
+            return True
+        if arg == "-p" and list(args[index + 1 : index + 2]) == ["no:xdist"]:
+            return True
+    return False
+
+
+def _split_marker(args: Sequence[str]) -> tuple[list[str], str]:
+    """``args`` without their ``-m`` options, and the last one's expression."""
+    rest: list[str] = []
+    marker = ""
+    items = iter(args)
+    for arg in items:
+        if arg == "-m":
+            marker = next(items, "")
+        elif arg.startswith("-m") and not arg.startswith("--"):
+            marker = arg[2:]
+        else:
+            rest.append(arg)
+    return rest, marker
+
+
+def _goes_on_after(code: int, args: Sequence[str]) -> bool:
+    """Whether the next phase runs after one that exited with ``code``: not after
+    an interruption or a usage error, nor after failures under ``-x``."""
+    if code in (0, NO_TESTS_COLLECTED):
+        return True
+    stops_at_first = any(
+        arg in ("-x", "--exitfirst") or arg.startswith("--maxfail") for arg in args
+    )
+    return code == 1 and not stops_at_first
+
+
+def combined_exit_code(codes: Sequence[int]) -> int:
+    """One exit code for the phases: the first failure; 5 only if all found none."""
+    ran = [code for code in codes if code != NO_TESTS_COLLECTED]
+    if not ran:
+        return NO_TESTS_COLLECTED
+    return next((code for code in ran if code != 0), 0)
+
 
 def run_pytest(args: Sequence[str]) -> int:
-    """Run pytest with ``args`` in a child process; return its exit code."""
+    """Run pytest with ``args`` in child processes (``plan``); return its exit code."""
     env = dict(os.environ)
     with ExitStack() as stack:
         if not env.get("DATABASE_URL"):
@@ -40,7 +125,15 @@ def run_pytest(args: Sequence[str]) -> int:
                 # Throwaway data: crash safety is not worth the fsync time.
                 embedded_db.embedded_postgres(port, data_dir=data_dir, durable=False)
             )
-        return _run_in_foreground([sys.executable, "-m", "pytest", *args], env=env)
+        codes: list[int] = []
+        for phase in plan(args, env):
+            if codes and not _goes_on_after(codes[-1], phase):
+                break
+            print(f"test: pytest {shlex.join(phase)}", file=sys.stderr, flush=True)
+            codes.append(
+                _run_in_foreground([sys.executable, "-m", "pytest", *phase], env=env)
+            )
+        return combined_exit_code(codes)
 
 
 def _run_in_foreground(command: list[str], *, env: dict[str, str]) -> int:

@@ -191,6 +191,9 @@ def ensure_roles(admin_url: str) -> None:
     with psycopg.connect(
         **_conninfo(admin_url, dbname="postgres"), autocommit=True
     ) as conn:
+        # One at a time: concurrent ALTER ROLEs of one role fail ("tuple concurrently
+        # updated"), e.g. the test suite's workers, each making its database.
+        conn.execute("SELECT pg_advisory_lock(hashtext('portal.ensure_roles'))")
         for role, attributes in (
             (OWNER_ROLE, "LOGIN CREATEDB NOSUPERUSER NOCREATEROLE NOBYPASSRLS"),
             (APP_ROLE, "LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOBYPASSRLS"),

@@ -17,6 +17,7 @@ from portal.actors import Actor
 from portal.db import db_now
 from portal.models import Agent, AgentGrant, Tenant
 from tasks.models import Operation, OperationState, Task, TaskState
+from tests.support.db import migrated_template
 from tests.support.desk import desk, ticketdesk_server
 
 __all__ = ["desk", "ticketdesk_server"]  # the ticket desk's fixtures, for every tier
@@ -69,11 +70,19 @@ def one_hash_per_password() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def django_db_modify_db_settings(django_db_modify_db_settings: None) -> None:
+def django_db_modify_db_settings(
+    django_db_modify_db_settings: None,
+    django_db_use_migrations: bool,
+    django_db_keepdb: bool,
+    request: pytest.FixtureRequest,
+) -> None:
     """Make both roles from DATABASE_URL (an administrator's); create as the owner.
 
-    The owner creates and migrates the test database (``portal/db_roles.py``); the
-    ``django_db_setup`` below then turns the tests' connection into the app role's.
+    The owner creates the test database (``portal/db_roles.py``) as a copy of a
+    template migrated once for all of the run's processes (xdist's workers, then the
+    serial phase; ``tests.support.db.migrated_template``), so each worker's
+    ``<name>_gwN`` is a file copy, not a migration. The ``django_db_setup`` below
+    then turns the tests' connection into the app role's.
     """
     from django.conf import settings
 
@@ -87,6 +96,11 @@ def django_db_modify_db_settings(django_db_modify_db_settings: None) -> None:
         settings.DATABASE_URL, user=db_roles.OWNER_ROLE
     )
     settings.DATABASE_APP_ROLE = db_roles.APP_ROLE
+    if django_db_use_migrations and not django_db_keepdb:
+        test = settings.DATABASES["default"]["TEST"]
+        worker = getattr(request.config, "workerinput", {}).get("workerid")
+        base = test["NAME"].removesuffix(f"_{worker}") if worker else test["NAME"]
+        test["TEMPLATE"] = migrated_template(f"{base}_template")
     db_roles.use_role("default", user=db_roles.OWNER_ROLE)
 
 

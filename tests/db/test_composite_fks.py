@@ -43,7 +43,8 @@ def tenant_relations() -> list[tuple[type[models.Model], models.ForeignKey]]:
     owned = set(models_with_a_tenant_field())
     return [
         (model, field)
-        for model in owned
+        # In one order in every process (xdist's workers must collect alike).
+        for model in sorted(owned, key=lambda model: model._meta.label)
         for field in model._meta.concrete_fields
         if isinstance(field, models.ForeignKey)
         and field.name != "tenant"

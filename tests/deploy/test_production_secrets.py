@@ -102,15 +102,26 @@ def test_good_secrets_start(tmp_path: Path, code: str) -> None:
     [
         ("DJANGO_SECRET_KEY", "change-me"),
         ("DJANGO_SECRET_KEY", DEVELOPMENT_KEY),
-        ("DJANGO_SECRET_KEY", secrets.token_hex(24)),  # 48 characters
+        # Random values get fixed ids: every process (xdist worker) collects alike.
+        pytest.param(
+            "DJANGO_SECRET_KEY", secrets.token_hex(24), id="DJANGO_SECRET_KEY-48-hex"
+        ),
         ("DJANGO_SECRET_KEY", "ab" * 40),  # long, two different characters
         ("PORTAL_REDACTION_SECRET", None),
         ("PORTAL_REDACTION_SECRET", ""),
         ("PORTAL_REDACTION_SECRET", "change-me"),
         ("PORTAL_REDACTION_SECRET", "an-example-redaction-secret-for-the-docs"),
-        ("PORTAL_REDACTION_SECRET", secrets.token_hex(15)),  # 30 characters
+        pytest.param(
+            "PORTAL_REDACTION_SECRET",
+            secrets.token_hex(15),
+            id="PORTAL_REDACTION_SECRET-30-hex",
+        ),
         ("PORTAL_METRICS_TOKEN", "change-me"),
-        ("PORTAL_METRICS_TOKEN", secrets.token_hex(12)),
+        pytest.param(
+            "PORTAL_METRICS_TOKEN",
+            secrets.token_hex(12),
+            id="PORTAL_METRICS_TOKEN-24-hex",
+        ),
         ("PORTAL_AUDIT_PUBLIC_KEY_FILE", "change-me"),
     ],
 )

@@ -502,6 +502,8 @@ def test_6_the_same_key_with_another_input_is_refused(world: World):
 # --- 7. The database restarted; unfinished work rebuilt -------------------------------
 
 
+# It restarts the PostgreSQL server every test runs on: in the serial phase, alone.
+@pytest.mark.slow
 def test_7_unfinished_operations_are_rebuilt_after_a_database_restart(world: World):
     from tests.support.chaos import restart_database
 

@@ -7,15 +7,21 @@ an explicit separate connection from here, never through the tests' connection.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import dj_database_url
 import psycopg
 from django.conf import settings
 from django.db import connection
+from psycopg import sql
 
 from portal import db_roles
 
@@ -118,3 +124,82 @@ class ServerLog:
             ).fetchone()
         assert row is not None
         return bytes(row[0]).decode(errors="replace")
+
+
+def migrated_template(name: str) -> str:
+    """``name``, a database migrated to this checkout's schema, for test databases to
+    be copied from (``CREATE DATABASE … TEMPLATE``): migrated once, not per worker.
+
+    Made (by the owner, with ``manage.py migrate`` in a child process) when missing
+    or when its fingerprint, the database's comment, differs from this checkout's:
+    Django's version and every Python file of the project's apps, migrations and
+    what they import included. The processes of one run (xdist's workers) take turns
+    on an advisory lock, so the first makes it and the others find it made.
+    """
+    fingerprint = _schema_fingerprint()
+    admin_url = settings.DATABASE_URL
+    with psycopg.connect(**conninfo(dbname="postgres"), autocommit=True) as admin:
+        admin.execute("SELECT pg_advisory_lock(hashtext(%s))", [f"template {name}"])
+        row = admin.execute(
+            "SELECT shobj_description(oid, 'pg_database') FROM pg_database"
+            " WHERE datname = %s",
+            [name],
+        ).fetchone()
+        if row is not None and row[0] == fingerprint:
+            return name
+        admin.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                sql.Identifier(name)
+            )
+        )
+        admin.execute(
+            sql.SQL("CREATE DATABASE {} OWNER {}").format(
+                sql.Identifier(name), sql.Identifier(db_roles.OWNER_ROLE)
+            )
+        )
+        template_url = _with_database(admin_url, name)
+        env = {
+            **os.environ,
+            "DATABASE_URL": db_roles.url_as(template_url, user=db_roles.APP_ROLE),
+            "DATABASE_OWNER_URL": db_roles.url_as(
+                template_url, user=db_roles.OWNER_ROLE
+            ),
+            "PORTAL_NO_BOOTSTRAP": "1",
+        }
+        done = subprocess.run(
+            [sys.executable, "manage.py", "migrate", "--no-input", "-v", "0"],
+            cwd=settings.BASE_DIR, env=env, capture_output=True, text=True,
+            timeout=900,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"migrating the template database {name} failed:\n"
+                + (done.stdout + done.stderr)[-4000:]
+            )
+        admin.execute(
+            sql.SQL("COMMENT ON DATABASE {} IS {}").format(
+                sql.Identifier(name), sql.Literal(fingerprint)
+            )
+        )
+    return name
+
+
+def _with_database(url: str, name: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=f"/{name}"))
+
+
+def _schema_fingerprint() -> str:
+    import django
+    from django.apps import apps
+
+    digest = hashlib.sha256(django.__version__.encode())
+    base = Path(settings.BASE_DIR).resolve()
+    for config in sorted(apps.get_app_configs(), key=lambda config: config.label):
+        folder = Path(config.path).resolve()
+        if not folder.is_relative_to(base):
+            continue
+        for path in sorted(folder.rglob("*.py")):
+            digest.update(str(path.relative_to(base)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()

@@ -206,6 +206,8 @@ def test_two_racing_submissions_never_roll_the_state_back(made, tree):
         f"{witness.verifier_key(NAME, WITNESS_KEY.public_key()).replace('+', '+0', 1)}",
         f"{witness.verifier_key(NAME, WITNESS_KEY.public_key())} ftp://host",
     ],
+    # The key is random: fixed ids, so every process collects the same tests.
+    ids=["empty", "no-key", "not-a-0x04-key", "bad-key-hash", "not-http"],
 )
 def test_a_malformed_witness_setting_is_refused(entry):
     from audit import witness_client
