@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from django.db import connection
@@ -70,20 +70,41 @@ def reassign_targets(
     """The tenant's groups by name, each followed by its members by username (two
     queries). ``people``, when given, keeps to those user ids (those who may work
     the desk); a group is offered even without any."""
-    groups = list(Group.objects.filter(tenant=tenant).order_by("name"))
-    allowed = None if people is None else set(people)
+    return reassign_targets_of_tenants(
+        tenant_ids=[tenant.pk],
+        people=None if people is None else {tenant.pk: people},
+    ).get(tenant.pk, [])
+
+
+def reassign_targets_of_tenants(
+    *,
+    tenant_ids: Iterable[uuid.UUID],
+    people: Mapping[uuid.UUID, Iterable[int]] | None = None,
+) -> dict[uuid.UUID, list[ReassignTarget]]:
+    """``reassign_targets`` of several tenants at once, by tenant id, in two queries
+    whatever their number (the desk's list offers them on every row). ``people``,
+    when given, keeps each tenant's members to its user ids; a tenant missing from
+    it offers its groups only."""
+    tenants = list(tenant_ids)
+    allowed = (
+        None
+        if people is None
+        else {tenant_id: set(users) for tenant_id, users in people.items()}
+    )
+    groups = list(Group.objects.filter(tenant_id__in=tenants).order_by("name", "id"))
     members: dict[uuid.UUID, list[GroupMember]] = {}
     for member in (
-        GroupMember.objects.filter(tenant=tenant)
+        GroupMember.objects.filter(tenant_id__in=tenants)
         .select_related("user")
         .order_by("user__username")
     ):
-        if allowed is None or member.user_id in allowed:
+        if allowed is None or member.user_id in allowed.get(member.tenant_id, ()):
             members.setdefault(member.group_id, []).append(member)
-    targets: list[ReassignTarget] = []
+    targets: dict[uuid.UUID, list[ReassignTarget]] = {t: [] for t in tenants}
     for group in groups:
-        targets.append(ReassignTarget(group_id=group.pk, group=group.name))
-        targets.extend(
+        of_tenant = targets.setdefault(group.tenant_id, [])
+        of_tenant.append(ReassignTarget(group_id=group.pk, group=group.name))
+        of_tenant.extend(
             ReassignTarget(
                 group_id=group.pk,
                 group=group.name,
@@ -130,6 +151,9 @@ class SlaClock:
     reminded: bool
     escalated: bool
     closed: bool
+    # Who has it, by id: the desk marks the current choice among reassign targets.
+    group_id: uuid.UUID | None = None
+    person_id: int | None = None
 
     @property
     def overdue(self) -> bool:
@@ -230,6 +254,8 @@ def _clock(assignment: Assignment, *, group: str, now: dt.datetime) -> SlaClock:
         reminded=assignment.reminded_at is not None,
         escalated=assignment.escalated_at is not None,
         closed=assignment.closed_at is not None,
+        group_id=assignment.group_id,
+        person_id=assignment.person_id,
     )
 
 

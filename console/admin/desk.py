@@ -89,7 +89,12 @@ class DeskStateFilter(admin.SimpleListFilter):
 
 
 # A row's act and the item URL it posts to (the item page's own buttons).
-_ACT_URLS: Final = {"claim": "claim", "hand_back": "resolve", "release": "release"}
+_ACT_URLS: Final = {
+    "claim": "claim",
+    "hand_back": "resolve",
+    "release": "release",
+    "reassign": "reassign",
+}
 
 
 class DeskChangeList(ChangeList):
@@ -132,6 +137,22 @@ class DeskChangeList(ChangeList):
         workable = set(tenant_ids(request, TenantPerm.WORK_TAKEOVER))
         me = f"user:{request.user.pk}"
         back = request.GET.urlencode()
+        # Reassign: rows whose item is routed and open, in tenants the person
+        # works; the choices are loaded once for the page, by tenant.
+        movable = {
+            row.pk
+            for row in page.items
+            if row.tenant_id in workable
+            and (clock := clocks.get(row.pk)) is not None
+            and not clock.closed
+        }
+        targets = (
+            desk_actions.desk_list_targets(
+                tenant_ids={row.tenant_id for row in page.items if row.pk in movable}
+            )
+            if movable
+            else {}
+        )
         for row in page.items:
             row.desk_names = names
             row.desk_sla = clocks.get(row.pk)
@@ -144,6 +165,9 @@ class DeskChangeList(ChangeList):
                 if row.state == TaskState.HUMAN_CLAIMED and row.lease_owner == me
                 else ()
             )
+            row.desk_targets = targets.get(row.tenant_id, [])
+            if row.pk in movable and row.desk_targets:
+                row.desk_row_acts += ("reassign",)
             row.desk_forms = [
                 (
                     f"desk-{row.pk}-{act}",
@@ -377,9 +401,40 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
                     task.pk,
                 )
             )
+        if "reassign" in acts:
+            parts.append(self._reassign_control(task))
         return format_html(
             '<span class="desk-row-act">{}</span>',
             format_html_join(" ", "{}", ((part,) for part in parts)),
+        )
+
+    @staticmethod
+    def _reassign_control(task: TakeoverItem) -> SafeString:
+        """A row's "Reassign to" choice (the page's targets for its tenant, the
+        current group or person marked) and its button."""
+        clock = getattr(task, "desk_sla", None)
+        current = (clock.group_id, clock.person_id) if clock else (None, None)
+        options = format_html_join(
+            "",
+            '<option value="{}"{}>{}{}</option>',
+            (
+                (
+                    target.value,
+                    " selected" if here else "",
+                    target.label,
+                    " (has it now)" if here else "",
+                )
+                for target in getattr(task, "desk_targets", [])
+                for here in [(target.group_id, target.user_id) == current]
+            ),
+        )
+        return format_html(
+            '<select name="to" form="desk-{0}-reassign" class="desk-row-to" '
+            'aria-label="reassign to">{1}</select> '
+            '<button type="submit" form="desk-{0}-reassign" '
+            'class="desk-row-reassign">Reassign</button>',
+            task.pk,
+            options,
         )
 
     @admin.display(description="lease owner")

@@ -11,7 +11,7 @@ task's routed desk item (``routing.services.item_take_over`` / ``item_reassign``
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from portal.exceptions import ValidationFailed
@@ -104,15 +104,29 @@ class DeskRouting:
     targets: list[routing_selectors.ReassignTarget]
 
 
-def _desk_people(*, task: Task) -> list[int]:
-    """The tenant's members whose role works the desk (``work_takeover``)."""
+def _desk_people(*, tenant_ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, set[int]]:
+    """Each tenant's active members whose role works the desk (``work_takeover``),
+    in one query."""
     roles = [
         r for r, perms in ROLE_PERMISSIONS.items() if TenantPerm.WORK_TAKEOVER in perms
     ]
-    return list(
-        Membership.objects.filter(
-            tenant_id=task.tenant_id, role__in=roles, user__is_active=True
-        ).values_list("user_id", flat=True)
+    people: dict[uuid.UUID, set[int]] = {}
+    for tenant_id, user_id in Membership.objects.filter(
+        tenant_id__in=list(tenant_ids), role__in=roles, user__is_active=True
+    ).values_list("tenant_id", "user_id"):
+        people.setdefault(tenant_id, set()).add(user_id)
+    return people
+
+
+def desk_list_targets(
+    *, tenant_ids: Iterable[uuid.UUID]
+) -> dict[uuid.UUID, list[routing_selectors.ReassignTarget]]:
+    """Where the desk's list may move its rows' items, by tenant: the tenants'
+    groups and their members who work the desk, in three queries for the whole
+    page (the caller shows them only on rows the person may act on)."""
+    tenants = set(tenant_ids)
+    return routing_selectors.reassign_targets_of_tenants(
+        tenant_ids=tenants, people=_desk_people(tenant_ids=tenants)
     )
 
 
@@ -133,7 +147,8 @@ def desk_routing(*, task: Task, user: Person) -> DeskRouting | None:
             tenant=task.tenant, group_ids=[assignment.group_id], user_id=user.pk or 0
         ),
         targets=routing_selectors.reassign_targets(
-            tenant=task.tenant, people=_desk_people(task=task)
+            tenant=task.tenant,
+            people=_desk_people(tenant_ids=[task.tenant_id]).get(task.tenant_id, ()),
         ),
     )
 

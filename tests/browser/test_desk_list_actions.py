@@ -1,6 +1,7 @@
 """The takeover desk's list as an inbox, in Chromium: support claims a waiting item
-and hands another back from the list without opening either; a tenant admin
-claims too; a reviewer sees no buttons; another tenant's member sees no rows."""
+and hands another back from the list without opening either, and reassigns a
+routed one to a colleague; a tenant admin claims too; a reviewer sees no buttons;
+another tenant's member sees no rows."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ from pathlib import Path
 import pytest
 
 from portal.models import Role
+from routing.models import Assignment
 from tasks.models import Task, TaskState
 from tests.browser.conftest import PASSWORD, log_in
 from tests.console.test_desk import escalate_task, make_person
+from tests.routing import conftest as routing_world
+from tests.routing.conftest import escalate_with_canary
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -66,8 +70,12 @@ def test_support_works_the_desk_from_the_list(
     admin.wait_for_selector("ul.messagelist")
     third.refresh_from_db()
     assert third.state == TaskState.HUMAN_CLAIMED
-    # and sees no button on Sam's claim
-    assert _row(admin, second).locator(".desk-row-act").count() == 0
+    # and on Sam's claim no claim, hand back or release: only the reassign
+    # choice (an admin works the desk; the item page offers it to her too)
+    theirs = _row(admin, second)
+    assert theirs.locator(".desk-row-claim, .desk-row-hand-back").count() == 0
+    assert theirs.locator(".desk-row-release").count() == 0
+    assert theirs.locator("button.desk-row-reassign").count() == 1
 
     # A reviewer sees the rows and no button
     make_person("rita", {tenant: Role.REVIEWER}, password=PASSWORD)
@@ -83,3 +91,61 @@ def test_support_works_the_desk_from_the_list(
     log_in(outsider, live_server, "olga")
     outsider.goto(f"{live_server.url}{DESK}")
     assert "issue-104" not in outsider.content()
+
+
+# routing's groups, rule and webhook receiver (tests/routing/conftest.py)
+receiver = routing_world.receiver
+desk = routing_world.desk
+
+
+def test_support_reassigns_from_the_list(
+    page, browser, live_server, desk, other_tenant, make_task, make_operation
+):
+    first, _ = escalate_with_canary(make_task, make_operation, desk.tenant)
+    second, _ = escalate_with_canary(make_task, make_operation, desk.tenant)
+    ana = desk.members["ana"]
+    ana.set_password(PASSWORD)
+    ana.save(update_fields=["password"])
+    page.set_viewport_size({"width": 1500, "height": 560})
+    log_in(page, live_server, "ana")
+    page.goto(f"{live_server.url}{DESK}")
+
+    # Each routed row offers the tenant's groups and desk people, Billing marked
+    choice = _row(page, first).locator("select.desk-row-to")
+    assert choice.locator("option").all_inner_texts() == [
+        "Billing (has it now)",
+        "Billing → ana",
+        "Billing → bo",
+        "On-call",
+        "On-call → cy",
+    ]
+    # When Ana moves the first to Cy (On-call) from the list
+    choice.select_option(label="On-call → cy")
+    page.screenshot(path=str(SHOTS / "desk-inbox-reassign.png"))
+    _row(page, first).locator("button.desk-row-reassign").click()
+    page.wait_for_selector("ul.messagelist")
+    # Then she is still on the list, told which task moved, and the row says so
+    assert f"{first.client_task_id}: Moved" in page.inner_text("ul.messagelist")
+    assert page.url.startswith(f"{live_server.url}{DESK}")
+    assert "On-call" in _row(page, first).inner_text()
+    moved = _row(page, first).locator("select.desk-row-to option[selected]")
+    assert moved.inner_text() == "On-call → cy (has it now)"
+    item = Assignment.objects.get(tenant=desk.tenant, task_id=first.pk)
+    assert (item.group_id, item.person_id) == (desk.backup.pk, desk.members["cy"].pk)
+    assert Assignment.objects.get(task_id=second.pk).group_id == desk.group.pk
+
+    # A reviewer sees the rows and no choice
+    make_person("rita", {desk.tenant: Role.REVIEWER}, password=PASSWORD)
+    reviewer = browser.new_context().new_page()
+    log_in(reviewer, live_server, "rita")
+    reviewer.goto(f"{live_server.url}{DESK}")
+    assert _row(reviewer, second).count() == 1
+    assert reviewer.locator("select.desk-row-to").count() == 0
+
+    # Another tenant's member sees none of these rows
+    make_person("olga", {other_tenant: Role.ADMIN}, password=PASSWORD)
+    outsider = browser.new_context().new_page()
+    log_in(outsider, live_server, "olga")
+    outsider.goto(f"{live_server.url}{DESK}")
+    assert first.client_task_id not in outsider.content()
+    assert outsider.locator("select.desk-row-to").count() == 0
