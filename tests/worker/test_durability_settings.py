@@ -34,7 +34,7 @@ from django.db import connection
 
 from audit.broker import broker_publisher
 from audit.relay import ClaimedMessage
-from portal.celery import app
+from config.celery import app
 from portal.db_roles import APP_ROLE
 from tests.support.broker import EventQueue
 from tests.support.celery_worker import celery_worker_running
