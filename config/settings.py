@@ -173,6 +173,10 @@ def _prepare_threshold(server_side_binding: bool) -> int | None:
 _database["OPTIONS"] = {
     # Fail fast rather than queue behind a stuck lock; services retry where it is safe.
     "options": "-c lock_timeout=10000 -c statement_timeout=60000",
+    # A database that cannot be reached makes the request a 503 within this many
+    # seconds (libpq waits forever by default, so a partitioned link held a web
+    # worker until gunicorn killed it). tests/http/test_db_link.py.
+    "connect_timeout": int(os.environ.get("PORTAL_DB_CONNECT_TIMEOUT_S", "5")),
     # Bind parameters on the server and let psycopg prepare a statement the fifth
     # time it runs, so the hot paths' statements are parsed and planned once per
     # connection (docs/performance.md). Turn both off behind PgBouncer's transaction

@@ -34,8 +34,15 @@ from .models import Connector
 CallKind = Literal["succeeded", "rejected", "not_executed", "unknown", "refused"]
 LookupKind = Literal["found", "none", "unknown"]
 
-# Bounds what a remote answer can make us hold or store.
+# Bounds what a remote answer can make us hold or store: read up to this, no more.
 MAX_RESPONSE_BYTES = 64 * 1024
+# Why an answer is not evidence (``CallResult.error``, the connector.called event):
+# fixed words, so the record can be searched by them.
+ANSWER_TOO_LARGE = "answer over the size limit"
+REDIRECT_NOT_FOLLOWED = "redirect not followed"
+NO_RECEIPT = "success without a receipt id"
+RECEIPT_OTHER_KEY = "receipt for another idempotency key"
+RECEIPT_OTHER_TENANT = "receipt for another tenant"
 # Where a target takes revocation notices (docs/gateway.md, "What a governed target
 # must verify"); a target without it answers 404 and relies on single use and expiry.
 REVOCATION_PATH = "/credentials/revocations"
@@ -93,10 +100,14 @@ class HttpJsonConnector:
     ``Authorization: Bearer <credential>``, the body exactly the bytes the
     credential's ``body_sha256`` names. ``lookup``: ``GET {base_url}{lookup_path}
     ?idempotency_key=K`` answering ``{"tickets": [{<reference_field>: ...}, ...]}``.
-    Explicit connect and read timeouts; redirects are never followed (a redirect
-    could send the credential elsewhere). Every request goes through the outbound
-    URL policy: the path under the base URL, the address checked and pinned
-    (``tasks/outbound.py``); a refused one sends nothing.
+    Explicit connect and read timeouts, and a deadline for the whole exchange of
+    ``connect_timeout_s + read_timeout_s`` that a slow-drip answer cannot stretch;
+    at most ``MAX_RESPONSE_BYTES`` of an answer are read. Redirects are never
+    followed (a redirect could send the credential elsewhere). A 2xx answer whose
+    receipt names another idempotency key or tenant is no evidence (``unknown``).
+    Every request goes through the outbound URL policy: the path under the base
+    URL, the address checked and pinned (``tasks/outbound.py``); a refused one
+    sends nothing.
     """
 
     def __init__(
@@ -111,13 +122,15 @@ class HttpJsonConnector:
             write=config.read_timeout_s,
             pool=config.connect_timeout_s,
         )
+        self._deadline_s = config.connect_timeout_s + config.read_timeout_s
         self._transport = transport
 
     def _client(self) -> httpx.Client:
         return httpx.Client(
             timeout=self._timeout,
             follow_redirects=False,
-            transport=self._transport or outbound.transport(),
+            transport=self._transport
+            or outbound.transport(deadline_s=self._deadline_s),
             trust_env=False,  # no proxy: it would resolve the name after the check
         )
 
@@ -137,10 +150,13 @@ class HttpJsonConnector:
             headers["Idempotency-Key"] = idempotency_key
         try:
             with self._client() as client:
-                response = client.post(
-                    self._url(self.config.execute_path), content=body, headers=headers
+                response, content = _exchange(
+                    client,
+                    "POST",
+                    self._url(self.config.execute_path),
+                    content=body,
+                    headers=headers,
                 )
-                content = response.content[:MAX_RESPONSE_BYTES]
         except outbound.OutboundRefused as refusal:
             return CallResult(
                 kind="refused", error=refusal.detail, duration_ms=_ms(started)
@@ -153,6 +169,13 @@ class HttpJsonConnector:
             )
         elapsed = _ms(started)
         status = response.status_code
+        if content is None:  # over the limit: what it says cannot be read
+            return CallResult(
+                kind="unknown",
+                status=status,
+                duration_ms=elapsed,
+                error=ANSWER_TOO_LARGE,
+            )
         answer = _json_object(content)
         if status == 429:
             return CallResult(
@@ -166,10 +189,13 @@ class HttpJsonConnector:
             if not isinstance(reference, str | int) or answer is None:
                 # It says yes but shows no receipt: not evidence of anything.
                 return CallResult(
-                    kind="unknown",
-                    status=status,
-                    duration_ms=elapsed,
-                    error="success without a receipt id",
+                    kind="unknown", status=status, duration_ms=elapsed, error=NO_RECEIPT
+                )
+            foreign = self._foreign_receipt(answer, idempotency_key=idempotency_key)
+            if foreign:
+                # Someone else's receipt proves nothing about this key.
+                return CallResult(
+                    kind="unknown", status=status, duration_ms=elapsed, error=foreign
                 )
             return CallResult(
                 kind="succeeded",
@@ -187,18 +213,35 @@ class HttpJsonConnector:
                 error=str((answer or {}).get("error", ""))[:200],
             )
         # 3xx (not followed), 408, 5xx: the remote may have acted before failing.
-        return CallResult(kind="unknown", status=status, duration_ms=elapsed)
+        return CallResult(
+            kind="unknown",
+            status=status,
+            duration_ms=elapsed,
+            error=REDIRECT_NOT_FOLLOWED if 300 <= status < 400 else "",
+        )
+
+    def _foreign_receipt(self, answer: dict[str, Any], *, idempotency_key: str) -> str:
+        """Why a success answer belongs to another request, or ''. Checked where the
+        answer says: the key it echoes, the tenant it names (the credential's)."""
+        echoed = answer.get("idempotency_key")
+        if echoed is not None and echoed != idempotency_key:
+            return RECEIPT_OTHER_KEY
+        tenant = answer.get("tenant")
+        if tenant is not None and str(tenant) != str(self.config.tenant_id):
+            return RECEIPT_OTHER_TENANT
+        return ""
 
     def lookup(self, *, idempotency_key: str, credential: str) -> LookupResult:
         portal_db.forbid_transaction("the gateway queries the remote system")
         try:
             with self._client() as client:
-                response = client.get(
+                response, content = _exchange(
+                    client,
+                    "GET",
                     self._url(self.config.lookup_path),
                     params={"idempotency_key": idempotency_key},
                     headers={"Authorization": f"Bearer {credential}"},
                 )
-                content = response.content[:MAX_RESPONSE_BYTES]
         except outbound.OutboundRefused as refusal:
             # Nothing was asked, so nothing is known: recovery looks again later
             # and, the address still refused, hands the operation to a person.
@@ -208,6 +251,10 @@ class HttpJsonConnector:
         except httpx.HTTPError as error:
             return LookupResult(
                 kind="unknown", error=f"{type(error).__name__}: {error}"
+            )
+        if content is None:
+            return LookupResult(
+                kind="unknown", status=response.status_code, error=ANSWER_TOO_LARGE
             )
         body = _json_object(content)
         records = body.get("tickets") if body else None
@@ -229,13 +276,29 @@ class HttpJsonConnector:
         portal_db.forbid_transaction("the gateway notifies the remote system")
         try:
             with self._client() as client:
-                response = client.post(
+                response, _ = _exchange(
+                    client,
+                    "POST",
                     self._url(REVOCATION_PATH),
                     headers={"Authorization": f"Bearer {credential}"},
                 )
         except (outbound.OutboundRefused, httpx.HTTPError):
             return False
         return 200 <= response.status_code < 300
+
+
+def _exchange(
+    client: httpx.Client, method: str, url: str, **request: Any
+) -> tuple[httpx.Response, bytes | None]:
+    """Send, and read the answer's body up to ``MAX_RESPONSE_BYTES``: ``None`` when
+    it is longer (the rest is never read, nor held)."""
+    with client.stream(method, url, **request) as response:
+        content = bytearray()
+        for chunk in response.iter_bytes():
+            content += chunk
+            if len(content) > MAX_RESPONSE_BYTES:
+                return response, None
+    return response, bytes(content)
 
 
 def _certificate_refused(error: httpx.HTTPError) -> bool:

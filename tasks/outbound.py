@@ -29,6 +29,7 @@ import os
 import re
 import socket
 import ssl
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 from urllib.parse import SplitResult, urlsplit
@@ -296,8 +297,9 @@ class PinnedBackend(httpcore.NetworkBackend):
     URL's host as ``server_hostname``: SNI and certificate checks stay on the name.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, deadline_s: float | None = None) -> None:
         self._sockets = httpcore.SyncBackend()
+        self._deadline_s = deadline_s
 
     def connect_tcp(
         self,
@@ -308,11 +310,13 @@ class PinnedBackend(httpcore.NetworkBackend):
         socket_options: Iterable[Any] | None = None,
     ) -> httpcore.NetworkStream:
         failure: Exception | None = None
+        ends = None if self._deadline_s is None else time.monotonic() + self._deadline_s
         for address in connect_addresses(host, port):
             try:
-                return self._sockets.connect_tcp(
+                stream = self._sockets.connect_tcp(
                     address, port, timeout, local_address, socket_options
                 )
+                return stream if ends is None else DeadlineStream(stream, ends=ends)
             except (httpcore.ConnectError, httpcore.ConnectTimeout) as error:
                 failure = error  # the next checked address, as create_connection does
         assert failure is not None
@@ -330,19 +334,65 @@ class PinnedBackend(httpcore.NetworkBackend):
         self._sockets.sleep(seconds)
 
 
+class DeadlineStream(httpcore.NetworkStream):
+    """A connection whose every wait ends by one instant (``ends``, monotonic).
+
+    httpx's read timeout bounds each wait for bytes, not the answer: a remote that
+    sends a byte a second within a 2 s read timeout holds the caller for as long as
+    it likes (a slow drip). Each read, write and TLS handshake here waits at most
+    what is left before ``ends``, and none starts after it (``httpcore.ReadTimeout``,
+    which httpx raises as its own ``ReadTimeout``).
+    """
+
+    def __init__(self, stream: httpcore.NetworkStream, *, ends: float) -> None:
+        self._stream = stream
+        self._ends = ends
+
+    def _left(self, timeout: float | None, error: type[Exception]) -> float:
+        left = self._ends - time.monotonic()
+        if left <= 0:
+            raise error("the answer's deadline passed")
+        return left if timeout is None else min(timeout, left)
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._stream.read(max_bytes, self._left(timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._stream.write(buffer, self._left(timeout, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def start_tls(
+        self,
+        ssl_context: ssl.SSLContext,
+        server_hostname: str | None = None,
+        timeout: float | None = None,
+    ) -> httpcore.NetworkStream:
+        stream = self._stream.start_tls(
+            ssl_context, server_hostname, self._left(timeout, httpcore.ConnectTimeout)
+        )
+        return DeadlineStream(stream, ends=self._ends)
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._stream.get_extra_info(info)
+
+
 class PolicyTransport(httpx.HTTPTransport):
     """httpx's transport with the policy on every request and every connection.
 
     The request's scheme, host and port are checked first (``origin_problem``);
     its connections go through ``PinnedBackend``. No proxy: a proxy would resolve
-    the name itself, after the check.
+    the name itself, after the check. With ``deadline_s``, each connection's waits
+    all end within that many seconds of its connect (``DeadlineStream``).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, deadline_s: float | None = None) -> None:
         # httpx's own __init__ only builds this pool, with no way to pass a network
         # backend (httpcore's extension point): the same pool, with the pinning one.
         self._pool = httpcore.ConnectionPool(
-            ssl_context=ssl_context(), network_backend=PinnedBackend()
+            ssl_context=ssl_context(),
+            network_backend=PinnedBackend(deadline_s=deadline_s),
         )
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
@@ -374,6 +424,7 @@ def _ssl_context_for(cert_file: str | None, cert_dir: str | None) -> ssl.SSLCont
     return httpx.create_ssl_context()
 
 
-def transport() -> httpx.BaseTransport:
-    """A transport that calls only what the outbound URL policy allows."""
-    return PolicyTransport()
+def transport(*, deadline_s: float | None = None) -> httpx.BaseTransport:
+    """A transport that calls only what the outbound URL policy allows; with
+    ``deadline_s``, a connection's waits all end that many seconds after it began."""
+    return PolicyTransport(deadline_s=deadline_s)

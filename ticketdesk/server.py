@@ -45,6 +45,12 @@ TLS_HANDSHAKE_TIMEOUT_S: Final = 10.0
 _TRACER: Final = trace.get_tracer("ticketdesk")
 _TICKET_PATH: Final = re.compile(r"/tickets/(?P<ticket_id>[^/]+)")
 _LOOKUP_ACTIONS: Final = (credentials.ACTION_CREATE, credentials.ACTION_LOOKUP)
+# Create faults that make the ticket, then answer in a way not to be trusted.
+_HOSTILE: Final = frozenset(
+    {"redirect", "oversize", "malformed", "foreign_key", "foreign_tenant", "drip"}
+)
+# The padding of an ``oversize`` answer: far over any client's sensible limit.
+OVERSIZE_BYTES: Final = 2 * 1024 * 1024
 # Create faults that answer at once, before the credential is even read.
 _REFUSALS: Final = frozenset({"error_5xx", "rate_limited", "reject"})
 # Body members and their JSON types; anything else is refused, not ignored.
@@ -392,10 +398,60 @@ class Handler(BaseHTTPRequestHandler):
         if mode == "after_5xx":
             self._send_error(500, "internal", "fault: after_5xx")
             return
+        if mode in _HOSTILE:
+            delay_s = fault.delay_s if fault is not None else DEFAULT_DELAY_S
+            self._hostile(mode, result.ticket.as_json(), delay_s=delay_s)
+            return
         if result.created:
             self._send(201, result.ticket.as_json())
         else:
             self._send(200, result.ticket.as_json(), {"Idempotent-Replayed": "true"})
+
+    def _hostile(self, mode: str, ticket: dict[str, Any], *, delay_s: float) -> None:
+        """Answer a create that happened in a way no client should trust."""
+        if mode == "redirect":
+            self._send(303, {}, {"Location": f"{self.server.url}/tickets/elsewhere"})
+        elif mode == "oversize":
+            self._send(201, {**ticket, "padding": "x" * OVERSIZE_BYTES})
+        elif mode == "malformed":
+            data = json.dumps(ticket).encode("utf-8")[:40]
+            self._send_raw(201, data)
+        elif mode == "foreign_key":
+            other = "another-key"
+            receipt = {**ticket["receipt"], "idempotency_key": other}
+            self._send(
+                201,
+                {
+                    **ticket,
+                    "idempotency_key": other,
+                    "receipt": receipt,
+                    "ticket_id": "TCK-999999",
+                },
+            )
+        elif mode == "foreign_tenant":
+            self._send(
+                201, {**ticket, "tenant": "another-tenant", "ticket_id": "TCK-999998"}
+            )
+        else:  # drip: the whole answer, status line first, a byte per delay_s
+            data = json.dumps(ticket).encode("utf-8")
+            head = (
+                f"{self.protocol_version} 201 Created\r\n"
+                "Content-Type: application/json\r\n"
+                f"Content-Length: {len(data)}\r\n\r\n"
+            ).encode("ascii")
+            self.close_connection = True
+            self.log_message('"%s" dripped', self.requestline)
+            for byte in head + data:
+                time.sleep(delay_s)
+                self.wfile.write(bytes([byte]))
+                self.wfile.flush()
+
+    def _send_raw(self, status: int, data: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
     def _refuse(self, fault: Fault) -> None:
         """Answer as ``fault`` says, having done nothing."""

@@ -26,6 +26,14 @@ CREATE_FAULTS: Final = frozenset(
         "after_5xx",
         "rate_limited",
         "reject",
+        # Hostile answers: the ticket is made, then the answer is one a client
+        # must not trust (docs: ticketdesk/README.md, "Fault modes").
+        "redirect",
+        "oversize",
+        "malformed",
+        "foreign_key",
+        "foreign_tenant",
+        "drip",
     }
 )
 LOOKUP_FAULTS: Final = frozenset({"lookup_5xx", "lookup_slow"})
