@@ -21,7 +21,8 @@ Three points, three fences:
 
 Each ends with one ticket at the desk for the key (the desk's own count), the
 operation ``verified`` with that ticket's id, and not one row or event written by the
-resumed process.
+resumed process. The last test does the same to a Celery worker node on the queued
+path, stopped while its job waits for the desk.
 """
 
 from __future__ import annotations
@@ -29,19 +30,22 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from django.db import connection
+from kombu import Connection
 
+from config.celery import app
 from portal.db import db_now
 from tasks import gateway
 from tasks import services as task_services
-from tasks.jobs import check_receipts_job
+from tasks.jobs import check_receipts_job, run_operation_job
 from tasks.models import Operation, Task
 
 from .conftest import World
-from .harness import check, operation_views
+from .harness import WorkerPool, check, operation_views
 from .processes import start_child, wait_for
 
 # The lease the paused process renews before it runs: it lapses during the pause.
@@ -163,3 +167,85 @@ def test_a_worker_paused_past_its_lease_is_fenced_when_it_resumes(
     verdict = check(views=operation_views(world.tenant.pk), tickets=world.tickets())
     assert verdict.problems() == {}, verdict.problems()
     print(f"paused {paused_for:.1f} s at {stop_at}; taken over ({takeover})")
+
+
+def test_a_celery_worker_paused_mid_call_is_fenced_when_it_resumes(
+    world: World,
+    make_workers: Callable[[int], WorkerPool],
+    chaos_queue: str,
+    amqp_url: str,
+) -> None:
+    """The queued path: a ``celery -A portal worker`` node (main process and pool
+    children, one process group) is stopped while its job waits for the desk, which
+    makes the ticket after 3 s ("slow"). The agent's lease lapses, another worker
+    takes the task over, and the settle job settles the call by the desk's receipt;
+    on SIGCONT the job reads the desk's answer and its record is refused by the
+    operation's version (``STALE_STATE``): the same footprint, one ticket."""
+    # Given an execution queued under the agent's lease, a lease about to lapse,
+    # and a desk that answers the create after 3 s
+    planned = world.plan(0)
+    task_id = Operation.objects.get(pk=planned.operation_id).task_id
+    world.queue_execution(planned)
+    pool = make_workers(1)
+    pool.start_all()
+    [slot] = pool.slots
+    assert slot.process is not None
+    world.desk.set_fault("slow", delay_s=3.0)
+    task_services.task_lease_renew(
+        tenant=world.tenant,
+        task_id=task_id,
+        lease_token=planned.lease_token,
+        ttl_s=1,
+    )
+    requests = world.desk.effects()["create_requests"]
+    with Connection(amqp_url) as broker:
+        run_operation_job.apply_async(
+            kwargs={
+                "tenant_id": str(world.tenant.pk),
+                "operation_id": str(planned.operation_id),
+            },
+            queue=chaos_queue,
+            task_id=str(planned.operation_id),
+            producer=app.amqp.Producer(broker),
+        )
+    # When the worker is stopped while its call waits for the desk
+    wait_for(
+        lambda: world.desk.effects()["create_requests"] > requests,
+        timeout=60,
+        what="the worker's call",
+    )
+    group = os.getpgid(slot.process.pid)
+    os.killpg(group, signal.SIGSTOP)
+    try:
+        stopped_at = time.monotonic()
+        wait_for(lambda: _lease_lapsed(task_id), timeout=60, what="the lease to lapse")
+        taken = task_services.task_lease_acquire(
+            tenant=world.tenant,
+            task_id=task_id,
+            owner="worker-b",
+            actor=world.actor,
+            ttl_s=600,
+        )
+        assert taken.lease_token > planned.lease_token
+
+        def verified() -> bool:
+            check_receipts_job(limit=10)
+            operation = Operation.objects.get(pk=planned.operation_id)
+            return operation.state == "verified"
+
+        wait_for(verified, timeout=60, what="the settle job")
+        before = _footprint(world, planned.operation_id)
+        paused_for = time.monotonic() - stopped_at
+    finally:
+        os.killpg(group, signal.SIGCONT)
+    # Then the resumed job's record is refused and it writes nothing
+    wait_for(
+        lambda: "StaleState" in pool.tail(slot, lines=200),
+        timeout=60,
+        what="the resumed job's refusal",
+    )
+    assert _footprint(world, planned.operation_id) == before
+    assert world.desk.effects()["by_idempotency_key"][planned.key] == 1
+    verdict = check(views=operation_views(world.tenant.pk), tickets=world.tickets())
+    assert verdict.problems() == {}, verdict.problems()
+    print(f"celery worker paused {paused_for:.1f} s mid-call")
