@@ -14,11 +14,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-import dj_database_url
 from csp.constants import NONCE, NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
-from portal import process, production_secrets
+from portal import database_url, process, production_secrets
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 # Project-local, git-ignored state: embedded PostgreSQL data, broker folders, logs.
@@ -138,9 +137,13 @@ DATABASE_OWNER_URL = os.environ.get("DATABASE_OWNER_URL", "")
 DATABASE_APP_ROLE = ""  # DATABASE_URL's user unless ``up`` or the tests say otherwise
 # The operator role's, for ``manage.py delete_tenant`` only (docs/tenant-deletion.md).
 DATABASE_OPERATOR_URL = os.environ.get("DATABASE_OPERATOR_URL", "")
-_database: dict[str, Any] = dict(
-    dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)
+# A multi-host URL (libpq's, with ``target_session_attrs=read-write``) names every
+# node of a highly available cluster (portal/database_url.py, deploy/ha/).
+_database: dict[str, Any] = database_url.parse(
+    DATABASE_URL, conn_max_age=60, conn_health_checks=True
 )
+# What the URL's query says (target_session_attrs, connect_timeout) is kept below.
+_url_options: dict[str, Any] = dict(_database.get("OPTIONS") or {})
 # Django's PostgreSQL backend, plus the tenant scope of row-level security.
 _database["ENGINE"] = "portal.dbbackend"
 _server_side_binding = _env_bool("PORTAL_DB_SERVER_SIDE_BINDING", default=True)
@@ -171,6 +174,7 @@ def _prepare_threshold(server_side_binding: bool) -> int | None:
 
 
 _database["OPTIONS"] = {
+    **_url_options,
     # Fail fast rather than queue behind a stuck lock; services retry where it is safe.
     "options": "-c lock_timeout=10000 -c statement_timeout=60000",
     # A database that cannot be reached makes the request a 503 within this many

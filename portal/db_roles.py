@@ -25,12 +25,13 @@ from contextlib import contextmanager
 from typing import Any, Final
 from urllib.parse import quote, urlsplit, urlunsplit
 
-import dj_database_url
 import psycopg
 from django.conf import settings
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from psycopg import sql
+
+from portal import database_url
 
 OWNER_ROLE: Final = "portal_owner"
 APP_ROLE: Final = "portal_app"
@@ -133,7 +134,7 @@ def app_role() -> str:
     owner's.
     """
     chosen = getattr(settings, "DATABASE_APP_ROLE", "")
-    return str(chosen or dj_database_url.parse(settings.DATABASE_URL).get("USER") or "")
+    return str(chosen or database_url.parse(settings.DATABASE_URL).get("USER") or "")
 
 
 def owner_url() -> str:
@@ -150,7 +151,10 @@ def operator_url() -> str:
 
 
 def url_as(url: str, *, user: str) -> str:
-    """``url`` with its user replaced (no password: local trust or peer auth)."""
+    """``url`` with its user replaced (no password: local trust or peer auth);
+    every host of a multi-host URL kept."""
+    if database_url.is_multi_host(url):
+        return database_url.with_user(url, user=user)
     parts = urlsplit(url)
     host = parts.hostname or "127.0.0.1"
     netloc = f"{quote(user)}@{host}" + (f":{parts.port}" if parts.port else "")
@@ -158,14 +162,20 @@ def url_as(url: str, *, user: str) -> str:
 
 
 def _conninfo(url: str, *, dbname: str | None = None) -> dict[str, Any]:
-    parsed = dj_database_url.parse(url)
-    return {
+    """psycopg's parameters for ``url``; a multi-host URL's host and port lists
+    and its ``target_session_attrs`` (the primary) are kept."""
+    parsed = database_url.parse(url)
+    info = {
         "host": parsed.get("HOST") or "127.0.0.1",
-        "port": int(parsed.get("PORT") or 5432),
+        "port": str(parsed.get("PORT") or 5432),
         "user": parsed.get("USER"),
         "password": parsed.get("PASSWORD") or None,
         "dbname": dbname or parsed.get("NAME"),
     }
+    options = parsed.get("OPTIONS") or {}
+    if "target_session_attrs" in options:
+        info["target_session_attrs"] = options["target_session_attrs"]
+    return info
 
 
 def can_create_roles(url: str) -> bool:
@@ -292,7 +302,7 @@ def grant_app_role(cursor: Any, *, test_clock: bool) -> None:
 def connected_as(alias: str, url: str) -> Iterator[BaseDatabaseWrapper]:
     """Reconnect ``alias`` as ``url``'s user for the block, then as before."""
     connection = connections[alias]
-    parsed = dj_database_url.parse(url)
+    parsed = database_url.parse(url)
     keys = ("USER", "PASSWORD")
     before = {key: connection.settings_dict.get(key) for key in keys}
     connection.close()

@@ -1,0 +1,108 @@
+"""The HA tier: the portal on a Patroni cluster of its own (tests/support/ha.py).
+
+``ha_portal`` starts etcd and two PostgreSQL nodes under Patroni (synchronous
+replication), makes the portal's database there the way ``up`` does (roles, then
+``migrate`` as the owner), seeds the demo tenant against the session's ticket desk,
+and runs a real gunicorn whose ``DATABASE_URL`` names both nodes with
+``target_session_attrs=read-write``. The machine's PostgreSQL on 5432 is not used.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tasks import outbound
+from tests.http.conftest import Server, start, stop
+from tests.support import ha
+from ticketdesk.harness import TicketDesk
+
+MISSING = ha.missing_tools()
+if MISSING and not os.environ.get("CI"):
+    pytest.skip(
+        "the HA tier needs " + ", ".join(MISSING) + " (.ci/run installs Debian's "
+        "patroni and etcd-server)",
+        allow_module_level=True,
+    )
+
+ISSUED_KEY = re.compile(r"issued a new API key for '[^']+': (agp_\S+)")
+DBNAME = "portal_ha"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ha_tools_installed() -> None:
+    """Under CI a missing tool fails each test here instead of skipping it."""
+    if MISSING:
+        pytest.fail(
+            "missing for the HA tier: " + ", ".join(MISSING) + "; .ci/run installs "
+            "them (apt-get install patroni etcd-server)"
+        )
+
+
+@dataclass
+class HAPortal:
+    cluster: ha.Cluster
+    app_url: str
+    api_key: str
+    desk: TicketDesk
+    web: Server
+
+
+@pytest.fixture(scope="module")
+def ha_portal(
+    ticketdesk_server: TicketDesk, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[HAPortal]:
+    with ha.running_cluster(nodes=2) as cluster:
+        app_url = ha.bootstrap_portal(cluster, dbname=DBNAME)
+        allowed = outbound.host_port(ticketdesk_server.url)
+        with ThreadPoolExecutor(max_workers=1) as background:
+            # The seed runs while gunicorn starts.
+            seeding = background.submit(
+                ha.manage,
+                cluster,
+                "seed_demo",
+                "--ticketdesk-url",
+                ticketdesk_server.url,
+                "--ticketdesk-keys",
+                str(ticketdesk_server.keys_path),
+                database_url=app_url,
+                env={"PORTAL_OUTBOUND_ALLOWED_HOSTS": allowed},
+            )
+            log_path: Path = tmp_path_factory.mktemp("ha-gunicorn") / "server.log"
+            web = start(
+                debug=False,
+                log_path=log_path,
+                workers=int(os.environ.get("PORTAL_HA_WEB_WORKERS", "2")),
+                env_extra={
+                    "DATABASE_URL": app_url,
+                    "PORTAL_OUTBOUND_ALLOWED_HOSTS": allowed,
+                    "PORTAL_VAR_DIR": str(cluster.var_dir),
+                    # No relay runs here: commits need not nudge one.
+                    "PORTAL_RELAY_NUDGE": "0",
+                },
+            )
+            try:
+                seeded = seeding.result()
+            except BaseException:
+                stop(web)
+                raise
+        found = ISSUED_KEY.search(seeded)
+        assert found, seeded
+        # Commits are on two nodes from here on.
+        cluster.wait_for_sync_standby(cluster.nodes[1].name)
+        try:
+            yield HAPortal(
+                cluster=cluster,
+                app_url=app_url,
+                api_key=found[1],
+                desk=ticketdesk_server,
+                web=web,
+            )
+        finally:
+            stop(web)

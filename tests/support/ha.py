@@ -1,0 +1,516 @@
+"""A PostgreSQL cluster of the test's own: one etcd, N nodes under Patroni.
+
+Debian's ``etcd-server`` and ``patroni`` (``.ci/run`` installs them) and the
+PostgreSQL 15 binaries in ``/usr/lib/postgresql/15/bin``; nothing of the machine's
+own services. Everything listens on 127.0.0.1 on free ports and lives in one
+temporary folder: etcd's data, each node's data folder, socket folder and log.
+
+The cluster is set up as deploy/ha/ documents for production, with short timings so
+that a failover takes seconds: ``synchronous_mode`` (a commit is acknowledged once
+the synchronous standby has it), ``use_pg_rewind`` (a failed primary rejoins as a
+replica), and ``primary_start_timeout: 0`` (a crashed primary is failed over at
+once instead of restarted in place: the point of the exercise).
+
+PostgreSQL refuses to run as root, so when the tests run as root etcd and Patroni
+run as the ``postgres`` account, as the Debian services do.
+
+``bootstrap_portal`` makes the portal's database on the cluster the one way the
+suite and ``up`` do it (portal/db_roles.py): the roles from the administrator's
+URL, then ``manage.py migrate`` as the owner, which re-applies the app role's
+grants; row-level security, the definer functions and the partitions come with
+the migrations.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+from psycopg import sql
+
+from portal import db_roles
+from tests.deploy import support as deploy_support
+from tests.support.net import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+START_TIMEOUT_S = 90.0
+# The DCS timings (Patroni's): the leader key lives TTL seconds unless renewed each
+# loop; short, so a lost primary is noticed and replaced within seconds.
+TTL_S = 10
+LOOP_WAIT_S = 1
+RETRY_TIMEOUT_S = 3
+SUPERUSER = "postgres"
+
+
+def missing_tools() -> list[str]:
+    """What the cluster needs and this machine lacks (empty: all there)."""
+    missing = [tool for tool in ("etcd", "patroni") if shutil.which(tool) is None]
+    missing += [
+        str(PG_BIN / name)
+        for name in ("postgres", "initdb", "pg_rewind", "pg_basebackup")
+        if not (PG_BIN / name).exists()
+    ]
+    return missing
+
+
+def _account() -> tuple[int, int] | None:
+    """(uid, gid) to run the servers as: ``postgres`` when we are root, else us."""
+    if os.geteuid() != 0:
+        return None
+    entry = pwd.getpwnam("postgres")
+    return entry.pw_uid, entry.pw_gid
+
+
+def _env() -> dict[str, str]:
+    # PG* variables would override Patroni's own connection settings.
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PG")}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _spawn(command: list[str], *, log: Path) -> subprocess.Popen[bytes]:
+    account = _account()
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=_env(),
+            start_new_session=True,
+            user=account[0] if account else None,
+            group=account[1] if account else None,
+        )
+
+
+def _stop(process: subprocess.Popen[bytes], *, timeout: float = 20) -> None:
+    if process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+@dataclass
+class Node:
+    name: str
+    pg_port: int
+    rest_port: int
+    folder: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def data_dir(self) -> Path:
+        return self.folder / "data"
+
+    @property
+    def config(self) -> Path:
+        return self.folder / "patroni.yml"
+
+    @property
+    def log_path(self) -> Path:
+        return self.folder / "patroni.log"
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def postmaster_pid(self) -> int | None:
+        """The running postmaster's pid, from its ``postmaster.pid``."""
+        try:
+            first = (self.data_dir / "postmaster.pid").read_text().split("\n", 1)[0]
+        except FileNotFoundError:
+            return None
+        return int(first) if first.strip().isdigit() else None
+
+    def conninfo(self, *, user: str = SUPERUSER, dbname: str = "postgres") -> str:
+        return f"host=127.0.0.1 port={self.pg_port} user={user} dbname={dbname}"
+
+
+@dataclass
+class Cluster:
+    scope: str
+    folder: Path
+    etcd_port: int
+    etcd: subprocess.Popen[bytes]
+    nodes: list[Node] = field(default_factory=list)
+
+    # --- addresses -------------------------------------------------------------
+
+    def url(self, *, user: str = SUPERUSER, dbname: str = "postgres") -> str:
+        """The multi-host URL the portal is given: libpq finds the primary."""
+        hosts = ",".join(f"127.0.0.1:{node.pg_port}" for node in self.nodes)
+        return f"postgres://{user}@{hosts}/{dbname}?target_session_attrs=read-write"
+
+    @property
+    def var_dir(self) -> Path:
+        """The portal's var/ for commands run on this cluster (the audit key)."""
+        return self.folder / "var"
+
+    def node(self, name: str) -> Node:
+        (found,) = [node for node in self.nodes if node.name == name]
+        return found
+
+    # --- what Patroni says -----------------------------------------------------
+
+    def members(self) -> list[dict[str, Any]]:
+        """Patroni's ``GET /cluster`` from the first node that answers."""
+        errors: list[str] = []
+        for node in self.nodes:
+            try:
+                answer = httpx.get(
+                    f"http://127.0.0.1:{node.rest_port}/cluster", timeout=2
+                )
+                answer.raise_for_status()
+                return list(answer.json()["members"])
+            except (httpx.HTTPError, ValueError, KeyError) as error:
+                errors.append(f"{node.name}: {error}")
+        raise RuntimeError("no Patroni node answered: " + "; ".join(errors))
+
+    def leader(self) -> str | None:
+        with contextlib.suppress(RuntimeError):
+            for member in self.members():
+                if member["role"] == "leader" and member["state"] == "running":
+                    return str(member["name"])
+        return None
+
+    def patronictl(self, *args: str) -> str:
+        """``patronictl`` against this cluster (the first node's configuration)."""
+        done = subprocess.run(
+            ["patronictl", "-c", str(self.nodes[0].config), *args],
+            capture_output=True,
+            text=True,
+            env=_env(),
+            timeout=30,
+            check=True,
+        )
+        return done.stdout
+
+    # --- waiting ---------------------------------------------------------------
+
+    def wait_for(
+        self, what: str, check: Any, *, timeout: float = START_TIMEOUT_S
+    ) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            result = check()
+            if result:
+                return result
+            for node in self.nodes:
+                if node.process is not None and node.process.poll() is not None:
+                    raise RuntimeError(
+                        f"patroni {node.name} exited {node.process.returncode} "
+                        f"waiting for {what}:\n{node.log()[-4000:]}"
+                    )
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"timed out waiting for {what}:\n{self.report()}")
+            time.sleep(0.2)
+
+    def wait_for_leader(self, *, other_than: str | None = None) -> str:
+        def check() -> str | None:
+            leader = self.leader()
+            return leader if leader and leader != other_than else None
+
+        return str(self.wait_for("a leader", check))
+
+    def wait_for_sync_standby(
+        self, name: str, *, timeout: float = START_TIMEOUT_S
+    ) -> None:
+        """Until ``name`` replicates and is the synchronous standby."""
+
+        def check() -> bool:
+            with contextlib.suppress(RuntimeError):
+                for member in self.members():
+                    if member["name"] == name:
+                        return bool(
+                            member["role"] == "sync_standby"
+                            and member["state"] in ("running", "streaming")
+                        )
+            return False
+
+        self.wait_for(f"{name} as the synchronous standby", check, timeout=timeout)
+
+    def report(self) -> str:
+        """What each node logged last, for a failure message."""
+        parts = []
+        with contextlib.suppress(RuntimeError):
+            parts.append(json.dumps(self.members(), indent=1))
+        parts += [f"--- {node.name} ---\n{node.log()[-3000:]}" for node in self.nodes]
+        return "\n".join(parts)
+
+    # --- faults ----------------------------------------------------------------
+
+    def kill_postmaster(self, name: str) -> int:
+        """SIGKILL the postmaster of node ``name``; returns its pid."""
+        pid = self.node(name).postmaster_pid()
+        assert pid is not None, f"{name} has no running postmaster"
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+
+def _patroni_yml(cluster: Cluster, node: Node) -> str:
+    """One node's configuration (the layout of deploy/ha/patroni.yml, short timings)."""
+    config = {
+        "scope": cluster.scope,
+        "name": node.name,
+        "log": {"level": "INFO"},
+        "restapi": {
+            "listen": f"127.0.0.1:{node.rest_port}",
+            "connect_address": f"127.0.0.1:{node.rest_port}",
+        },
+        "etcd3": {"hosts": [f"127.0.0.1:{cluster.etcd_port}"]},
+        "bootstrap": {
+            "dcs": {
+                "ttl": TTL_S,
+                "loop_wait": LOOP_WAIT_S,
+                "retry_timeout": RETRY_TIMEOUT_S,
+                "maximum_lag_on_failover": 1048576,
+                "synchronous_mode": True,
+                "primary_start_timeout": 0,
+                "postgresql": {
+                    "use_pg_rewind": True,
+                    "use_slots": True,
+                    "parameters": {
+                        "wal_level": "replica",
+                        "hot_standby": "on",
+                        "wal_log_hints": "on",
+                        "max_wal_senders": 10,
+                        "max_replication_slots": 10,
+                        "wal_keep_size": "128MB",
+                        "max_connections": 100,
+                        # Test data: the machine does not crash, a process does.
+                        "fsync": "off",
+                    },
+                },
+            },
+            "initdb": [{"encoding": "UTF8"}, {"locale": "C"}],
+        },
+        "postgresql": {
+            "listen": f"127.0.0.1:{node.pg_port}",
+            "connect_address": f"127.0.0.1:{node.pg_port}",
+            "data_dir": str(node.data_dir),
+            "bin_dir": str(PG_BIN),
+            "pgpass": str(node.folder / "pgpass"),
+            "authentication": {
+                "superuser": {"username": SUPERUSER, "password": "ha-test"},
+                "replication": {"username": "replicator", "password": "ha-test"},
+                "rewind": {"username": SUPERUSER, "password": "ha-test"},
+            },
+            "parameters": {
+                "unix_socket_directories": str(node.folder),
+                "shared_buffers": "32MB",
+            },
+            # Local test cluster: trust on the loopback, as the suite's server.
+            "pg_hba": [
+                "local all all trust",
+                "host all all 127.0.0.1/32 trust",
+                "host replication all 127.0.0.1/32 trust",
+            ],
+        },
+    }
+    # JSON is YAML: no YAML writer needed.
+    return json.dumps(config, indent=1)
+
+
+def _start_node(cluster: Cluster, node: Node) -> None:
+    node.folder.mkdir(mode=0o700)
+    node.config.write_text(_patroni_yml(cluster, node))
+    account = _account()
+    if account:
+        for path in (node.folder, node.config):
+            os.chown(path, *account)
+    node.process = _spawn(["patroni", str(node.config)], log=node.log_path)
+
+
+@contextlib.contextmanager
+def running_cluster(*, nodes: int = 2) -> Iterator[Cluster]:
+    """etcd and ``nodes`` Patroni nodes, the first the leader; the others are
+    still cloning it when this yields (``wait_for_sync_standby``: until the second
+    is the synchronous standby). All stopped, the folder removed afterwards."""
+    missing = missing_tools()
+    if missing:
+        raise RuntimeError(
+            "the HA cluster needs " + ", ".join(missing) + " (.ci/run installs "
+            "them: apt-get install patroni etcd-server postgresql-15)"
+        )
+    folder = Path(tempfile.mkdtemp(prefix="portal-ha-"))
+    folder.chmod(0o755)
+    account = _account()
+    if account:
+        os.chown(folder, *account)
+    with contextlib.suppress(OSError):  # a pytest temp root may be 0700
+        for parent in folder.parents:
+            mode = parent.stat().st_mode
+            if mode & 0o055 != 0o055:
+                parent.chmod(mode | 0o055)
+    etcd_port, peer_port = free_port(), free_port()
+    etcd_dir = folder / "etcd"
+    etcd_dir.mkdir()
+    if account:
+        os.chown(etcd_dir, *account)
+    etcd = _spawn(
+        [
+            "etcd",
+            "--name",
+            "ha-test",
+            "--data-dir",
+            str(etcd_dir / "data"),
+            "--listen-client-urls",
+            f"http://127.0.0.1:{etcd_port}",
+            "--advertise-client-urls",
+            f"http://127.0.0.1:{etcd_port}",
+            "--listen-peer-urls",
+            f"http://127.0.0.1:{peer_port}",
+            "--initial-advertise-peer-urls",
+            f"http://127.0.0.1:{peer_port}",
+            "--initial-cluster",
+            f"ha-test=http://127.0.0.1:{peer_port}",
+            "--initial-cluster-state",
+            "new",
+            "--enable-v2=false",
+            "--unsafe-no-fsync",
+        ],
+        log=etcd_dir / "etcd.log",
+    )
+    cluster = Cluster(
+        scope=f"portal-ha-{os.getpid()}",
+        folder=folder,
+        etcd_port=etcd_port,
+        etcd=etcd,
+    )
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if etcd.poll() is not None:
+                raise RuntimeError(
+                    f"etcd exited {etcd.returncode}:\n"
+                    + (etcd_dir / "etcd.log").read_text(errors="replace")[-3000:]
+                )
+            try:
+                if httpx.get(
+                    f"http://127.0.0.1:{etcd_port}/health", timeout=1
+                ).is_success:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("etcd did not answer")
+            time.sleep(0.1)
+        for index in range(nodes):
+            cluster.nodes.append(
+                Node(
+                    name=f"node{index + 1}",
+                    pg_port=free_port(),
+                    rest_port=free_port(),
+                    folder=folder / f"node{index + 1}",
+                )
+            )
+        # The first node bootstraps (initdb) alone; the others clone it.
+        _start_node(cluster, cluster.nodes[0])
+        cluster.wait_for_leader()
+        for node in cluster.nodes[1:]:
+            _start_node(cluster, node)
+        yield cluster
+    finally:
+        # Every node at once, PostgreSQL first (an immediate shutdown: the data
+        # is thrown away), then each Patroni.
+        for node in cluster.nodes:
+            pid = node.postmaster_pid()
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGQUIT)
+        for node in cluster.nodes:
+            if node.process is not None and node.process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(node.process.pid, signal.SIGTERM)
+        for node in cluster.nodes:
+            if node.process is not None:
+                _stop(node.process, timeout=30)
+        for node in cluster.nodes:
+            # A postmaster Patroni left behind (it was SIGKILLed, say): stop it too.
+            pid = node.postmaster_pid()
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGQUIT)
+        _stop(etcd)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def bootstrap_portal(cluster: Cluster, *, dbname: str) -> str:
+    """The portal's database on the cluster, as ``up`` and the suite make it.
+
+    The roles from the administrator's URL (``db_roles.ensure_roles``), a database
+    the owner owns, then ``manage.py migrate`` as the owner (it re-applies the app
+    role's grants). Returns the app role's multi-host URL.
+    """
+    admin_url = cluster.url(dbname="postgres")
+    db_roles.ensure_roles(admin_url)
+    with psycopg.connect(**db_roles._conninfo(admin_url), autocommit=True) as admin:
+        admin.execute(
+            sql.SQL("CREATE DATABASE {} OWNER {}").format(
+                sql.Identifier(dbname), sql.Identifier(db_roles.OWNER_ROLE)
+            )
+        )
+    app_url = cluster.url(user=db_roles.APP_ROLE, dbname=dbname)
+    manage(
+        cluster,
+        "migrate",
+        "--no-input",
+        "-v",
+        "0",
+        database_url=app_url,
+    )
+    return app_url
+
+
+def manage(
+    cluster: Cluster, *args: str, database_url: str, env: dict[str, str] | None = None
+) -> str:
+    """``manage.py <args>`` on the cluster as the app role (the owner's URL beside
+    it, as a deployment gives both), with the cluster's own var/ folder (the
+    development audit key); returns what it printed.
+
+    Raises:
+        RuntimeError: the command failed (its output in the message).
+    """
+    command_env = {
+        key: value
+        for key, value in os.environ.items()
+        if key != "DJANGO_SECRET_KEY" and not key.startswith("PG")
+    }
+    command_env.update(
+        DATABASE_URL=database_url,
+        DATABASE_OWNER_URL=db_roles.url_as(database_url, user=db_roles.OWNER_ROLE),
+        PORTAL_DEV_MODE="1",
+        PORTAL_VAR_DIR=str(cluster.var_dir),
+        PYTHONUNBUFFERED="1",
+        **(env or {}),
+    )
+    done = deploy_support.manage(command_env, *args, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"manage.py {' '.join(args)} exited {done.returncode}:\n"
+            f"{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+        )
+    return done.stdout
