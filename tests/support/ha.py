@@ -5,8 +5,8 @@ PostgreSQL 15 binaries in ``/usr/lib/postgresql/15/bin``; nothing of the machine
 own services. Everything listens on 127.0.0.1 on free ports and lives in one
 temporary folder: etcd's data, each node's data folder, socket folder and log.
 
-The cluster is set up as deploy/ha/ documents for production, with short timings so
-that a failover takes seconds: ``synchronous_mode`` (a commit is acknowledged once
+Each node's configuration is deploy/ha/patroni-db1.yml, production's, with local
+addresses and folders and short timings so that a failover takes seconds: ``synchronous_mode`` (a commit is acknowledged once
 the synchronous standby has it), ``use_pg_rewind`` (a failed primary rejoins as a
 replica), and ``primary_start_timeout: 0`` (a crashed primary is failed over at
 once instead of restarted in place: the point of the exercise).
@@ -39,6 +39,7 @@ from typing import Any
 
 import httpx
 import psycopg
+import yaml
 from psycopg import sql
 
 from portal import db_roles
@@ -269,68 +270,47 @@ class Cluster:
         return pid
 
 
+DEPLOYED_CONFIG = REPO / "deploy" / "ha" / "patroni-db1.yml"
+
+
 def _patroni_yml(cluster: Cluster, node: Node) -> str:
-    """One node's configuration (the layout of deploy/ha/patroni.yml, short timings)."""
-    config = {
-        "scope": cluster.scope,
-        "name": node.name,
-        "log": {"level": "INFO"},
-        "restapi": {
-            "listen": f"127.0.0.1:{node.rest_port}",
-            "connect_address": f"127.0.0.1:{node.rest_port}",
-        },
-        "etcd3": {"hosts": [f"127.0.0.1:{cluster.etcd_port}"]},
-        "bootstrap": {
-            "dcs": {
-                "ttl": TTL_S,
-                "loop_wait": LOOP_WAIT_S,
-                "retry_timeout": RETRY_TIMEOUT_S,
-                "maximum_lag_on_failover": 1048576,
-                "synchronous_mode": True,
-                "primary_start_timeout": 0,
-                "postgresql": {
-                    "use_pg_rewind": True,
-                    "use_slots": True,
-                    "parameters": {
-                        "wal_level": "replica",
-                        "hot_standby": "on",
-                        "wal_log_hints": "on",
-                        "max_wal_senders": 10,
-                        "max_replication_slots": 10,
-                        "wal_keep_size": "128MB",
-                        "max_connections": 100,
-                        # Test data: the machine does not crash, a process does.
-                        "fsync": "off",
-                    },
-                },
-            },
-            "initdb": [{"encoding": "UTF8"}, {"locale": "C"}],
-        },
-        "postgresql": {
-            "listen": f"127.0.0.1:{node.pg_port}",
-            "connect_address": f"127.0.0.1:{node.pg_port}",
-            "data_dir": str(node.data_dir),
-            "bin_dir": str(PG_BIN),
-            "pgpass": str(node.folder / "pgpass"),
-            "authentication": {
-                "superuser": {"username": SUPERUSER, "password": "ha-test"},
-                "replication": {"username": "replicator", "password": "ha-test"},
-                "rewind": {"username": SUPERUSER, "password": "ha-test"},
-            },
-            "parameters": {
-                "unix_socket_directories": str(node.folder),
-                "shared_buffers": "32MB",
-            },
-            # Local test cluster: trust on the loopback, as the suite's server.
-            "pg_hba": [
-                "local all all trust",
-                "host all all 127.0.0.1/32 trust",
-                "host replication all 127.0.0.1/32 trust",
-            ],
-        },
+    """One node's configuration: deploy/ha/patroni-db1.yml as production has it,
+    with this machine's addresses and folders, trust on the loopback (the suite's
+    server trusts 127.0.0.1 too) and short timings."""
+    config: dict[str, Any] = yaml.safe_load(DEPLOYED_CONFIG.read_text())
+    config["scope"] = cluster.scope
+    config["name"] = node.name
+    config["log"] = {"level": "INFO"}
+    config["restapi"] = {
+        "listen": f"127.0.0.1:{node.rest_port}",
+        "connect_address": f"127.0.0.1:{node.rest_port}",
     }
-    # JSON is YAML: no YAML writer needed.
-    return json.dumps(config, indent=1)
+    config["etcd3"] = {"hosts": [f"127.0.0.1:{cluster.etcd_port}"]}
+    dcs = config["bootstrap"]["dcs"]
+    dcs.update(ttl=TTL_S, loop_wait=LOOP_WAIT_S, retry_timeout=RETRY_TIMEOUT_S)
+    dcs["postgresql"]["parameters"].update(
+        wal_keep_size="128MB",
+        max_connections=100,
+        # Test data: the machine does not crash, a process does.
+        fsync="off",
+    )
+    postgresql = config["postgresql"]
+    postgresql.update(
+        listen=f"127.0.0.1:{node.pg_port}",
+        connect_address=f"127.0.0.1:{node.pg_port}",
+        data_dir=str(node.data_dir),
+        bin_dir=str(PG_BIN),
+        pgpass=str(node.folder / "pgpass"),
+        pg_hba=[
+            "local all all trust",
+            "host all all 127.0.0.1/32 trust",
+            "host replication all 127.0.0.1/32 trust",
+        ],
+    )
+    postgresql["parameters"].update(
+        unix_socket_directories=str(node.folder), shared_buffers="32MB"
+    )
+    return yaml.safe_dump(config, sort_keys=False)
 
 
 def _start_node(cluster: Cluster, node: Node) -> None:
