@@ -142,7 +142,8 @@ DATABASE_OPERATOR_URL = os.environ.get("DATABASE_OPERATOR_URL", "")
 _database: dict[str, Any] = database_url.parse(
     DATABASE_URL, conn_max_age=60, conn_health_checks=True
 )
-# What the URL's query says (target_session_attrs, connect_timeout) is kept below.
+# What the URL's query says (target_session_attrs, ...) is kept below; the portal's
+# own options win over the same names.
 _url_options: dict[str, Any] = dict(_database.get("OPTIONS") or {})
 # Django's PostgreSQL backend, plus the tenant scope of row-level security.
 _database["ENGINE"] = "portal.dbbackend"

@@ -17,7 +17,7 @@ from portal import database_url, db_roles
 
 HA_URL = (
     "postgres://portal_app@10.0.0.1:5433,10.0.0.2,[fd00::3]:6000/portal"
-    "?target_session_attrs=read-write&connect_timeout=3"
+    "?target_session_attrs=read-write&application_name=portal-web"
 )
 
 
@@ -30,7 +30,7 @@ def test_a_multi_host_url_gives_libpq_its_host_and_port_lists():
     assert config["CONN_MAX_AGE"] == 60
     assert config["OPTIONS"] == {
         "target_session_attrs": "read-write",
-        "connect_timeout": 3,
+        "application_name": "portal-web",
     }
 
 
@@ -51,7 +51,7 @@ def test_the_role_helpers_keep_every_host():
     owner = db_roles.url_as(HA_URL, user=db_roles.OWNER_ROLE)
     assert owner == (
         "postgres://portal_owner@10.0.0.1:5433,10.0.0.2,[fd00::3]:6000/portal"
-        "?target_session_attrs=read-write&connect_timeout=3"
+        "?target_session_attrs=read-write&application_name=portal-web"
     )
     info = db_roles._conninfo(owner, dbname="postgres")
     assert info["host"] == "10.0.0.1,10.0.0.2,fd00::3"
@@ -75,6 +75,7 @@ def test_the_settings_pass_the_lists_and_the_query_to_the_connection():
         PORTAL_NO_BOOTSTRAP="1",
         PORTAL_DEV_MODE="1",
     )
+    env.pop("PORTAL_DB_CONNECT_TIMEOUT_S", None)  # the default, 5 s
     done = subprocess.run(
         [sys.executable, "-c", code],
         cwd=settings.BASE_DIR,
@@ -88,6 +89,8 @@ def test_the_settings_pass_the_lists_and_the_query_to_the_connection():
     assert host == "10.0.0.1,10.0.0.2,fd00::3"
     assert port == "5433,5432,6000"
     assert options["target_session_attrs"] == "read-write"
-    assert options["connect_timeout"] == 3
-    # the portal's own connection options are still there
+    assert options["application_name"] == "portal-web"
+    # the portal's own connection options are still there (connect_timeout bounds
+    # the wait on each host of the list)
     assert "lock_timeout" in options["options"]
+    assert options["connect_timeout"] == 5
