@@ -109,3 +109,30 @@ class DeskComment(models.Model):
 
     def __str__(self) -> str:
         return f"comment {self.pk}"
+
+
+class UsedFormToken(models.Model):
+    """A one-time form token that has been spent (``console/once.py``).
+
+    A form that makes something that must not be made twice (a new API key, whose
+    secret is shown once) carries a signed token; the POST that acts spends it by
+    inserting its digest here, so the same form posted again (a resubmission, a
+    double click, the back button) finds it spent and makes nothing. A person's
+    own, never a tenant's; rows older than a token's life are deleted as new ones
+    are spent.
+    """
+
+    digest = models.CharField(primary_key=True, max_length=64)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+"
+    )
+    used_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    class Meta:
+        indexes = [
+            # The clean-up of spent tokens past their life.
+            models.Index(fields=["used_at"], name="console_usedformtoken_used_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return self.digest[:12]

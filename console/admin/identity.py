@@ -11,11 +11,12 @@ from django.contrib import admin, messages
 from django.contrib.admin.helpers import ActionForm
 from django.contrib.auth import get_user_model
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
 from console import services
+from console.once import ONCE_FIELD, once_spend, once_token
 from limits import services as limits_services
 from portal import services as portal_services
 from portal.exceptions import PortalError
@@ -65,6 +66,38 @@ def new_keys_page(
             "next_url": request.get_full_path(),
         },
     )
+
+
+class OnceActionForm(ActionForm):
+    """The action bar with a one-time token (console/once.py): an action that makes
+    a key spends it, so the same page posted twice makes one key."""
+
+    once = forms.CharField(required=False, label="", widget=forms.HiddenInput)
+
+
+class OnceActions(TenantScopedAdmin):
+    """A list whose action bar carries a fresh one-time token on every render."""
+
+    action_form = OnceActionForm
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        response = super().changelist_view(request, extra_context)
+        context = getattr(response, "context_data", None) or {}
+        if context.get("action_form") is not None:
+            context["action_form"].initial[ONCE_FIELD] = once_token(user=request.user)
+        return response
+
+    def spend_once(self, request: HttpRequest) -> bool:
+        """Spend the posted page's token; False (and a message) if it was spent or
+        is not valid: the action then makes nothing."""
+        try:
+            once_spend(user=request.user, token=request.POST.get(ONCE_FIELD, ""))
+        except PortalError as error:
+            self.message_user(request, error.detail, messages.ERROR)
+            return False
+        return True
 
 
 @admin.register(Tenant)
@@ -151,7 +184,7 @@ class AgentKeyInline(admin.TabularInline):
 
 
 @admin.register(Agent)
-class AgentAdmin(TenantScopedAdmin):
+class AgentAdmin(OnceActions):
     """Agents (API identities). Keys are issued here and shown exactly once."""
 
     manage_perm = TenantPerm.MANAGE_TENANT
@@ -262,6 +295,8 @@ class AgentAdmin(TenantScopedAdmin):
     def issue_key(
         self, request: HttpRequest, queryset: QuerySet[Agent]
     ) -> TemplateResponse | None:
+        if not self.spend_once(request):
+            return None
         new_keys = []
         for agent in self.manageable(request, queryset).select_related("tenant"):
             issued = services.agent_key_issue(agent=agent, by=request.user)
@@ -276,7 +311,7 @@ class AgentAdmin(TenantScopedAdmin):
         return new_keys_page(self, request, new_keys)
 
 
-class KeyActionForm(ActionForm):
+class KeyActionForm(OnceActionForm):
     """The action bar, with the time that rotation and expiry take."""
 
     until = forms.DateTimeField(
@@ -288,7 +323,7 @@ class KeyActionForm(ActionForm):
 
 
 @admin.register(AgentKey)
-class AgentKeyAdmin(TenantScopedAdmin):
+class AgentKeyAdmin(OnceActions):
     """API keys by prefix; the secret is never stored. Revoke, rotate or expire here."""
 
     view_perm = TenantPerm.MANAGE_TENANT
@@ -346,7 +381,7 @@ class AgentKeyAdmin(TenantScopedAdmin):
         self, request: HttpRequest, queryset: QuerySet[AgentKey]
     ) -> TemplateResponse | None:
         until = self._until(request)
-        if until is None:
+        if until is None or not self.spend_once(request):
             return None
         new_keys = []
         rotating = self.manageable(request, queryset).select_related("tenant", "agent")

@@ -83,3 +83,35 @@ def test_a_rotated_key_is_shown_once_and_kept_nowhere(page, live_server, tenant)
     _reload_once_the_entry_points_at_the_list(page)
     assert secret not in page.content()
     assert AgentKey.objects.filter(agent=agent).count() == 2
+
+
+def test_the_issue_form_sent_again_issues_no_second_key(page, live_server, tenant):
+    """The browser sends the very same POST again (what a reload before the page
+    has loaded, or the back button and "resend", does): its one-time token is
+    spent, so no key is made and no secret shown; the list says why."""
+    ada = User.objects.create_user("ada-again", password=PASSWORD, is_staff=True)
+    portal_services.membership_grant(tenant=tenant, user=ada, role=Role.ADMIN)
+    agent = portal_services.agent_create(tenant=tenant, name="resent-bot")
+    log_in(page, live_server, "ada-again")
+    page.goto(f"{live_server.url}/admin/portal/agent/")
+    page.check(f"input[name=_selected_action][value='{agent.pk}']")
+    page.select_option("select[name=action]", "issue_key")
+    with page.expect_request(lambda r: r.method == "POST") as sent:
+        page.click("button[name=index]")
+    first = page.inner_text("#new-keys code.new-key-secret")
+    body = sent.value.post_data
+    assert body is not None and "once=" in body
+
+    again = page.request.post(
+        f"{live_server.url}/admin/portal/agent/",
+        data=body,
+        headers={
+            "Content-Type": "application/x-www-form-urlencoded",
+            "Referer": f"{live_server.url}/admin/portal/agent/",
+        },
+    )
+    assert again.status == 200  # the list, after the redirect
+    html = again.text()
+    assert "This form was sent already" in html
+    assert "new-key-secret" not in html and first not in html
+    assert AgentKey.objects.filter(agent=agent).count() == 1

@@ -13,6 +13,7 @@ from django.db import transaction
 from audit import services as audit_services
 from audit.models import Event
 from portal.actors import Actor
+from tests.support.new_keys import form_token
 
 pytestmark = pytest.mark.django_db
 
@@ -65,7 +66,11 @@ def test_an_event_cannot_be_changed_or_deleted_from_the_admin(staff_client, tena
 def test_issuing_a_key_from_the_admin_shows_the_secret_once(staff_client, agent):
     response = staff_client.post(
         "/admin/portal/agent/",
-        {"action": "issue_key", "_selected_action": [str(agent.pk)]},
+        {
+            "action": "issue_key",
+            "_selected_action": [str(agent.pk)],
+            "once": form_token(staff_client, "/admin/portal/agent/"),
+        },
         follow=True,
     )
     text = response.content.decode()

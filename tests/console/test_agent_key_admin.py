@@ -17,7 +17,7 @@ from portal import services as portal_services
 from portal.db import db_now
 from portal.models import AgentKey
 from portal.roles import PermissionDenied, TenantNotVisible
-from tests.support.new_keys import shown_secret
+from tests.support.new_keys import form_token, shown_secret
 from tests.support.tenancy import tenant_fingerprint
 
 from .conftest import PASSWORD, Cast
@@ -66,7 +66,12 @@ def test_an_admin_rotates_a_key_with_overlap(cast: Cast):
 
     page = client.post(
         PAGE,
-        {"action": "rotate_keys", "_selected_action": [str(key.pk)], "until": until},
+        {
+            "action": "rotate_keys",
+            "_selected_action": [str(key.pk)],
+            "until": until,
+            "once": form_token(client, PAGE),
+        },
         follow=True,
     )
 

@@ -17,7 +17,7 @@ from portal.models import Agent, AgentGrant, AgentKey, Membership, Role, Tenant
 from portal.roles import PermissionDenied, TenantNotVisible, perms_of
 from tasks.models import Connector, Contract
 from tests.support.contracts import SPEC
-from tests.support.new_keys import shown_secret
+from tests.support.new_keys import form_token, shown_secret
 from tests.support.tenancy import tenant_fingerprint
 
 from .conftest import PASSWORD, Cast
@@ -98,7 +98,11 @@ def test_an_admin_issues_and_revokes_a_key_and_the_secret_stays_out(cast: Cast):
     before = _event_ids(cast)
     page = client.post(
         "/admin/portal/agent/",
-        {"action": "issue_key", "_selected_action": [str(agent.pk)]},
+        {
+            "action": "issue_key",
+            "_selected_action": [str(agent.pk)],
+            "once": form_token(client, "/admin/portal/agent/"),
+        },
         follow=True,
     )
     secret = shown_secret(page)

@@ -91,6 +91,7 @@ COORDINATOR = frozenset(
         "portal_test_clock",  # the test clock's per-backend offsets
         "portal_jobrun",  # each Celery job's last run (portal/jobruns.py)
         "console_savedsearch",  # a person's saved event searches (not a tenant's)
+        "console_usedformtoken",  # spent one-time form tokens (console/once.py)
         "portal_authfailurewindow",  # failed API authentications (portal/api.py)
         # django-axes' login attempts and lockouts (docs/portal.md)
         "axes_accessattempt",
