@@ -104,12 +104,46 @@ def test_small_load_keeps_every_invariant(loaded: tuple[str, str]) -> None:
             """
             SELECT count(*) FROM audit_outbox o
             LEFT JOIN audit_event e ON e.id = o.event_id AND e.tenant_id = o.tenant_id
-            WHERE e.id IS NULL OR e.code IN ('gateway.checked', 'credential.issued')
+            WHERE e.id IS NULL OR e.code = 'gateway.checked'
                OR o.key <> e.id::text OR o.payload->>'trace_id' <> e.trace_id
             """
         )
         == 0
     )
+    # and the gateway's events have the shape it writes now: one gateway.checked per
+    # check pass listing its checks (a refusal last), no credential.issued, and each
+    # call's credentials in its operation.executing event, with their rows
+    assert (
+        _one("SELECT count(*) FROM audit_event WHERE code = 'credential.issued'") == 0
+    )
+    assert (
+        _one(
+            """
+            SELECT count(*) FROM audit_event
+            WHERE code = 'gateway.checked' AND NOT (
+                jsonb_typeof(payload->'checks') = 'array'
+                AND payload->'checks'->-1->>'verdict' = payload->>'verdict'
+                AND (payload->>'verdict' = 'passed') = (reason_code IS NULL)
+                AND (payload ? 'check') = (payload->>'verdict' = 'refused')
+            )
+            """
+        )
+        == 0
+    )
+    assert _one("SELECT count(*) FROM audit_event WHERE code = 'gateway.checked'") > 0
+    executing, credentials_listed = _rows(
+        """
+        SELECT count(DISTINCT e.id), count(c.id) FROM audit_event e
+        CROSS JOIN LATERAL jsonb_array_elements(e.payload->'issued') AS i
+        LEFT JOIN tasks_credential c
+          ON c.tenant_id = e.tenant_id AND c.id = (i->>'credential_id')::uuid
+             AND c.operation_id = e.operation_id
+        WHERE e.code = 'operation.executing'
+        """
+    )[0]
+    assert executing > 0
+    assert credentials_listed == 2 * executing  # execute and lookup, each a row
+    assert _one("SELECT count(*) FROM tasks_credential") == credentials_listed
     # and every task waiting for a person has an open escalation with evidence
     assert (
         _one(

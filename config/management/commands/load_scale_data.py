@@ -19,9 +19,12 @@ What it makes:
   span id. Finished tasks are spread over the last 90 days; unfinished ones over
   the time they plausibly stay so (running: the last hour; pending: two days;
   waiting: a week; escalations: two weeks).
-- One outbox row per published event, as ``event_append`` writes them (``gateway.
-  checked`` and ``credential.issued`` are not published), mostly sent, a few
-  pending or dead; ``--outbox N`` keeps only about N of them.
+- The gateway's events as it writes them now: one ``gateway.checked`` per check
+  pass (every check that ran, a refusal last), and a call's credentials (execute
+  and lookup) listed in its ``operation.executing`` event.
+- One outbox row per published event, as ``event_append`` writes them
+  (``gateway.checked`` is not published), mostly sent, a few pending or dead;
+  ``--outbox N`` keeps only about N of them.
 
 Rows go in through ``COPY … FROM STDIN`` in chunks of tasks, one transaction per
 chunk, so constraints, composite foreign keys and triggers all apply (nothing is
@@ -63,6 +66,9 @@ from audit import chain
 from portal import scope, services
 from portal.models import Agent, Role, Tenant
 from tasks import services as task_services
+from tasks.credentials import USE_EXECUTE, USE_LOOKUP
+from tasks.gateway import checks as gateway_checks
+from tasks.gateway.call import LOOKUP_EXTRA_TTL_S
 from tasks.hashing import input_hash
 from tasks.models import Connector, Contract
 from tasks.takeover import HUMAN_LEASE_HOURS
@@ -118,9 +124,18 @@ OPERATION_VERSIONS: Final = {
     "human_required": 2,
     "verified": 3,
 }
-CHECKS: Final = ("contract", "fields", "target", "permission", "version")
+# The gateway's checks in the order one pass runs them (tasks/gateway/checks.py),
+# and the check that refuses each failure reason the loader gives.
+CHECKS: Final = tuple(name for name, _ in gateway_checks.CHECKS)
+REFUSED_BY: Final = {
+    "FIELD_STALE": "fields",
+    "FIELD_MISSING": "fields",
+    "PERMISSION_REVOKED": "permission",
+    "TARGET_FORBIDDEN": "target",
+    "VERSION_CONFLICT": "version",
+}
 # Codes the services write without an outbox row (event_append(publish=False)).
-UNPUBLISHED: Final = frozenset({"gateway.checked", "credential.issued"})
+UNPUBLISHED: Final = frozenset({"gateway.checked"})
 SUMMARIES: Final = (
     "Customer cannot log in",
     "Invoice shows the wrong plan",
@@ -641,8 +656,8 @@ def task_story(
         },
     )  # fmt: skip
 
-    # How many events the ending takes; the rest are gateway checks (and, for a
-    # call that went out, the credential and receipt lookup).
+    # How many events the ending takes; the rest are gateway check passes (and, for
+    # a call that went out, the receipt lookup).
     ending = {
         "succeeded": 9 if via_person else 4,
         "failed": 2,
@@ -664,36 +679,30 @@ def task_story(
         reason = "RESULT_UNKNOWN"
     extras = []
     if calls and not via_person:
-        # credential.issued first, then receipt.queried, when there is room.
-        extras = ["credential.issued", "receipt.queried"][: max(0, middle - 1)]
-    checks = middle - len(extras)
-    for i in range(checks):
-        refused = reason is not None and state == "failed" and i == checks - 1
-        story.event(
-            "gateway.checked",
-            {
-                "check": CHECKS[i % len(CHECKS)],
-                "verdict": "refused" if refused else "passed",
-            },
-            reason=reason if refused else None,
-            contract=True,
-        )
-    credential_at = None
-    if "credential.issued" in extras:
-        credential_at = story.tick()
-        _credential(story, object_id=object_id, at=credential_at)
+        extras = ["receipt.queried"][: max(0, middle - 1)]  # when there is room
+    passes = middle - len(extras)
+    for i in range(passes):
+        refused = reason is not None and state == "failed" and i == passes - 1
+        _checked(story, reason=reason if refused else None)
 
     operation_state, provider_reference, attempts, lookups = "reserved", None, 0, 0
     operation_reason: str | None = None
     next_check_at = None
     if calls:
         operation_state, attempts = "executing", 1
+        issued = _credentials(story, object_id=object_id, at=story.tick())
         story.event(
             "operation.executing",
             {
                 "from": "reserved", "to": "executing", "attempts": 1,
                 "idempotency_key": idempotency_key, "provider_reference": None,
                 "lease_token": story.lease_token,
+                "executed_by": {"type": "agent", "id": agent_id},
+                "checks": [
+                    {"check": "credential", "verdict": "passed",
+                     "credential_id": issued[0]["credential_id"]},
+                ],
+                "issued": issued,
             },
         )  # fmt: skip
         provider_reference = f"T-{rng.randint(10**7, 10**8 - 1)}"
@@ -798,25 +807,54 @@ def task_story(
     )
 
 
-def _credential(story: _Story, *, object_id: str, at: dt.datetime) -> None:
-    credential_id = story.ids.at(at)
-    story.chunk.add(
-        "tasks_credential",
-        (
-            credential_id, story.tenant.id, story.operation_id, "customer_issue",
-            object_id, _dumps(["email"]), ACTION, TARGET, story.ids.hex(64), at,
-            at + dt.timedelta(seconds=60),
-        ),
-    )  # fmt: skip
-    story.at -= dt.timedelta(milliseconds=5)
-    story.event(
-        "credential.issued",
-        {
-            "credential_id": credential_id, "action": ACTION, "target": TARGET,
-            "fields": ["email"], "expires_at": _iso(at + dt.timedelta(seconds=60)),
-            "ttl_s": 60,
-        },
-    )  # fmt: skip
+def _checked(story: _Story, *, reason: str | None) -> None:
+    """One gateway check pass as one ``gateway.checked`` event, as
+    ``tasks.gateway.checks.checks_recorded`` writes it: every check that ran, in
+    order; a refusal is the last and names the pass's ``reason``."""
+    refused_by = REFUSED_BY[reason] if reason else None
+    ran = CHECKS[: CHECKS.index(refused_by) + 1] if refused_by else CHECKS
+    data: dict[str, Any] = {
+        "verdict": "refused" if refused_by else "passed",
+        "checks": [
+            {"check": name, "verdict": "refused" if name == refused_by else "passed"}
+            for name in ran
+        ],
+    }
+    if refused_by:
+        data["check"] = refused_by
+    story.event("gateway.checked", data, reason=reason, contract=True)
+
+
+def _credentials(
+    story: _Story, *, object_id: str, at: dt.datetime
+) -> list[dict[str, Any]]:
+    """The call's credentials, as ``tasks.gateway.call.authorize_call`` issues them:
+    an ``execute`` one bound to the fields and a ``lookup`` one for the receipt; their
+    facts go in the ``operation.executing`` event (``credential_facts``)."""
+    issued = []
+    for use, fields, ttl_s in (
+        (USE_EXECUTE, ["email"], 60),
+        (USE_LOOKUP, [], 60 + LOOKUP_EXTRA_TTL_S),
+    ):
+        credential_id = story.ids.at(at)
+        expires_at = at + dt.timedelta(seconds=ttl_s)
+        story.chunk.add(
+            "tasks_credential",
+            (
+                credential_id, story.tenant.id, story.operation_id, "customer_issue",
+                object_id, _dumps(fields), ACTION, TARGET, story.ids.hex(64), at,
+                expires_at,
+            ),
+        )  # fmt: skip
+        issued.append(
+            {
+                "credential_id": credential_id, "use": use, "action": ACTION,
+                "target": TARGET, "fields": fields, "expires_at": _iso(expires_at),
+                "ttl_s": ttl_s,
+            }
+        )  # fmt: skip
+    story.at -= dt.timedelta(milliseconds=5)  # the event lands on the issue time
+    return issued
 
 
 def _evidence(story: _Story, *, reason: str, digest: str, owner: str) -> dict[str, Any]:
