@@ -415,7 +415,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import django
 
     django.setup()
-    from config.management.commands.load_scale_data import PASSWORD
+    from config.scale_data.rows import PASSWORD
 
     started_at = dt.datetime.now(dt.UTC)
     started = time.monotonic()

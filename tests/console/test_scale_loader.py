@@ -17,7 +17,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import ProgrammingError, connection, transaction
 
-from config.management.commands import load_scale_data
+from config.scale_data import loading, stories
 from portal import scope
 from portal.models import Tenant, TenantPerm
 from tasks.hashing import input_hash
@@ -269,7 +269,7 @@ def test_event_counts_add_up_exactly_within_bounds(tasks: int, events: int) -> N
     counts = []
     remaining = events
     for left in range(tasks, 0, -1):
-        count = load_scale_data.event_count(
+        count = stories.event_count(
             rng, remaining_events=remaining, remaining_tasks=left
         )
         counts.append(count)
@@ -281,4 +281,4 @@ def test_event_counts_add_up_exactly_within_bounds(tasks: int, events: int) -> N
 def test_impossible_ratio_is_refused(db: None) -> None:
     # 100 events cannot give 100 tasks five events each
     with pytest.raises(CommandError, match="each task gets"):
-        load_scale_data.load(tasks=100, events=100, tenants=1, writers=0)
+        loading.load(tasks=100, events=100, tenants=1, writers=0)
