@@ -11,6 +11,7 @@ from django.contrib import admin
 from django.contrib.auth.models import User
 from django.urls import reverse
 
+from console import site as console_site
 from portal import services as portal_services
 from portal.models import Role, Tenant
 from tests.browser.conftest import PASSWORD, log_in
@@ -28,6 +29,9 @@ STRICT = (
 )
 
 
+WORKERS = "/admin/workers/"
+
+
 def _policy_of(response) -> str:
     policy = response.header_value("content-security-policy") or ""
     for directive in STRICT:
@@ -39,7 +43,8 @@ def _policy_of(response) -> str:
 def _admin_pages(rows: dict) -> list[str]:
     """Each admin page's list and add page, and its change page for the row
     ``fill`` made."""
-    urls = ["/admin/"]
+    # The dashboard and the workers page (console/site.py) are views of their own.
+    urls = ["/admin/", WORKERS]
     for model in admin.site._registry:
         meta = model._meta
         urls.append(reverse(f"admin:{meta.app_label}_{meta.model_name}_changelist"))
@@ -103,6 +108,33 @@ def test_the_takeover_desk_works_under_the_policy(page, live_server, tenant, fil
         )
         == "700"
     )
+    assert violations == [], "\n".join(violations)
+
+
+@pytest.mark.parametrize("who", ["operator", "tenant admin"])
+def test_the_workers_page_refreshes_under_the_policy(
+    page, live_server, tenant, monkeypatch, who
+):
+    """The workers page's live part is fetched again by console/live.js (same
+    origin, no inline script): the fetch and the swap report no violation, for the
+    operator's page (workers, queue, beat) and a tenant admin's (her outbox)."""
+    monkeypatch.setattr(console_site, "WORKERS_REFRESH_S", 2)  # one refresh, soon
+    if who == "operator":
+        User.objects.create_superuser("csp-operator", password=PASSWORD)
+        username = "csp-operator"
+    else:
+        person = User.objects.create_user(
+            "csp-workers", password=PASSWORD, is_staff=True
+        )
+        portal_services.membership_grant(tenant=tenant, user=person, role=Role.ADMIN)
+        username = "csp-workers"
+    violations = watch_violations(page)
+    log_in(page, live_server, username)
+    response = page.goto(f"{live_server.url}{WORKERS}")
+    assert response.status == 200
+    _policy_of(response)
+    page.wait_for_selector("#workers-live[data-refreshed-at]", timeout=20_000)
+    assert page.locator("#workers-live.refresh-failed").count() == 0
     assert violations == [], "\n".join(violations)
 
 
