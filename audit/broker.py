@@ -339,12 +339,24 @@ class BrokerPublisher:
         return not (channel_errors and isinstance(error, channel_errors))
 
     def close(self) -> None:
+        """Close the connection, waiting at most ``timeout_s`` for the broker's
+        close-ok: py-amqp waits for it without a limit, so a link that went silent
+        (a partition) held the relay's job forever
+        (tests/worker/test_network_faults.py).
+        """
         broker, self._connection, self._producer = self._connection, None, None
-        if broker is not None:
-            try:
-                broker.release()
-            except Exception:  # the link is already gone; nothing to give back
-                logger.debug("closing a failed broker connection", exc_info=True)
+        if broker is None:
+            return
+        try:
+            transport: Any = getattr(broker.connection, "transport", None)
+            if transport is None or not hasattr(transport, "having_timeout"):
+                broker.release()  # no socket of its own (the filesystem transport)
+            else:
+                with transport.having_timeout(self.timeout_s):
+                    broker.release()
+        except Exception:  # the link is already gone; nothing to give back
+            logger.debug("closing a failed broker connection", exc_info=True)
+            broker.collect()  # drop what is left without asking the broker
 
     def __enter__(self) -> BrokerPublisher:
         return self
