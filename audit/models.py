@@ -57,6 +57,7 @@ class EventCode(models.TextChoices):
     AGENT_CHANGED = "agent.changed"
     AGENT_KEY_ISSUED = "agent_key.issued"
     AGENT_KEY_REVOKED = "agent_key.revoked"
+    AGENT_KEY_REFUSED = "agent_key.refused"  # a revoked or expired key was used
     AGENT_GRANT_ADDED = "agent_grant.added"
     AGENT_GRANT_REVOKED = "agent_grant.revoked"
     MEMBERSHIP_GRANTED = "membership.granted"

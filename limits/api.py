@@ -27,7 +27,8 @@ from . import services
 
 def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> HttpResponse:
     """``portal.api.problem_exception_handler``, after recording a frozen caller's
-    refused request as a denial (once: a service's refusal is recorded there)."""
+    refused request as a denial (once: a service's refusal is recorded there), and
+    a revoked or expired key's use as ``agent_key.refused`` in its tenant."""
     if isinstance(exc, CallerFrozen) and not exc.recorded:
         request = context.get("request")
         services.denial_record(
@@ -35,6 +36,18 @@ def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> HttpRe
             agent_id=exc.context.get("agent_id"),
             error=exc,
             phase="api",
+            method=getattr(request, "method", ""),
+            path=getattr(request, "path", ""),
+        )
+        exc.recorded = True
+    if isinstance(exc, portal_api.KnownKeyRefused) and exc.key and not exc.recorded:
+        request = context.get("request")
+        services.key_refusal_record(
+            key=exc.key,
+            status="revoked"
+            if isinstance(exc, portal_api.ApiKeyRevoked)
+            else "expired",
+            address=getattr(request, "META", {}).get("REMOTE_ADDR", ""),
             method=getattr(request, "method", ""),
             path=getattr(request, "path", ""),
         )

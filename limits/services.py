@@ -37,7 +37,7 @@ from portal.exceptions import (
     TenantFrozen,
     ValidationFailed,
 )
-from portal.models import Agent, Tenant, TenantPerm
+from portal.models import Agent, AgentKey, Tenant, TenantPerm
 from portal.roles import Person, require_tenant_perm
 from portal.tracing import NO_TRACE, Trace
 
@@ -423,6 +423,33 @@ def denial_record(
                 "phase": phase,
                 **error.context,
                 **facts,
+            },
+            publish=False,
+        )
+
+
+def key_refusal_record(
+    *, key: AgentKey, status: str, address: str, method: str, path: str
+) -> None:
+    """Write one request refused for a known key that no longer authenticates
+    (``status``: ``revoked`` or ``expired``) as an ``agent_key.refused`` event in
+    the key's tenant: the exact secret of a retired key is in someone's hands. The
+    key's prefix names it; the secret is never written. Bounded by the failed
+    authentication throttle: past it the answer is 429 and nothing is written.
+    """
+    with transaction.atomic(durable=True), scope.tenant_scope([key.tenant_id]):
+        audit_services.event_append(
+            tenant_id=key.tenant_id,
+            code=EventCode.AGENT_KEY_REFUSED,
+            actor=Actor(type=ActorType.AGENT, id=str(key.agent_id)),
+            data={
+                "code": f"API_KEY_{status.upper()}",  # the answer's problem code
+                "agent_id": str(key.agent_id),
+                "key_prefix": key.prefix,
+                "status": status,
+                "address": address[:90],
+                "method": method,
+                "path": path[:200],
             },
             publish=False,
         )

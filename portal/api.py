@@ -51,7 +51,7 @@ from .exceptions import (
     TenantFrozen,
     ValidationFailed,
 )
-from .models import Agent, AgentRequestWindow, AuthFailureWindow, Tenant
+from .models import Agent, AgentKey, AgentRequestWindow, AuthFailureWindow, Tenant
 from .problems import PROBLEM_CONTENT_TYPE, encode, problem_body
 from .tracing import Trace, traceparent_of
 
@@ -66,11 +66,21 @@ S = TypeVar("S", bound=serializers.Serializer)
 # --- Authentication, permission, throttling ------------------------------------------
 
 
-class ApiKeyExpired(drf_exceptions.AuthenticationFailed):
+class KnownKeyRefused(drf_exceptions.AuthenticationFailed):
+    """The exact secret of a real key that no longer authenticates: its tenant
+    hears of it (an ``agent_key.refused`` event, written by ``limits.api``)."""
+
+    def __init__(self, *, key: AgentKey | None = None) -> None:
+        super().__init__()
+        self.key = key
+        self.recorded = False
+
+
+class ApiKeyExpired(KnownKeyRefused):
     default_detail = "This API key has expired; use the key that replaced it."
 
 
-class ApiKeyRevoked(drf_exceptions.AuthenticationFailed):
+class ApiKeyRevoked(KnownKeyRefused):
     default_detail = "This API key was revoked."
 
 
@@ -210,9 +220,9 @@ class AgentKeyAuthentication(BaseAuthentication):
         if check is None:
             raise drf_exceptions.AuthenticationFailed("Invalid or revoked API key.")
         if check.status == "revoked":
-            raise ApiKeyRevoked()
+            raise ApiKeyRevoked(key=check.key)
         if check.status == "expired":
-            raise ApiKeyExpired()
+            raise ApiKeyExpired(key=check.key)
         # The request's tenant scope (row-level security) until it ends.
         agent = check.key.agent
         scope.enter([agent.tenant_id])

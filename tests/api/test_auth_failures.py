@@ -4,12 +4,16 @@ logged without key material."""
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 
 import pytest
+from django.db.models import F
 from rest_framework.test import APIClient
 
+from audit.models import Event
 from portal import services as portal_services
+from portal.models import AgentKey
 
 from .conftest import AgentClient
 
@@ -77,3 +81,34 @@ def test_a_revoked_or_expired_key_counts_as_a_failure(api: AgentClient, low_limi
     portal_services.agent_key_revoke(key=api.agent.keys.get())
     statuses = [_get(api.secret, "192.0.2.9").status_code for _ in range(LIMIT + 1)]
     assert statuses == [401] * LIMIT + [429]
+
+
+@pytest.mark.parametrize("status", ["revoked", "expired"])
+def test_a_known_retired_key_is_recorded_in_its_tenant_until_throttled(
+    api: AgentClient, low_limit, status: str
+):
+    """The exact secret of a revoked or expired key is in someone's hands: its
+    tenant's record says so (``agent_key.refused``), once per refused request, and
+    no more once the throttle answers 429. A wrong secret for the same prefix is
+    not the key's holder: nothing is written."""
+    key = api.agent.keys.get()
+    if status == "revoked":
+        portal_services.agent_key_revoke(key=key)
+    else:
+        AgentKey.objects.filter(pk=key.pk).update(
+            expires_at=F("created_at") + dt.timedelta(microseconds=1)
+        )
+    prefix = api.secret.split(".")[0]
+    assert _get(f"{prefix}.not-the-secret", "192.0.2.20").status_code == 401
+    statuses = [_get(api.secret, "192.0.2.21").status_code for _ in range(LIMIT)]
+    assert statuses == [401] * (LIMIT - 1) + [429]  # the wrong secret counted too
+    events = Event.objects.filter(tenant=api.tenant, code="agent_key.refused")
+    assert events.count() == LIMIT - 1
+    payloads = [event.payload for event in events]
+    assert all(
+        (p["key_prefix"], p["status"], p["address"], p["path"])
+        == (prefix, status, "192.0.2.21", "/api/v1/tasks")
+        for p in payloads
+    ), payloads
+    assert {p["code"] for p in payloads} == {f"API_KEY_{status.upper()}"}
+    assert api.secret.split(".", 1)[1] not in str(payloads)
