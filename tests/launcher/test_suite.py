@@ -29,12 +29,22 @@ def test_the_default_is_the_workers_then_the_slow_tests_alone():
 
 
 def test_selections_apply_to_both_phases():
-    args = ["tests/db", "-k", "lease", "-x", "-m", "not slow"]
+    args = ["tests/db", "-k", "lease", "-x", "-m", "browser or slow"]
     assert plan(args, {}) == [
-        ["tests/db", "-k", "lease", "-x", "-m", "(not slow) and not slow", *PARALLEL],
-        ["tests/db", "-k", "lease", "-x", "-m", "(not slow) and slow"],
-    ]
+        ["tests/db", "-k", "lease", "-x", "-m", "(browser or slow) and not slow",
+         *PARALLEL],
+        ["tests/db", "-k", "lease", "-x", "-m", "(browser or slow) and slow"],
+    ]  # fmt: skip
     assert plan(["-mbrowser"], {})[1] == ["-m", "(browser) and slow"]
+
+
+def test_a_phase_no_test_can_match_is_left_out():
+    assert plan(["-m", "not slow"], {}) == [
+        ["-m", "(not slow) and not slow", *PARALLEL]
+    ]
+    assert plan(["-m", "slow and not (a or b)"], {}) == [
+        ["-m", "(slow and not (a or b)) and slow"]
+    ]
 
 
 @pytest.mark.parametrize(
