@@ -23,7 +23,8 @@ from kombu import Connection, Exchange, Producer
 from portal import tracing
 from portal.tracing import Trace
 
-from .relay import ClaimedMessage, PublishFailed
+from .exceptions import PublishFailed
+from .relay import ClaimedMessage
 
 logger = logging.getLogger(__name__)
 

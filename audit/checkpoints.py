@@ -34,66 +34,18 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from portal import process, scope
-from portal.exceptions import PortalError
 from portal.models import Tenant
 
 from . import chain, merkle, tlog
+from .exceptions import (
+    PublicKeyMismatch,
+    PublicKeyMissing,
+    SigningKeyInWeb,
+    SigningKeyMissing,
+)
 from .models import Checkpoint, TreeHead
 
 SIGNATURE_FORMAT_VERSION: Final = 1
-
-
-class SigningKeyMissing(PortalError):
-    """No audit signing key is configured.
-
-    If you're hitting this in production: set ``PORTAL_AUDIT_SIGNING_KEY_FILE`` to a
-    PEM file with an Ed25519 private key (or ``PORTAL_AUDIT_SIGNING_KEY`` to its PEM
-    text); docs/audit-integrity.md shows how to make one. Only development and tests
-    generate a key under var/ by themselves.
-    """
-
-    code = "AUDIT_SIGNING_KEY_MISSING"
-    status = 503
-
-
-class SigningKeyInWeb(PortalError):
-    """The web server's process asked for the audit signing key.
-
-    If you're hitting this: a code path in the web (a view, a middleware) tried to
-    sign. The web never holds the private key (docs/audit-integrity.md, "The
-    signing key"); send the work to a Celery worker instead, as the evidence export
-    does (``audit.evidence``, ``audit.jobs.checkpoint_tenant_job``), and read the
-    public half with ``public_key()``.
-    """
-
-    code = "AUDIT_SIGNING_KEY_NOT_HERE"
-    status = 500
-
-
-class PublicKeyMissing(PortalError):
-    """The audit public key is not available yet.
-
-    In production set ``PORTAL_AUDIT_PUBLIC_KEY_FILE`` (``openssl pkey -in
-    audit-signing-key.pem -pubout``). In development the signer writes it under var/
-    when it first loads its key: start the Celery worker or run ``manage.py
-    checkpoint_audit``.
-    """
-
-    code = "AUDIT_PUBLIC_KEY_MISSING"
-    status = 503
-
-
-class PublicKeyMismatch(PortalError):
-    """The configured public key is not the signing key's public half.
-
-    If you're hitting this: ``PORTAL_AUDIT_PUBLIC_KEY_FILE`` (what the web
-    publishes) and the signing key (the worker's) are from different pairs; make
-    the public file again from the signing key with ``openssl pkey -in
-    audit-signing-key.pem -pubout``. Nothing is signed until they agree.
-    """
-
-    code = "AUDIT_PUBLIC_KEY_MISMATCH"
-    status = 500
 
 
 @dataclass(frozen=True)

@@ -22,11 +22,12 @@ from django.db import transaction
 from django.db.models import DateTimeField, Func
 
 from portal.actors import Actor
-from portal.exceptions import NotFound, PortalError
+from portal.exceptions import NotFound
 from portal.models import Tenant, TenantPerm
 from portal.roles import Person, require_tenant_perm
 
 from . import services
+from .exceptions import OutboxRowNotDead
 from .models import EventCode, Outbox, OutboxState
 
 
@@ -35,13 +36,6 @@ class _AppNow(Func):
 
     template = "app_now()"
     output_field = DateTimeField()
-
-
-class OutboxRowNotDead(PortalError):
-    """Only a dead outbox row can be retried or dismissed; this one is not dead."""
-
-    code = "OUTBOX_ROW_NOT_DEAD"
-    status = 409
 
 
 def _dead_row_for_update(*, tenant: Tenant, outbox_id: uuid.UUID) -> Outbox:

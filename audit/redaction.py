@@ -79,7 +79,7 @@ from detect_secrets.plugins.telegram_token import TelegramBotTokenDetector
 from detect_secrets.plugins.twilio import TwilioKeyDetector
 from django.conf import settings
 
-from portal.exceptions import ValidationFailed
+from .exceptions import SensitiveValue
 
 REDACTED: Final = "[REDACTED]"
 MAX_STRING_CHARS: Final = 256
@@ -666,13 +666,6 @@ def _too_large_shape(value: Any, tenant_id: uuid.UUID | str) -> Any:
 def is_redacted_marker(text: str) -> bool:
     """Whether ``text`` is exactly one marker this module writes."""
     return bool(_MARKER.fullmatch(text))
-
-
-class SensitiveValue(ValidationFailed):
-    """This value looks like a secret or personal data; use an opaque identifier."""
-
-    code = "SENSITIVE_VALUE"
-    status = 422
 
 
 def refuse_sensitive(**values: str | None) -> None:

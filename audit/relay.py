@@ -60,9 +60,9 @@ from django.db import connection, transaction
 from portal import db as portal_db
 from portal import jobs as portal_jobs
 from portal import scope
-from portal.exceptions import PortalError
 from portal.models import Tenant
 
+from .exceptions import PublishFailed
 from .redaction import redact
 
 logger = logging.getLogger(__name__)
@@ -77,19 +77,6 @@ NUDGE_PAUSE_AFTER_FAILURE_S: Final = 5.0
 FAULT_POINTS: Final = ("after_claim", "after_publish", "after_record")
 
 TestHook = Callable[[str], None]
-
-
-class PublishFailed(PortalError):
-    """The broker did not confirm the message; the row will be retried."""
-
-    code = "PUBLISH_FAILED"
-    status = 503
-    retryable = True
-
-    def __init__(self, detail: str, *, connection_lost: bool) -> None:
-        super().__init__(detail)
-        # True: the broker link is down or in doubt, so the rest of the batch waits.
-        self.connection_lost = connection_lost
 
 
 @dataclass(frozen=True, kw_only=True)

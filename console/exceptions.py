@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from portal.exceptions import ValidationFailed
+from portal.exceptions import PortalError, ValidationFailed
 
 
 class TooManySavedSearches(ValidationFailed):
@@ -24,3 +24,10 @@ class FormExpired(ValidationFailed):
     Reload it and try again."""
 
     code = "FORM_EXPIRED"
+
+
+class LastAdministrator(PortalError):
+    """A tenant keeps at least one administrator; add another before this change."""
+
+    code = "LAST_ADMINISTRATOR"
+    status = 409

@@ -22,7 +22,7 @@ from audit.models import EventCode, RetentionPolicy
 from portal import db as portal_db
 from portal import services as portal_services
 from portal.actors import Actor
-from portal.exceptions import PortalError, ValidationFailed
+from portal.exceptions import ValidationFailed
 from portal.models import (
     Agent,
     AgentGrant,
@@ -35,12 +35,7 @@ from portal.models import (
 )
 from portal.roles import Person, require_tenant_perm
 
-
-class LastAdministrator(PortalError):
-    """A tenant keeps at least one administrator; add another before this change."""
-
-    code = "LAST_ADMINISTRATOR"
-    status = 409
+from .exceptions import LastAdministrator
 
 
 def _manage(*, tenant: Tenant, by: Person) -> Actor:

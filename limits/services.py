@@ -31,7 +31,6 @@ from portal.exceptions import (
     AgentFrozen,
     BudgetExceeded,
     CallerFrozen,
-    NotFound,
     PortalError,
     RateLimited,
     TenantFrozen,
@@ -42,6 +41,7 @@ from portal.roles import Person, require_tenant_perm
 from portal.tracing import NO_TRACE, Trace
 
 from . import selectors
+from .exceptions import AgentNotFound
 from .models import Budget, RateLimit
 
 P = ParamSpec("P")
@@ -51,10 +51,6 @@ R = TypeVar("R")
 DENIALS: Final = (AgentFrozen, TenantFrozen, RateLimited, BudgetExceeded)
 # How many revoked task ids the freeze event lists (the count is always there).
 EVENT_TASK_IDS: Final = 100
-
-
-class AgentNotFound(NotFound):
-    """No such agent in this tenant."""
 
 
 # --- The kill switch -------------------------------------------------------------

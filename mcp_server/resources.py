@@ -17,6 +17,7 @@ from portal.models import Agent
 from tasks.api.serializers import EventOutputSerializer
 
 from . import selectors
+from .exceptions import UnknownResource
 from .tools import desk_item_uri, story_uri
 
 # The newest events of a story; the REST API pages through the rest.
@@ -40,10 +41,6 @@ TEMPLATES: Final = [
         mime_type="application/json",
     ),
 ]
-
-
-class UnknownResource(Exception):
-    """Not a resource URI this server knows."""
 
 
 def _story(*, agent: Agent, task_id: uuid.UUID) -> dict[str, Any]:

@@ -12,9 +12,7 @@ from portal.models import Agent, AgentGrant, Tenant
 from tasks.exceptions import TaskNotFound
 from tasks.models import Escalation, Operation, Task
 
-
-class DeskItemNotFound(TaskNotFound):
-    """No such desk item."""
+from .exceptions import DeskItemNotFound
 
 
 def grant_list(*, tenant: Tenant, agent: Agent) -> QuerySet[AgentGrant]:

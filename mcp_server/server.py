@@ -42,6 +42,7 @@ from tasks import services as task_services
 from tasks.exceptions import TaskNotFound
 
 from . import auth, deep, resources, tools
+from .exceptions import BadArgument, UnknownResource
 from .threads import in_worker_thread
 
 logger = logging.getLogger(__name__)
@@ -98,7 +99,7 @@ def _listed(agent: Agent) -> list[types.Tool]:
 def _version_recorded(agent: Agent, arguments: Any) -> types.CallToolResult:
     try:
         path = tools.record_version_of(arguments)
-    except tools.BadArgument as bad:
+    except BadArgument as bad:
         return tools.error_result(
             code="INVALID_ARGUMENT", detail=str(bad), argument=bad.argument
         )
@@ -134,7 +135,7 @@ def _called(agent: Agent, name: str, arguments: Any) -> types.CallToolResult:
         )
     try:
         request = tools.request_of(tool, arguments)
-    except tools.BadArgument as bad:
+    except BadArgument as bad:
         return tools.error_result(
             code="INVALID_ARGUMENT", detail=str(bad), argument=bad.argument
         )
@@ -228,7 +229,7 @@ def build_server(*, stdio_secret: str | None = None) -> Server[Any]:
             )
         except auth.KeyRefused as refused:
             raise MCPError(_KEY_REFUSED_CODE, f"{refused.code}: {refused}") from None
-        except (resources.UnknownResource, TaskNotFound, ValueError):
+        except (UnknownResource, TaskNotFound, ValueError):
             raise MCPError(
                 _RESOURCE_NOT_FOUND_CODE, "Resource not found", {"uri": uri}
             ) from None

@@ -33,6 +33,7 @@ from tasks.actions import ActionOutcome, ActionRequest, FieldRead
 from tasks.models import Contract, ContractStatus
 
 from . import deep, selectors
+from .exceptions import BadArgument
 
 # A tool call's arguments, all of them, as JSON: an action's facts are a ticket's,
 # not a file's (the REST API's whole-body limit is the web server's, far larger).
@@ -61,14 +62,6 @@ class GovernedTool:
     @property
     def required_fields(self) -> list[dict[str, Any]]:
         return list(self.contract.spec["required_fields"])
-
-
-class BadArgument(Exception):
-    """A tool call's arguments do not fit the tool: ``argument`` names which."""
-
-    def __init__(self, argument: str, problem: str) -> None:
-        self.argument = argument
-        super().__init__(f"{argument}: {problem}")
 
 
 def _pinned_contracts(*, agent: Agent) -> list[Contract]:

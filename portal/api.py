@@ -44,6 +44,7 @@ from . import api_input, idempotency, logs, scope, selectors, services
 from .actors import Actor
 from .exceptions import (
     AgentFrozen,
+    AuthFailuresThrottled,
     DatabaseUnavailable,
     MalformedRequest,
     PortalError,
@@ -120,10 +121,6 @@ RETURNING w.bucket, w.failures,
 # end of the block. Checked before any query, so a burst from a blocked source
 # costs no database work here until its window ends.
 _blocked: dict[str, float] = {}
-
-
-class AuthFailuresThrottled(RateLimited):
-    """Too many failed authentications from this address or for this key; wait."""
 
 
 def _auth_failure_rate() -> tuple[int, int] | None:

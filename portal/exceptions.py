@@ -167,3 +167,47 @@ class DatabaseUnavailable(PortalError):
     code = "DATABASE_UNAVAILABLE"
     status = 503
     retryable = True
+
+
+class IdempotencyKeyMismatch(PortalError):
+    """This Idempotency-Key was used for a different request; nothing was done."""
+
+    code = "IDEMPOTENCY_KEY_MISMATCH"
+    status = 422
+
+
+class IdempotentRequestInFlight(PortalError):
+    """A request with this Idempotency-Key is still being processed; retry later."""
+
+    code = "REQUEST_IN_FLIGHT"
+    status = 409
+    retryable = True
+
+
+class PermissionDenied(PortalError):
+    """Your role in this tenant does not allow this."""
+
+    code = "PERMISSION_DENIED"
+    status = 403
+
+
+class TenantNotVisible(PortalError):
+    """No such tenant."""
+
+    code = "NOT_FOUND"
+    status = 404
+
+
+class TenantNotFound(NotFound):
+    """No such tenant."""
+
+
+class KeyRevoked(PortalError):
+    """This key is revoked; issue a new one instead of rotating it."""
+
+    code = "API_KEY_REVOKED"
+    status = 409
+
+
+class AuthFailuresThrottled(RateLimited):
+    """Too many failed authentications from this address or for this key; wait."""

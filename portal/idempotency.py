@@ -29,26 +29,15 @@ from django.conf import settings
 from django.db import connection
 
 from . import scope
-from .exceptions import PortalError, ValidationFailed
+from .exceptions import (
+    IdempotencyKeyMismatch,
+    IdempotentRequestInFlight,
+    ValidationFailed,
+)
 from .ids import new_id
 from .models import Agent
 
 MAX_KEY_LENGTH: Final = 255
-
-
-class IdempotencyKeyMismatch(PortalError):
-    """This Idempotency-Key was used for a different request; nothing was done."""
-
-    code = "IDEMPOTENCY_KEY_MISMATCH"
-    status = 422
-
-
-class IdempotentRequestInFlight(PortalError):
-    """A request with this Idempotency-Key is still being processed; retry later."""
-
-    code = "REQUEST_IN_FLIGHT"
-    status = 409
-    retryable = True
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -17,7 +17,7 @@ from django.contrib.auth.models import AnonymousUser, Permission, User
 from django.contrib.contenttypes.models import ContentType
 from guardian.models import UserObjectPermission
 
-from .exceptions import PortalError
+from .exceptions import PermissionDenied, TenantNotVisible
 from .models import Role, Tenant, TenantPerm
 
 # The admin's request.user; django.contrib.auth's User is this project's user model.
@@ -32,20 +32,6 @@ ROLE_PERMISSIONS: Final[dict[str, frozenset[str]]] = {
     Role.SUPPORT: frozenset({_P.VIEW_TRAIL, _P.WORK_TAKEOVER}),
     Role.ADMIN: frozenset(TenantPerm.values),
 }
-
-
-class PermissionDenied(PortalError):
-    """Your role in this tenant does not allow this."""
-
-    code = "PERMISSION_DENIED"
-    status = 403
-
-
-class TenantNotVisible(PortalError):
-    """No such tenant."""
-
-    code = "NOT_FOUND"
-    status = 404
 
 
 def qualified(perm: str) -> str:

@@ -13,13 +13,9 @@ from django.db import connection
 
 from . import db as portal_db
 from . import scope
-from .exceptions import NotFound
+from .exceptions import TenantNotFound
 from .models import Agent, AgentGrant, AgentKey, Tenant
 from .roles import tenant_ids_with_perm
-
-
-class TenantNotFound(NotFound):
-    """No such tenant."""
 
 
 def tenant_get(*, tenant_id: uuid.UUID | str) -> Tenant:

@@ -14,7 +14,7 @@ from django.db.models.functions import Now
 
 from . import db as portal_db
 from . import roles, selectors
-from .exceptions import PortalError, ValidationFailed
+from .exceptions import KeyRevoked, ValidationFailed
 from .models import (
     Agent,
     AgentGrant,
@@ -28,13 +28,6 @@ from .models import (
 # "agp_" marks a portal key in logs and secret scanners; the part before the dot is
 # the lookup prefix, stored in clear.
 KEY_PREFIX_MARK = "agp_"
-
-
-class KeyRevoked(PortalError):
-    """This key is revoked; issue a new one instead of rotating it."""
-
-    code = "API_KEY_REVOKED"
-    status = 409
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -35,7 +35,9 @@ from audit.redaction import tenant_key
 from portal import db as portal_db
 from portal import scope
 from tasks import outbound
+from tasks.exceptions import OutboundRefused
 
+from .exceptions import SendFailed
 from .models import Channel, GroupMember, Notification, NotificationState, Webhook
 
 _CLAIM: Final = """
@@ -60,10 +62,6 @@ SET state = CASE WHEN attempts >= %(max)s THEN 'dead' ELSE 'pending' END,
     last_error = %(error)s
 WHERE id = %(id)s AND state = 'pending'
 """
-
-
-class SendFailed(Exception):
-    """The SMTP server or the webhook receiver did not take the message."""
 
 
 def webhook_secret(*, webhook: Webhook) -> str:
@@ -162,7 +160,7 @@ def _send_webhook(notification: Notification) -> None:
             transport=outbound.transport(), timeout=settings.PORTAL_NOTIFY_TIMEOUT_S
         ) as client:
             answer = client.post(webhook.url, content=body, headers=headers)
-    except (httpx.HTTPError, outbound.OutboundRefused) as error:
+    except (httpx.HTTPError, OutboundRefused) as error:
         raise SendFailed(f"webhook: {type(error).__name__}: {error}") from error
     if answer.status_code >= 300:
         raise SendFailed(f"webhook: HTTP {answer.status_code}")

@@ -36,3 +36,7 @@ class AssigneeNotAllowed(PortalError):
 
     code = "ASSIGNEE_NOT_ALLOWED"
     status = 422
+
+
+class SendFailed(Exception):
+    """The SMTP server or the webhook receiver did not take the message."""

@@ -28,13 +28,18 @@ from portal import db as portal_db
 from portal import selectors as portal_selectors
 from portal.actors import Actor
 from portal.db import db_now
-from portal.exceptions import LeaseExpired, PortalError, StaleState, ValidationFailed
-from portal.idempotency import IdempotentRequestInFlight
+from portal.exceptions import (
+    LeaseExpired,
+    PortalError,
+    StaleState,
+    ValidationFailed,
+)
 from portal.models import Agent, Tenant
 from portal.tracing import NO_TRACE, Trace
 
 from . import dispatch, gateway, selectors, services
 from .exceptions import (
+    ActionInFlight,
     ActionNotGranted,
     ContractNotFound,
     IdempotencyKeyReused,
@@ -146,10 +151,6 @@ class ActionOutcome:
     # For a refusal: the desk item's facts on each failed field (names, sources,
     # read times, ages; never values), as the gateway recorded them.
     details: Mapping[str, Any] = field(default_factory=dict)
-
-
-class ActionInFlight(IdempotentRequestInFlight):
-    """Another call with this action key is under way; repeat the same call later."""
 
 
 def client_task_id_for(idempotency_key: str) -> str:

@@ -31,13 +31,14 @@ from portal import scope
 from portal.actors import Actor
 from portal.codes import ReasonCode
 from portal.db import db_now
-from portal.exceptions import NotFound, PortalError, ValidationFailed
+from portal.exceptions import ValidationFailed
 from portal.models import Agent, Tenant, TenantPerm
 from portal.roles import Person, has_tenant_perm, tenant_ids_with_perm
 from portal.tracing import NO_TRACE, Trace
 from routing import services as routing_services
 from routing.models import GroupMember, ItemKind
 
+from .exceptions import ApprovalExpired, ApprovalNotAllowed, ApprovalNotFound
 from .hashing import canonical_json, input_hash
 from .models import (
     Approval,
@@ -51,24 +52,6 @@ from .models import (
 DEFAULT_TTL_S: Final = 86_400
 _OPEN: Final = (ApprovalState.WAITING, ApprovalState.APPROVED)
 EXPIRY: Final = Actor.system("approvals")
-
-
-class ApprovalNotAllowed(PortalError):
-    """This person may not decide this approval, or it is decided already."""
-
-    code = "APPROVAL_NOT_ALLOWED"
-    status = 409
-
-
-class ApprovalExpired(PortalError):
-    """The approval's validity window has passed; it is recorded as expired."""
-
-    code = "APPROVAL_EXPIRED"
-    status = 409
-
-
-class ApprovalNotFound(NotFound):
-    """No such approval in your tenants."""
 
 
 class CheckedField(Protocol):

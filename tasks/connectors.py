@@ -29,6 +29,7 @@ from portal import db as portal_db
 from portal.codes import ReasonCode
 
 from . import outbound
+from .exceptions import OutboundRefused
 from .models import Connector
 
 CallKind = Literal["succeeded", "rejected", "not_executed", "unknown", "refused"]
@@ -157,7 +158,7 @@ class HttpJsonConnector:
                     content=body,
                     headers=headers,
                 )
-        except outbound.OutboundRefused as refusal:
+        except OutboundRefused as refusal:
             return CallResult(
                 kind="refused", error=refusal.detail, duration_ms=_ms(started)
             )
@@ -242,7 +243,7 @@ class HttpJsonConnector:
                     params={"idempotency_key": idempotency_key},
                     headers={"Authorization": f"Bearer {credential}"},
                 )
-        except outbound.OutboundRefused as refusal:
+        except OutboundRefused as refusal:
             # Nothing was asked, so nothing is known: recovery looks again later
             # and, the address still refused, hands the operation to a person.
             return LookupResult(
@@ -282,7 +283,7 @@ class HttpJsonConnector:
                     self._url(REVOCATION_PATH),
                     headers={"Authorization": f"Bearer {credential}"},
                 )
-        except (outbound.OutboundRefused, httpx.HTTPError):
+        except (OutboundRefused, httpx.HTTPError):
             return False
         return 200 <= response.status_code < 300
 

@@ -6,6 +6,7 @@ from portal import db as portal_db
 from portal.codes import ReasonCode
 from portal.exceptions import (
     IdempotencyKeyReused,
+    IdempotentRequestInFlight,
     IllegalTransition,
     LeaseExpired,
     NotFound,
@@ -148,3 +149,73 @@ class SealedValuesUnsealable(PortalError):
 
     code = "SEALED_VALUES_UNSEALABLE"
     status = 503
+
+
+class ApprovalNotAllowed(PortalError):
+    """This person may not decide this approval, or it is decided already."""
+
+    code = "APPROVAL_NOT_ALLOWED"
+    status = 409
+
+
+class ApprovalExpired(PortalError):
+    """The approval's validity window has passed; it is recorded as expired."""
+
+    code = "APPROVAL_EXPIRED"
+    status = 409
+
+
+class ApprovalNotFound(NotFound):
+    """No such approval in your tenants."""
+
+
+class ContractRequired(ValidationFailed):
+    """The task pins no contract, so the gateway has nothing to check its fields by."""
+
+    code = "CONTRACT_REQUIRED"
+    status = 422
+
+
+class InputNotCanonicalisable(ValidationFailed):
+    """The input cannot be written as canonical JSON (RFC 8785)."""
+
+
+class InvalidCursor(NotFound):
+    """That page link is not valid; start again from the first page.
+
+    A 404, like an agent list's unknown ``cursor``: no schema can tell a cursor
+    this portal wrote from any other string, so it is "no such page", not bad input.
+    """
+
+
+class OutboundRefused(PortalError):
+    """The outbound URL policy forbids calling that address; nothing was sent."""
+
+    code = ReasonCode.TARGET_FORBIDDEN
+    status = 422
+
+
+class AlreadyClaimed(PortalError):
+    """Someone else claimed this task first."""
+
+    code = "ALREADY_CLAIMED"
+    status = 409
+
+
+class NotYourClaim(PortalError):
+    """Only the person who claimed the task can release or resolve it."""
+
+    code = "NOT_YOUR_CLAIM"
+    status = 409
+
+
+class ApprovalRepeatsRefusal(ApprovalNotAllowed):
+    """Approving the same input again would repeat what was refused.
+
+    Edit the field values (with their source and read time) or hand the task back
+    for a fresh read instead.
+    """
+
+
+class ActionInFlight(IdempotentRequestInFlight):
+    """Another call with this action key is under way; repeat the same call later."""

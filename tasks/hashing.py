@@ -13,11 +13,8 @@ from typing import Any
 import rfc8785
 
 from portal import jcs
-from portal.exceptions import ValidationFailed
 
-
-class InputNotCanonicalisable(ValidationFailed):
-    """The input cannot be written as canonical JSON (RFC 8785)."""
+from .exceptions import InputNotCanonicalisable
 
 
 def canonical_json(value: Any) -> bytes:

@@ -16,20 +16,11 @@ from typing import Any, Final
 
 from django.db.models import Q, QuerySet
 
-from portal.exceptions import NotFound
-
+from .exceptions import InvalidCursor
 from .models import Task
 
 DEFAULT_PAGE_SIZE: Final = 50
 MAX_PAGE_SIZE: Final = 200
-
-
-class InvalidCursor(NotFound):
-    """That page link is not valid; start again from the first page.
-
-    A 404, like an agent list's unknown ``cursor``: no schema can tell a cursor
-    this portal wrote from any other string, so it is "no such page", not bad input.
-    """
 
 
 # --- keyset pages --------------------------------------------------------------------

@@ -39,8 +39,7 @@ import httpx
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from portal.codes import ReasonCode
-from portal.exceptions import PortalError
+from .exceptions import OutboundRefused
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -67,13 +66,6 @@ _NUMERIC_LABEL: Final = re.compile(r"(0x[0-9a-f]*|[0-9]+)")
 # Encoded dots, slashes and backslashes a server might decode into a traversal.
 _ENCODED_SEPARATORS: Final = re.compile(r"%(2e|2f|5c)", re.IGNORECASE)
 _CONTROL_OR_SPACE: Final = re.compile(r"[\x00-\x20\x7f]")
-
-
-class OutboundRefused(PortalError):
-    """The outbound URL policy forbids calling that address; nothing was sent."""
-
-    code = ReasonCode.TARGET_FORBIDDEN
-    status = 422
 
 
 def _system_resolve(host: str, port: int) -> list[str]:

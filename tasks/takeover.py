@@ -27,13 +27,19 @@ from audit.models import EventCode
 from portal import db as portal_db
 from portal.actors import Actor
 from portal.codes import ReasonCode
-from portal.exceptions import IllegalTransition, PortalError, ValidationFailed
+from portal.exceptions import IllegalTransition, ValidationFailed
 from portal.models import Tenant, TenantPerm
 from portal.roles import Person, has_tenant_perm, tenant_ids_with_perm
 from portal.tracing import NO_TRACE, Trace
 
 from . import approvals, gateway, keyset, services
-from .exceptions import OperationNotFound, TaskNotFound
+from .exceptions import (
+    AlreadyClaimed,
+    ApprovalRepeatsRefusal,
+    NotYourClaim,
+    OperationNotFound,
+    TaskNotFound,
+)
 from .gateway import FieldValue, GatewayResult
 from .models import (
     Approval,
@@ -82,28 +88,6 @@ _OPEN_OPERATION_STATES: Final = (
     OperationState.UNKNOWN,
     OperationState.CONFLICT,
 )
-
-
-class AlreadyClaimed(PortalError):
-    """Someone else claimed this task first."""
-
-    code = "ALREADY_CLAIMED"
-    status = 409
-
-
-class NotYourClaim(PortalError):
-    """Only the person who claimed the task can release or resolve it."""
-
-    code = "NOT_YOUR_CLAIM"
-    status = 409
-
-
-class ApprovalNotAllowed(approvals.ApprovalNotAllowed):
-    """Approving the same input again would repeat what was refused.
-
-    Edit the field values (with their source and read time) or hand the task back
-    for a fresh read instead.
-    """
 
 
 # Reasons where running the operation's exact input again, once, is what a person
@@ -380,7 +364,7 @@ def task_human_resolve(
         TaskNotFound, IllegalTransition, NotYourClaim: see the claim.
         ValidationFailed: unknown resolution, or its operation details are missing.
         OperationNotFound: the operation is not this task's.
-        ApprovalNotAllowed: approving the same input would repeat a refusal.
+        ApprovalRepeatsRefusal: approving the same input would repeat a refusal.
     """
     return _resolve(
         task=task,
@@ -451,7 +435,7 @@ def _resolve(
         if operation.state != OperationState.HUMAN_REQUIRED:
             raise IllegalTransition(current=operation.state, requested=resolution)
         if current.reason_code not in APPROVABLE_REASONS:
-            raise ApprovalNotAllowed(reason_code=current.reason_code)
+            raise ApprovalRepeatsRefusal(reason_code=current.reason_code)
         _approve(operation=operation, user=user, trace=trace)
     elif resolution in ("fail", "cancel"):
         open_operations = Operation.objects.select_for_update(of=("self",)).filter(

@@ -53,6 +53,7 @@ from limits.models import Budget, LimitUsage, RateLimit
 from policies.models import PolicySet
 from portal import db as portal_db
 from portal.actors import Actor
+from portal.exceptions import TenantNotFound
 from portal.models import (
     Agent,
     AgentGrant,
@@ -63,7 +64,6 @@ from portal.models import (
     Membership,
     Tenant,
 )
-from portal.selectors import TenantNotFound
 from routing.models import (
     Assignment,
     Group,

@@ -37,10 +37,15 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.views.decorators.http import require_POST
 
-from portal.exceptions import PortalError
+from portal.exceptions import PermissionDenied, PortalError, TenantNotVisible
 from portal.models import TenantPerm
-from portal.roles import PermissionDenied, TenantNotVisible
 from tasks import keyset, takeover
+from tasks.exceptions import (
+    AlreadyClaimed,
+    ApprovalRepeatsRefusal,
+    InvalidCursor,
+    NotYourClaim,
+)
 from tasks.gateway import FieldValue
 from tasks.models import Escalation, Operation, TaskState
 
@@ -118,7 +123,7 @@ class DeskChangeList(ChangeList):
         if request.GET.get(AFTER_VAR):
             try:
                 after = keyset.Cursor.decode(request.GET[AFTER_VAR])
-            except keyset.InvalidCursor as error:
+            except InvalidCursor as error:
                 messages.warning(request, error.detail)
         page = keyset.keyset_page(
             self.queryset,
@@ -612,15 +617,15 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
     def _explain(self, error: PortalError) -> str:
         """The refusal in words a person acts on."""
         context = error.context
-        if isinstance(error, takeover.AlreadyClaimed):
+        if isinstance(error, AlreadyClaimed):
             owner = str(context.get("claimed_by") or "")
             name = desk_names.owner_names([owner]).get(owner, owner or "someone")
             return f"Someone else claimed this task first: {name}."
-        if isinstance(error, takeover.NotYourClaim):
+        if isinstance(error, NotYourClaim):
             owner = str(context.get("claimed_by") or "")
             name = desk_names.owner_names([owner]).get(owner, owner or "someone")
             return f"{error.detail} It is claimed by {name}."
-        if isinstance(error, takeover.ApprovalNotAllowed):
+        if isinstance(error, ApprovalRepeatsRefusal):
             reason = context.get("reason_code") or "this reason"
             return (
                 f"Not approved: for {reason} the same input would be refused "

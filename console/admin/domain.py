@@ -17,7 +17,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.views.decorators.http import require_POST
 
-from portal import roles
+from portal import exceptions as portal_exceptions
 from portal.actors import Actor
 from portal.exceptions import PortalError
 from portal.models import TenantPerm
@@ -166,7 +166,7 @@ class TaskAdmin(TenantScopedAdmin):
             task = task_evidence.task_get_for_exporter(
                 user=request.user, task_id=task_id
             )
-        except roles.PermissionDenied:
+        except portal_exceptions.PermissionDenied:
             raise PermissionDenied from None
         except PortalError:
             raise Http404("No such task.") from None

@@ -23,9 +23,9 @@ from audit import services as audit_services
 from audit.models import EventCode
 from audit.redaction import keyed_hash
 from portal.actors import Actor
-from portal.exceptions import ValidationFailed
+from portal.exceptions import TenantNotVisible, ValidationFailed
 from portal.models import TenantPerm
-from portal.roles import Person, TenantNotVisible, require_tenant_perm
+from portal.roles import Person, require_tenant_perm
 from tasks.models import Task
 
 from ..models import COMMENT_MAX_CHARS, DeskComment

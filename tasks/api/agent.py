@@ -35,7 +35,7 @@ from portal.api_input import (
 from portal.codes import ReasonCode
 
 from .. import actions, dispatch, gateway, selectors, services
-from ..exceptions import gateway_refusal
+from ..exceptions import ActionInFlight, gateway_refusal
 from ..models import ObjectVersion, OperationState, TaskState
 from .serializers import (
     ActionOutputSerializer,
@@ -763,7 +763,7 @@ class ActionTakeApi(AgentApi):
                 ),
                 trace=self.trace,
             )
-        except actions.ActionInFlight as busy:
+        except ActionInFlight as busy:
             return self._in_flight(request, busy)
         settled = outcome.status not in ("unknown", "accepted")
         response = Response(
@@ -773,7 +773,7 @@ class ActionTakeApi(AgentApi):
             response["Location"] = outcome.status_url
         return response
 
-    def _in_flight(self, request: Request, busy: actions.ActionInFlight) -> Any:
+    def _in_flight(self, request: Request, busy: ActionInFlight) -> Any:
         """409 with Retry-After; not stored under the Idempotency-Key header, so the
         same request retried later runs (the IETF draft's concurrent-request rule)."""
         record, self._idempotency_record = self._idempotency_record, None

@@ -18,13 +18,12 @@ person then does is ``tasks.takeover``.
 
 from __future__ import annotations
 
-from .checks import ContractRequired, FieldValue
+from .checks import FieldValue
 from .execute import operation_execute, operation_run_queued
 from .recovery import operation_recover, unscoped_operations_due
 from .results import GatewayResult, Outcome
 
 __all__ = [
-    "ContractRequired",
     "FieldValue",
     "GatewayResult",
     "Outcome",

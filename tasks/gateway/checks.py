@@ -45,7 +45,6 @@ from portal import metrics
 from portal import selectors as portal_selectors
 from portal.actors import Actor, ActorType
 from portal.codes import ReasonCode
-from portal.exceptions import ValidationFailed
 from portal.models import Tenant, TenantPerm
 from portal.roles import has_tenant_perm
 from portal.tracing import Trace
@@ -69,13 +68,6 @@ from .results import GatewayResult, Refused
 
 # A future observed_at beyond this is a clock or provenance problem, not freshness.
 MAX_CLOCK_SKEW: Final = dt.timedelta(minutes=5)
-
-
-class ContractRequired(ValidationFailed):
-    """The task pins no contract, so the gateway has nothing to check its fields by."""
-
-    code = "CONTRACT_REQUIRED"
-    status = 422
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -33,14 +33,13 @@ from portal.models import Tenant
 from portal.tracing import NO_TRACE, Trace
 
 from ..contracts import contract_sensitive_fields
-from ..exceptions import ActionNotGranted, OperationNotFound
+from ..exceptions import ActionNotGranted, ContractRequired, OperationNotFound
 from ..models import Contract, Escalation, Operation, OperationState, TaskState
 from ..sealed import keep_given_fields, operation_values, seal
 from .call import authorize_call, begin_call, call
 from .checks import (
     CHECKS,
     CheckContext,
-    ContractRequired,
     FieldValue,
     Refusal,
     caller_may_execute,

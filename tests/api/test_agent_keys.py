@@ -20,9 +20,8 @@ from audit.models import Event
 from portal import selectors
 from portal import services as portal_services
 from portal.db import db_now
-from portal.exceptions import ValidationFailed
+from portal.exceptions import KeyRevoked, ValidationFailed
 from portal.models import AgentKey
-from portal.services import KeyRevoked
 from tests.support.db import connect_as
 
 from .conftest import AgentClient

@@ -16,6 +16,7 @@ from rest_framework.test import APIClient
 
 from audit import checkpoints
 from audit import services as audit_services
+from audit.exceptions import PublicKeyMismatch, SigningKeyInWeb
 from audit.models import Checkpoint, EventCode
 from portal import process
 from portal.actors import Actor
@@ -84,7 +85,7 @@ def test_the_web_process_serves_the_public_key_from_its_file_alone(
     # then it is the file's, and the web could not have loaded a signing key
     assert response.status_code == 200, response.content
     assert response.json()["key_id"] == checkpoints.key_id_of(private.public_key())
-    with pytest.raises(checkpoints.SigningKeyInWeb):
+    with pytest.raises(SigningKeyInWeb):
         checkpoints.signing_key()
 
 
@@ -107,5 +108,5 @@ def test_the_signer_refuses_a_public_key_file_of_another_pair(
     settings.PORTAL_AUDIT_PUBLIC_KEY_FILE = str(public_file)  # type: ignore[attr-defined]
 
     # when the signer loads its key, then it refuses to sign with it
-    with pytest.raises(checkpoints.PublicKeyMismatch):
+    with pytest.raises(PublicKeyMismatch):
         checkpoints.signing_key()

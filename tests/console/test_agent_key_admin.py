@@ -15,8 +15,8 @@ from audit.models import Event
 from console import services
 from portal import services as portal_services
 from portal.db import db_now
+from portal.exceptions import PermissionDenied, TenantNotVisible
 from portal.models import AgentKey
-from portal.roles import PermissionDenied, TenantNotVisible
 from tests.support.new_keys import form_token, shown_secret
 from tests.support.tenancy import tenant_fingerprint
 

@@ -18,7 +18,8 @@ from console.takeover_desk import names as desk_names
 from portal import services as portal_services
 from portal.actors import Actor
 from portal.models import Role, Tenant
-from tasks import escalation, keyset, takeover
+from tasks import escalation, takeover
+from tasks.exceptions import InvalidCursor
 from tasks.models import ObjectVersion, Operation, OperationState, Task, TaskState
 
 pytestmark = pytest.mark.django_db
@@ -453,7 +454,7 @@ def test_the_api_queue_pages_by_cursor_both_ways(people, five, other_tenant):
     assert newest.items[0].pk == five[-1].pk
     assert takeover.takeover_queue_page(user=people["other"]).items == []
     assert takeover.takeover_queue_page(user=people["reviewer"]).items == []
-    with pytest.raises(keyset.InvalidCursor):
+    with pytest.raises(InvalidCursor):
         takeover.takeover_queue_page(user=support, after="garbage!")
 
 

@@ -14,8 +14,8 @@ from audit import services as audit_services
 from audit.models import Event, EventCode, Outbox, OutboxState
 from console import dashboard
 from portal.actors import Actor
+from portal.exceptions import PermissionDenied, TenantNotVisible
 from portal.models import Tenant
-from portal.roles import PermissionDenied, TenantNotVisible
 
 from .ops_people import logged_in, person
 

@@ -10,8 +10,7 @@ from django.test import Client
 
 from audit.models import Event, EventCode, RetentionPolicy
 from console import services
-from portal.exceptions import ValidationFailed
-from portal.roles import PermissionDenied, TenantNotVisible
+from portal.exceptions import PermissionDenied, TenantNotVisible, ValidationFailed
 
 from .conftest import PASSWORD, Cast
 

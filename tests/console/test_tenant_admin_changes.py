@@ -12,9 +12,10 @@ from django.test import Client
 
 from audit.models import Event
 from console import services
-from console.services import LastAdministrator
+from console.exceptions import LastAdministrator
+from portal.exceptions import PermissionDenied, TenantNotVisible
 from portal.models import Agent, AgentGrant, AgentKey, Membership, Role, Tenant
-from portal.roles import PermissionDenied, TenantNotVisible, perms_of
+from portal.roles import perms_of
 from tasks.models import Connector, Contract
 from tests.support.contracts import SPEC
 from tests.support.new_keys import form_token, shown_secret

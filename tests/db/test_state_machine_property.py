@@ -40,7 +40,7 @@ from portal.codes import ReasonCode
 from portal.exceptions import IllegalTransition, LeaseExpired, StaleState
 from portal.models import Role
 from tasks import escalation, services, takeover
-from tasks.exceptions import LeaseHeld, TaskNotLeasable
+from tasks.exceptions import AlreadyClaimed, LeaseHeld, TaskNotLeasable
 from tasks.models import (
     OPERATION_TRANSITIONS,
     TASK_TRANSITIONS,
@@ -254,7 +254,7 @@ class TaskMachine(RuleBasedStateMachine):
             )
             m.leased, m.events = True, m.events + 1
         else:
-            with pytest.raises((IllegalTransition, takeover.AlreadyClaimed)):
+            with pytest.raises((IllegalTransition, AlreadyClaimed)):
                 takeover.task_human_claim(task=task, user=self.person)
 
     # --- operation rules ---------------------------------------------------------

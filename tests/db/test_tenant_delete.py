@@ -45,6 +45,7 @@ from portal import selectors as portal_selectors
 from portal import services as portal_services
 from portal.actors import Actor, ActorType
 from portal.db import db_now
+from portal.exceptions import TenantNotFound
 from portal.models import (
     AgentGrant,
     AgentRequestWindow,
@@ -55,7 +56,6 @@ from portal.models import (
     Tenant,
 )
 from portal.roles import ROLE_PERMISSIONS
-from portal.selectors import TenantNotFound
 from tasks import services as tasks_services
 from tasks.models import (
     Approval,

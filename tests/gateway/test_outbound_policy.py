@@ -18,6 +18,7 @@ from portal.exceptions import ValidationFailed
 from tasks import outbound
 from tasks import services as task_services
 from tasks.credentials import public_jwk
+from tasks.exceptions import OutboundRefused
 from tasks.models import Connector, Credential, Operation, Task
 from tests.gateway.conftest import World
 from tests.support.checks import check_entries
@@ -275,7 +276,7 @@ def test_one_non_public_address_among_several_refuses_the_name(
     monkeypatch.setattr(
         outbound, "resolve", lambda host, port: ["93.184.216.34", "127.0.0.1"]
     )
-    with pytest.raises(outbound.OutboundRefused, match=r"127\.0\.0\.1"):
+    with pytest.raises(OutboundRefused, match=r"127\.0\.0\.1"):
         outbound.connect_addresses("mixed.example", listener.port)
     assert listener.accepted == []
 
@@ -333,7 +334,7 @@ def test_a_refused_address_is_never_connected_to(listener: Listener, monkeypatch
     monkeypatch.setattr(outbound, "resolve", resolver)
     with (
         httpx.Client(transport=outbound.transport(), timeout=2) as client,
-        pytest.raises(outbound.OutboundRefused, match="loopback"),
+        pytest.raises(OutboundRefused, match="loopback"),
     ):
         client.get(f"https://sneaky.example:{listener.port}/")
     assert checked == ["sneaky.example"]

@@ -26,6 +26,7 @@ from portal.actors import Actor
 from portal.models import Role
 from tasks import gateway, services, takeover
 from tasks.credentials import body_digest, credential_mint, request_body
+from tasks.exceptions import AlreadyClaimed, ApprovalRepeatsRefusal
 from tasks.jobs import check_receipts_job
 from tasks.models import Escalation, Operation, OperationState, Task, TaskState
 from tests.support.checks import check_entries
@@ -544,7 +545,7 @@ def test_8_a_claim_fences_out_the_old_worker(world: World):
     assert world.execute(started).json()["code"] == "LEASE_EXPIRED"
     assert world.tickets() == 0
     # Approving the same input again would repeat the refusal: not allowed.
-    with pytest.raises(takeover.ApprovalNotAllowed):
+    with pytest.raises(ApprovalRepeatsRefusal):
         takeover.task_human_resolve(
             task=task,
             user=person,
@@ -599,7 +600,7 @@ def test_8_only_one_of_two_people_wins_a_claim(world: World):
 
     outcomes = run_in_threads(*[lambda p=p: claim(p) for p in people])
     assert sum(isinstance(o, Task) for o in outcomes) == 1, outcomes
-    assert sum(isinstance(o, takeover.AlreadyClaimed) for o in outcomes) == 1
+    assert sum(isinstance(o, AlreadyClaimed) for o in outcomes) == 1
 
 
 def test_a_connector_without_lookup_needs_a_one_time_approval(world: World):

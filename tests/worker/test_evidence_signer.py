@@ -24,6 +24,7 @@ from rest_framework.test import APIClient
 
 from audit import checkpoints
 from audit import services as audit_services
+from audit.exceptions import SigningKeyInWeb
 from audit.models import Checkpoint, EventCode
 from portal import process
 from portal import services as portal_services
@@ -125,7 +126,7 @@ def test_the_web_asks_the_worker_to_sign_and_the_bundle_verifies(
     assert verified.returncode == 0, verified.stdout + verified.stderr
     assert verified.stdout.startswith("intact"), verified.stdout
     # and this process could not have signed it
-    with pytest.raises(checkpoints.SigningKeyInWeb):
+    with pytest.raises(SigningKeyInWeb):
         checkpoints.signing_key()
     print(f"\nexport waited {waited:.2f} s for the worker's checkpoint")
 

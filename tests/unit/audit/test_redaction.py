@@ -9,12 +9,12 @@ import pytest
 from django.conf import settings
 
 from audit import redaction
+from audit.exceptions import SensitiveValue
 from audit.redaction import (
     MAX_KNOWN_VALUES,
     MAX_SCAN_CHARS,
     MAX_SCAN_STRING_CHARS,
     REDACTED,
-    SensitiveValue,
     keyed_hash,
     redact,
     refuse_sensitive,

@@ -10,6 +10,7 @@ from django.db import transaction
 
 from audit import relay
 from audit import services as audit_services
+from audit.exceptions import PublishFailed
 from audit.models import Outbox
 from portal.actors import Actor
 
@@ -24,9 +25,9 @@ class QuotingPublisher:
 
     def publish_wave(
         self, messages: Sequence[relay.ClaimedMessage]
-    ) -> list[relay.PublishFailed | None]:
+    ) -> list[PublishFailed | None]:
         return [
-            relay.PublishFailed(
+            PublishFailed(
                 f"refused {message.id}: sent by {EMAIL} with {TOKEN}",
                 connection_lost=False,
             )

@@ -16,8 +16,13 @@ from portal.exceptions import (
     ValidationFailed,
 )
 from tasks import services
-from tasks.exceptions import ActionNotGranted, OperationNotFound, TaskNotFound
-from tasks.hashing import InputNotCanonicalisable, input_hash
+from tasks.exceptions import (
+    ActionNotGranted,
+    InputNotCanonicalisable,
+    OperationNotFound,
+    TaskNotFound,
+)
+from tasks.hashing import input_hash
 from tasks.models import Operation, OperationState, TaskState
 
 pytestmark = pytest.mark.django_db
