@@ -39,14 +39,28 @@ _LINK_HASH = f"""encode(sha256(
     ), 'hex')"""
 
 
-def _insert_event(chain_of: str) -> str:
-    """The chained event insert, as CTEs ending in ``event``; ``chain_of`` is the
-    head row's task condition (two texts, so that each uses the chain's index)."""
-    return f"""
-moved AS (
+def _chained_event_ctes(
+    *, chain_of: str, link_hash: str, body: bool, on_conflict: str, returning: str
+) -> str:
+    """The chained event insert, as CTEs ``moved``, ``begun``, ``link`` and
+    ``event``: the chain's head row moves (or is made), and the event takes its link.
+
+    The one text for both writers: ``event_append``'s statements (``body`` False: the
+    payload and its digest are parameters) and ``slotted_event_sql``'s (``body``
+    True: they come from the caller's ``body`` CTE, which the statement completes).
+    ``chain_of`` is the head row's task condition (two texts, so that each uses the
+    chain's index); ``link_hash`` the link's hash expression with a ``{prev}`` slot.
+    """
+    from_body = "\n    FROM body" if body else ""
+    payload = (
+        "body.text::jsonb, body.digest"
+        if body
+        else ("%(payload)s::jsonb, %(payload_digest)s")
+    )
+    return f"""moved AS (
     UPDATE audit_chainhead AS h
     SET head_seq = h.head_seq + 1, head_event_id = %(id)s, prev_hash = h.head_hash,
-        head_hash = {_LINK_HASH.format(prev="h.head_hash")}
+        head_hash = {link_hash.format(prev="h.head_hash")}{from_body}
     WHERE h.tenant_id = %(tenant_id)s AND {chain_of}
     RETURNING h.head_seq, h.prev_hash, h.head_hash
 ), begun AS (
@@ -54,9 +68,8 @@ moved AS (
         tenant_id, task_id, head_seq, head_event_id, prev_hash, head_hash
     )
     SELECT %(tenant_id)s, %(task_id)s, 1, %(id)s, NULL,
-        {_LINK_HASH.format(prev="NULL")}
-    WHERE NOT EXISTS (SELECT FROM moved)
-    ON CONFLICT (tenant_id, task_id) DO NOTHING
+        {link_hash.format(prev="NULL")}{from_body}
+    WHERE NOT EXISTS (SELECT FROM moved){on_conflict}
     RETURNING h.head_seq, h.prev_hash, h.head_hash
 ), link AS (
     SELECT * FROM moved UNION ALL SELECT * FROM begun
@@ -68,11 +81,23 @@ moved AS (
     )
     SELECT %(id)s, %(tenant_id)s, %(task_id)s, %(operation_id)s, %(code)s,
         %(actor_type)s, %(actor_id)s, %(reason_code)s, %(contract_key)s,
-        %(contract_version)s, %(payload)s::jsonb, %(payload_digest)s, %(trace_id)s,
+        %(contract_version)s, {payload}, %(trace_id)s,
         %(span_id)s, now(), link.head_seq, link.prev_hash, link.head_hash
-    FROM link
-    RETURNING tenant_id, id
+    FROM link{", body" if body else ""}
+    RETURNING {returning}
 )"""
+
+
+def _insert_event(chain_of: str) -> str:
+    """``event_append``'s chained insert, ending in ``event``; a concurrent first
+    append to the chain makes it write nothing (``event_append`` tries again)."""
+    return "\n" + _chained_event_ctes(
+        chain_of=chain_of,
+        link_hash=_LINK_HASH,
+        body=False,
+        on_conflict="\n    ON CONFLICT (tenant_id, task_id) DO NOTHING",
+        returning="tenant_id, id",
+    )
 
 
 _TASK_CHAIN: Final = "h.task_id = %(task_id)s"
@@ -306,42 +331,19 @@ def slotted_event_sql(*, source: str, slots: tuple[str, ...]) -> str:
         f" || ({expression}) || {piece}"
         for expression, piece in zip(slots, pieces[1:], strict=True)
     )
+    chained = _chained_event_ctes(
+        chain_of=_TASK_CHAIN,
+        link_hash=_SLOTTED_HASH,
+        body=True,
+        on_conflict="",  # a concurrent first append fails the statement (above)
+        returning="tenant_id, id, payload",
+    )
     return f"""body_text AS (
     SELECT {text} AS text FROM {source}
 ), body AS (
     SELECT text, encode(sha256(convert_to(text, 'UTF8')), 'hex') AS digest
     FROM body_text
-), moved AS (
-    UPDATE audit_chainhead AS h
-    SET head_seq = h.head_seq + 1, head_event_id = %(id)s, prev_hash = h.head_hash,
-        head_hash = {_SLOTTED_HASH.format(prev="h.head_hash")}
-    FROM body
-    WHERE h.tenant_id = %(tenant_id)s AND {_TASK_CHAIN}
-    RETURNING h.head_seq, h.prev_hash, h.head_hash
-), begun AS (
-    INSERT INTO audit_chainhead AS h (
-        tenant_id, task_id, head_seq, head_event_id, prev_hash, head_hash
-    )
-    SELECT %(tenant_id)s, %(task_id)s, 1, %(id)s, NULL,
-        {_SLOTTED_HASH.format(prev="NULL")}
-    FROM body
-    WHERE NOT EXISTS (SELECT FROM moved)
-    RETURNING h.head_seq, h.prev_hash, h.head_hash
-), link AS (
-    SELECT * FROM moved UNION ALL SELECT * FROM begun
-), event AS (
-    INSERT INTO audit_event (
-        id, tenant_id, task_id, operation_id, code, actor_type, actor_id,
-        reason_code, contract_key, contract_version, payload, payload_digest,
-        trace_id, span_id, created_at, chain_seq, prev_hash, hash
-    )
-    SELECT %(id)s, %(tenant_id)s, %(task_id)s, %(operation_id)s, %(code)s,
-        %(actor_type)s, %(actor_id)s, %(reason_code)s, %(contract_key)s,
-        %(contract_version)s, body.text::jsonb, body.digest, %(trace_id)s,
-        %(span_id)s, now(), link.head_seq, link.prev_hash, link.head_hash
-    FROM link, body
-    RETURNING tenant_id, id, payload
-), outbox AS (
+), {chained}, outbox AS (
     INSERT INTO audit_outbox (
         id, tenant_id, event_id, topic, key, payload, state, attempts, last_error
     )
