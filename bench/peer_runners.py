@@ -17,6 +17,7 @@ Import after ``django.setup()``; the peers are imported only by their runners (t
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import uuid
@@ -28,7 +29,7 @@ from tasks import services
 from tasks.models import OperationState, TaskState
 
 from .peer_apps import _DBOS, PROCRASTINATE_QUEUE, dbos_workflow, procrastinate_app
-from .spec import RunSpec
+from .spec import LEDGER_FLAVOURS, RunSpec
 from .workloads import (
     RESERVATION_ACTION,
     RESERVATION_INPUT,
@@ -429,6 +430,228 @@ class LifecycleService(_Base):
         )
 
 
+# --- The guarantee-cost ledger: the lean baseline, one guarantee at a time -----------
+#
+# ``bench/peers.py --ledger``: the transition and the reservation on lean tables to
+# which the services' guarantees are added one at a time, each step its own schema
+# (``ledger_<n>``) with every guarantee of the steps before it, so that the steps
+# run in the same interleaved rounds and each row's CPU less the row above is what
+# that guarantee costs. The mechanisms are the services' own where they can be
+# shared: the row-level security policy calls ``portal_tenant_scope()``, the guard
+# trigger is ``tasks_task_guard_update()`` (migration tasks/0002), the chain link is
+# a head row moved under its lock with two SHA-256s (the payload's, the link's), the
+# outbox row is written from the event, and the event table is range-partitioned by
+# month on its UUIDv7 ``id`` (audit migration 0011). The services' further costs
+# (their indexes and checks, the transparency-log stamps, Python) are the last row.
+# The steps are ``bench/spec.py``'s ``LEDGER_STEPS``; their schemas
+# ``bench/peers.py``'s ``ledger_ddl``.
+
+
+def _ledger_step(flavour: str) -> int:
+    return LEDGER_FLAVOURS.index(flavour)
+
+
+def _ledger_event_sql(schema: str, number: int, *, source: str, payload: str) -> str:
+    """CTEs after ``source`` (one row with ``tenant_id`` and ``task_id``): the event
+    (its chain link from step 3) and, from step 4, its outbox row; ends in a SELECT."""
+    if number >= 3:
+        event = f"""
+, body AS (
+    SELECT {source}.tenant_id, {source}.task_id, {payload} AS payload FROM {source}
+), digested AS (
+    SELECT body.*, encode(sha256(convert_to(body.payload::text, 'UTF8')), 'hex')
+        AS digest
+    FROM body
+), link AS (
+    UPDATE {schema}.chainhead AS h
+    SET head_seq = h.head_seq + 1,
+        head_hash = encode(sha256(convert_to(COALESCE(h.head_hash, '0')
+            || %(event_id)s::text || digested.digest || now()::text, 'UTF8')), 'hex')
+    FROM digested
+    WHERE h.tenant_id = digested.tenant_id AND h.task_id = digested.task_id
+    RETURNING h.head_seq, h.head_hash
+), e AS (
+    INSERT INTO {schema}.event (id, tenant_id, task_id, code, payload,
+        payload_digest, chain_seq, prev_hash, hash, created_at)
+    SELECT %(event_id)s, digested.tenant_id, digested.task_id, %(code)s,
+        digested.payload, digested.digest, link.head_seq, NULL, link.head_hash, now()
+    FROM digested, link
+    RETURNING id, tenant_id, task_id, code, payload
+)"""
+    else:
+        event = f"""
+, e AS (
+    INSERT INTO {schema}.event (id, tenant_id, task_id, code, payload, created_at)
+    SELECT %(event_id)s, {source}.tenant_id, {source}.task_id, %(code)s, {payload},
+        now()
+    FROM {source}
+    RETURNING id, tenant_id, task_id, code, payload
+)"""
+    if number < 4:
+        return event + "\nSELECT task_id FROM e"
+    return (
+        event
+        + f"""
+INSERT INTO {schema}.outbox (id, tenant_id, event_id, task_id, envelope, created_at)
+SELECT %(outbox_id)s, e.tenant_id, e.id, e.task_id,
+       jsonb_build_object('event_id', e.id, 'code', e.code, 'data', e.payload), now()
+FROM e
+RETURNING task_id"""
+    )
+
+
+@functools.cache
+def ledger_transition_sql(number: int) -> str:
+    schema = f"ledger_{number}"
+    return f"""
+WITH t AS (
+    UPDATE {schema}.task
+    SET state = %(to)s, state_version = state_version + 1, lease_owner = NULL,
+        lease_expires_at = NULL, updated_at = now()
+    WHERE id = %(task_id)s AND tenant_id = %(tenant_id)s AND state = %(from)s
+      AND state_version = %(expected_version)s AND lease_token = %(lease_token)s
+      AND lease_expires_at > now()
+    RETURNING id AS task_id, tenant_id, state_version
+)""" + _ledger_event_sql(
+        schema,
+        number,
+        source="t",
+        payload="jsonb_build_object('from', %(from)s::text, 'to', %(to)s::text,"
+        " 'state_version', t.state_version)",
+    )
+
+
+@functools.cache
+def ledger_reserve_sql(number: int) -> str:
+    schema = f"ledger_{number}"
+    return f"""
+WITH k AS (
+    SELECT task.id FROM {schema}.task
+    WHERE task.id = %(task_id)s AND task.tenant_id = %(tenant_id)s
+      AND task.lease_token = %(lease_token)s AND task.lease_expires_at > now()
+      AND EXISTS (
+          SELECT 1 FROM {schema}.agent_grant g
+          WHERE g.tenant_id = %(tenant_id)s AND g.agent_id = %(agent_id)s
+            AND g.action = %(action)s AND g.target IN (%(target)s, '*'))
+), o AS (
+    INSERT INTO {schema}.operation (id, tenant_id, task_id, idempotency_key, action,
+                                    target, input_hash, input, state, created_at)
+    SELECT %(id)s, %(tenant_id)s, k.id, %(key)s, %(action)s, %(target)s,
+           %(input_hash)s, %(input)s, 'reserved', now()
+    FROM k
+    ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
+    RETURNING id, tenant_id, task_id
+)""" + _ledger_event_sql(
+        schema,
+        number,
+        source="o",
+        payload="jsonb_build_object('operation_id', o.id, 'idempotency_key',"
+        " %(key)s::text, 'input_hash', %(input_hash)s::text)",
+    )
+
+
+def _ledger_insert_tasks(
+    ctx: WorkerContext, *, number: int, tenant_id: uuid.UUID, count: int
+) -> list[uuid.UUID]:
+    """Running tasks leased to the client (token 1), their chains begun (step 3 on)."""
+    schema = f"ledger_{number}"
+    ids = [new_id() for _ in range(count)]
+    with ctx.raw.transaction():
+        ctx.raw.execute(
+            f"INSERT INTO {schema}.task (id, tenant_id, state, state_version,"
+            " lease_owner, lease_token, lease_expires_at, created_at, updated_at)"
+            " SELECT id, %(tenant_id)s, 'running', 1, %(owner)s, 1,"
+            " now() + interval '2 hours', clock_timestamp(), clock_timestamp()"
+            " FROM unnest(%(ids)s::uuid[]) AS id",
+            {"tenant_id": tenant_id, "owner": ctx.owner, "ids": ids},
+        )
+        ctx.raw.execute(
+            f"INSERT INTO {schema}.chainhead (tenant_id, task_id, head_seq)"
+            " SELECT %(tenant_id)s, id, 0 FROM unnest(%(ids)s::uuid[]) AS id",
+            {"tenant_id": tenant_id, "ids": ids},
+        )
+    return ids
+
+
+class TransitionLedger(_Base):
+    def __init__(self, spec: RunSpec, ctx: WorkerContext) -> None:
+        super().__init__(spec, ctx)
+        self.number = _ledger_step(spec.flavour)
+        self.sql = ledger_transition_sql(self.number)
+        self.pool: list[uuid.UUID] = []
+
+    def refill(self) -> None:
+        self.pool = _ledger_insert_tasks(
+            self.ctx,
+            number=self.number,
+            tenant_id=self.tenant_id,
+            count=self.spec.refill_batch,
+        )
+
+    def op(self) -> None:
+        if not self.pool:
+            raise PoolEmpty
+        task_id = self.pool.pop()
+        row = self.ctx.raw.execute(
+            self.sql,
+            {
+                "tenant_id": self.tenant_id,
+                "task_id": task_id,
+                "from": "running",
+                "to": "succeeded",
+                "expected_version": 1,
+                "lease_token": 1,
+                "code": "task.transitioned",
+                "event_id": new_id(),
+                "outbox_id": new_id(),
+            },
+        ).fetchone()
+        if row is None:
+            raise RuntimeError(f"ledger transition of {task_id} touched no row")
+
+
+class ReservationLedger(_Base):
+    def __init__(self, spec: RunSpec, ctx: WorkerContext) -> None:
+        super().__init__(spec, ctx)
+        self.number = _ledger_step(spec.flavour)
+        self.sql = ledger_reserve_sql(self.number)
+        ctx.raw.execute(
+            f"INSERT INTO ledger_{self.number}.agent_grant VALUES (%s, %s, %s, '*')"
+            " ON CONFLICT DO NOTHING",
+            [self.tenant_id, spec.agent_id, RESERVATION_ACTION],
+        )
+        (self.task_id,) = _ledger_insert_tasks(
+            ctx, number=self.number, tenant_id=self.tenant_id, count=1
+        )
+        self.counter = 0
+        canonical = json.dumps(RESERVATION_INPUT, sort_keys=True, separators=(",", ":"))
+        self.digest = hashlib.sha256(canonical.encode()).hexdigest()
+
+    def op(self) -> None:
+        self.counter += 1
+        key = f"{self.spec.run_id}-r{self.spec.round}-{self.ctx.index}-{self.counter}"
+        row = self.ctx.raw.execute(
+            self.sql,
+            {
+                "tenant_id": self.tenant_id,
+                "task_id": self.task_id,
+                "lease_token": 1,
+                "agent_id": self.spec.agent_id,
+                "action": RESERVATION_ACTION,
+                "target": RESERVATION_TARGET,
+                "id": new_id(),
+                "key": key,
+                "input_hash": self.digest,
+                "input": json.dumps(RESERVATION_INPUT),
+                "code": "operation.reserved",
+                "event_id": new_id(),
+                "outbox_id": new_id(),
+            },
+        ).fetchone()
+        if row is None:
+            raise RuntimeError(f"ledger reservation {key} touched no row")
+
+
 RUNNERS: Final[dict[tuple[str, str], Callable[[RunSpec, WorkerContext], Runner]]] = {
     ("transition", "lean"): TransitionLean,
     ("reservation", "lean"): ReservationLean,
@@ -436,4 +659,6 @@ RUNNERS: Final[dict[tuple[str, str], Callable[[RunSpec, WorkerContext], Runner]]
     ("claim", "procrastinate"): ClaimProcrastinate,
     ("lifecycle", "dbos"): LifecycleDbos,
     ("lifecycle", "service"): LifecycleService,
+    **{("transition", flavour): TransitionLedger for flavour in LEDGER_FLAVOURS},
+    **{("reservation", flavour): ReservationLedger for flavour in LEDGER_FLAVOURS},
 }

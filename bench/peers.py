@@ -5,6 +5,7 @@
         [--database-url postgres://postgres@127.0.0.1:5432/portal_bench_peers]
         [--also rest,relay,doors] [--rest-clients 1,4,16] [--relay-rate 2000]
         [--no-docs] [--json reports/bench-peers.json]
+    .venv/bin/python bench/peers.py --ledger [--clients 1] [--no-docs] ...
 
 In the same interleaved rounds as ``bench/run.py`` (same client processes, barrier,
 slices in rotating order), on one PostgreSQL server:
@@ -29,6 +30,14 @@ the real ticket desk).
 Drops and creates its databases: the services' (name must contain "bench"), and
 the peers' own, ``<name>_procrastinate``, ``<name>_dbos``, ``<name>_rest``,
 ``<name>_relay`` and ``<name>_doors``, dropped again at the end.
+
+``--ledger``: the guarantee-cost ledger instead. The transition and the reservation
+on the lean tables with the services' guarantees added one at a time (row-level
+security, the guard trigger, the hash chain, the outbox row, the month-partitioned
+event table; ``bench/peer_runners.py``, ``LEDGER_STEPS``), then the services, in the
+same interleaved rounds: the CPU per operation, client and backend, of each step
+and what each step adds to the one before. It writes its own section of
+docs/performance.md (``ledger``) and leaves the issue's table alone.
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as dt
+import itertools
 import json
 import os
 import platform
@@ -68,7 +78,13 @@ from bench.service_layer import (
     tidy,
     verify,
 )
-from bench.spec import ClientResult, RunSpec
+from bench.spec import (
+    LEDGER_FLAVOURS,
+    LEDGER_LABELS,
+    LEDGER_STEPS,
+    ClientResult,
+    RunSpec,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs" / "performance.md"
@@ -108,6 +124,8 @@ FLAVOURS: Final[dict[str, tuple[str, ...]]] = {
     "claim": ("procrastinate", "lean", "service"),
     "lifecycle": ("dbos", "service"),
 }
+LEDGER_SECTION: Final = "ledger"
+LEDGER_WORKLOADS: Final = ("transition", "reservation")
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -132,12 +150,24 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument(
         "--relay-rate", type=float, default=2000, help="steady events/s for the lag"
     )
+    parser.add_argument(
+        "--ledger",
+        action="store_true",
+        help="the guarantee-cost ledger (transition and reservation, the lean"
+        " baseline with one guarantee added at a time, then the services) instead",
+    )
     parser.add_argument("--no-docs", action="store_true")
     parser.add_argument("--json", type=Path, default=JSON_REPORT)
     args = parser.parse_args(argv)
+    args.flavours = dict(FLAVOURS)
+    if args.ledger:
+        args.flavours = dict.fromkeys(LEDGER_WORKLOADS, (*LEDGER_FLAVOURS, "service"))
+        if args.workloads == ",".join(FLAVOURS):
+            args.workloads = ",".join(LEDGER_WORKLOADS)
+        args.also = ""
     args.client_counts = sorted({int(c) for c in args.clients.split(",") if c})
     args.workload_list = [w for w in args.workloads.split(",") if w]
-    if set(args.workload_list) - set(FLAVOURS) or not args.client_counts:
+    if set(args.workload_list) - set(args.flavours) or not args.client_counts:
         parser.error("bad --workloads or --clients")
     args.what_if = False
     return args
@@ -162,11 +192,14 @@ def _recreate(admin_url: str, name: str, *, drop_only: bool = False) -> str:
     return urllib.parse.urlsplit(admin_url)._replace(path=f"/{name}").geturl()
 
 
-def setup_lean(admin_url: str, app_url: str) -> None:
-    """bench/lean.sql in the services' database, usable by the role they run as."""
+def setup_lean(admin_url: str, app_url: str, *, ledger: bool = False) -> None:
+    """bench/lean.sql in the services' database, usable by the role they run as;
+    with ``ledger``, the ledger's schemas too (``peer_runners.ledger_ddl``)."""
     role = str(psycopg.conninfo.conninfo_to_dict(app_url).get("user") or "postgres")
     with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute((REPO / "bench" / "lean.sql").read_text().encode())
+        if ledger:
+            conn.execute(ledger_ddl(role).encode())
         conn.execute(
             sql.SQL(
                 "GRANT USAGE ON SCHEMA lean TO {0};"
@@ -174,6 +207,110 @@ def setup_lean(admin_url: str, app_url: str) -> None:
                 " TO {0}"
             ).format(sql.Identifier(role))
         )
+
+
+def _uuid7_floor(when: dt.datetime) -> str:
+    """The smallest UUIDv7 of the millisecond ``when`` (a partition bound)."""
+    millis = int(when.timestamp() * 1000)
+    text = f"{millis:012x}" + "7000" + "8" + "0" * 15
+    return str(uuid.UUID(text))
+
+
+def _month_bounds(months: int) -> list[tuple[str, str, str]]:
+    """(name, from, to) of the month partitions around today, UUIDv7 bounds."""
+    today = dt.datetime.now(dt.UTC).replace(
+        day=1, hour=0, minute=0, second=0, microsecond=0
+    )
+    starts = []
+    year, month = today.year, today.month - 1
+    for _ in range(months + 1):
+        if month == 0:
+            year, month = year - 1, 12
+        starts.append(dt.datetime(year, month, 1, tzinfo=dt.UTC))
+        month += 1
+        if month == 13:
+            year, month = year + 1, 1
+    return [
+        (f"p{a:%Y%m}", _uuid7_floor(a), _uuid7_floor(b))
+        for a, b in itertools.pairwise(starts)
+    ]
+
+
+def ledger_ddl(role: str) -> str:
+    """The schemas of the ledger's steps, usable by ``role`` (the app role)."""
+    parts = []
+    for number, _step in enumerate(LEDGER_STEPS):
+        schema = f"ledger_{number}"
+        chain, part = number >= 3, number >= 5
+        event_pk = "" if part else " PRIMARY KEY"
+        parts.append(f"""
+DROP SCHEMA IF EXISTS {schema} CASCADE;
+CREATE SCHEMA {schema};
+CREATE TABLE {schema}.task (
+    id uuid PRIMARY KEY, tenant_id uuid NOT NULL, state varchar(20) NOT NULL,
+    state_version integer NOT NULL, current_step varchar(200) NOT NULL DEFAULT '',
+    reason_code varchar(40), wake_at timestamptz, lease_owner text,
+    lease_token bigint NOT NULL DEFAULT 0, lease_expires_at timestamptz,
+    created_at timestamptz NOT NULL, updated_at timestamptz NOT NULL
+);
+CREATE INDEX ON {schema}.task (tenant_id, created_at, id) WHERE state = 'pending';
+CREATE TABLE {schema}.agent_grant (
+    tenant_id uuid NOT NULL, agent_id uuid NOT NULL, action text NOT NULL,
+    target text NOT NULL, PRIMARY KEY (tenant_id, agent_id, action, target)
+);
+CREATE TABLE {schema}.operation (
+    id uuid PRIMARY KEY, tenant_id uuid NOT NULL, task_id uuid NOT NULL,
+    idempotency_key text NOT NULL, action text NOT NULL, target text NOT NULL,
+    input_hash text NOT NULL, input jsonb NOT NULL, state text NOT NULL,
+    created_at timestamptz NOT NULL, UNIQUE (tenant_id, idempotency_key)
+);
+CREATE TABLE {schema}.event (
+    id uuid NOT NULL{event_pk}, tenant_id uuid NOT NULL, task_id uuid NOT NULL,
+    code text NOT NULL, payload jsonb NOT NULL, payload_digest text,
+    chain_seq bigint, prev_hash text, hash text, created_at timestamptz NOT NULL
+){" PARTITION BY RANGE (id)" if part else ""};
+CREATE TABLE {schema}.chainhead (
+    tenant_id uuid NOT NULL, task_id uuid NOT NULL, head_seq bigint NOT NULL,
+    head_hash text, PRIMARY KEY (tenant_id, task_id)
+);
+CREATE TABLE {schema}.outbox (
+    id uuid PRIMARY KEY, tenant_id uuid NOT NULL, event_id uuid NOT NULL,
+    task_id uuid NOT NULL, envelope jsonb NOT NULL,
+    state text NOT NULL DEFAULT 'pending', created_at timestamptz NOT NULL
+);""")
+        if part:
+            parts.append(f"ALTER TABLE {schema}.event ADD PRIMARY KEY (id);")
+            for name, low, high in _month_bounds(4):
+                parts.append(
+                    f"CREATE TABLE {schema}.event_{name} PARTITION OF {schema}.event"
+                    f" FOR VALUES FROM ('{low}') TO ('{high}');"
+                )
+        if chain:  # a chain is a line (unique per month partition in the services)
+            unique = "" if part else "UNIQUE "
+            parts.append(
+                f"CREATE {unique}INDEX ON {schema}.event"
+                " (tenant_id, task_id, chain_seq);"
+            )
+        if number >= 1:
+            tables = ("task", "agent_grant", "operation", "event", "chainhead")
+            tables += ("outbox",)
+            parts.extend(
+                f"ALTER TABLE {schema}.{table} ENABLE ROW LEVEL SECURITY;"
+                f" CREATE POLICY scope ON {schema}.{table} USING (tenant_id = ANY"
+                " ((SELECT portal_tenant_scope())::uuid[]));"
+                for table in tables
+            )
+        if number >= 2:
+            parts.append(
+                f"CREATE TRIGGER guard BEFORE UPDATE ON {schema}.task"
+                " FOR EACH ROW EXECUTE FUNCTION tasks_task_guard_update();"
+            )
+        parts.append(
+            f"GRANT USAGE ON SCHEMA {schema} TO {role};"
+            f" GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema}"
+            f" TO {role};"
+        )
+    return "\n".join(parts)
 
 
 def setup_procrastinate(url: str) -> str:
@@ -243,6 +380,22 @@ def check_lean(raw: psycopg.Connection[Any], spec: RunSpec, done: int) -> None:
         raise AssertionError(f"{spec.run_id}: (events, outbox) {row}, done {done}")
 
 
+def check_ledger(raw: psycopg.Connection[Any], spec: RunSpec, done: int) -> None:
+    """Each operation of a ledger step wrote its event (and its outbox row, from the
+    outbox step on), in the step's own schema."""
+    from bench.workloads import raw_scope  # after django.setup()
+
+    raw_scope(raw, spec.tenant_id)  # row-level security, from the second step on
+    number = LEDGER_FLAVOURS.index(spec.flavour)
+    row = raw.execute(
+        f"SELECT (SELECT count(*) FROM ledger_{number}.event WHERE tenant_id = %(t)s),"
+        f" (SELECT count(*) FROM ledger_{number}.outbox WHERE tenant_id = %(t)s)",
+        {"t": uuid.UUID(spec.tenant_id)},
+    ).fetchone()
+    if row != (done, done if number >= 4 else 0):
+        raise AssertionError(f"{spec.run_id}: (events, outbox) {row}, done {done}")
+
+
 def check_lifecycle(raw: psycopg.Connection[Any], spec: RunSpec, done: int) -> None:
     from bench.workloads import raw_scope  # after django.setup()
 
@@ -266,7 +419,7 @@ def measure(
     args: argparse.Namespace,
     peer_urls: dict[str, str],
 ) -> list[report.RunSummary]:
-    flavours = FLAVOURS[workload]
+    flavours = args.flavours[workload]
     specs = {
         flavour: make_spec(
             raw,
@@ -301,6 +454,8 @@ def measure(
         done = sum(r.ops + r.warmup_ops for r in results)
         if flavour == "lean":
             check_lean(raw, specs[flavour], done)
+        elif flavour in LEDGER_FLAVOURS:
+            check_ledger(raw, specs[flavour], done)
         elif flavour == "service" and workload == "lifecycle":
             check_lifecycle(raw, specs[flavour], done)
         elif flavour == "service":
@@ -499,6 +654,66 @@ def side_table(figures: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def ledger_table(
+    summaries: Sequence[report.RunSummary], client_counts: Sequence[int]
+) -> str:
+    """Per workload and client count, each step's CPU per operation and what it adds
+    to the step before it (the last row: the services over the last step)."""
+    lines = [
+        "| work | clients | step | ops/s | CPU µs/op client | CPU µs/op backend"
+        " | adds: client | adds: backend |",
+        "|---|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    labels = {**LEDGER_LABELS, "service": "the services (tasks/services.py)"}
+    for workload in LEDGER_WORKLOADS:
+        for clients in client_counts:
+            before: report.RunSummary | None = None
+            for flavour in (*LEDGER_FLAVOURS, "service"):
+                got = _find(summaries, workload, flavour, clients)
+                if got is None:
+                    continue
+                adds = ("-", "-")
+                if before is not None:
+                    client = got.cpu_us_per_op - before.cpu_us_per_op
+                    backend = got.server_cpu_us_per_op - before.server_cpu_us_per_op
+                    adds = (f"{client:+,.0f}", f"{backend:+,.0f}")
+                lines.append(
+                    f"| {workload} | {clients} | {labels[flavour]}"
+                    f" | {got.ops_per_s:,.0f} | {got.cpu_us_per_op:,.0f}"
+                    f" | {got.server_cpu_us_per_op:,.0f} | {adds[0]} | {adds[1]} |"
+                )
+                before = got
+    return "\n".join(lines)
+
+
+def ledger_markdown(
+    meta: dict[str, Any], summaries: Sequence[report.RunSummary]
+) -> str:
+    load = meta["load_average_1m"]
+    return f"""## The guarantee-cost ledger: what each guarantee costs
+
+Generated by `bench/peers.py --ledger` on {meta["date"]} (run took
+{meta["wall_s"]:.0f} s, code at `{meta["commit"]}`); do not edit between the
+markers, run the command again:
+
+```
+{meta["command"]}
+```
+
+- {meta["nproc"]} CPUs, 1-minute load average {load[0]} → {load[1]} (start → end).
+  PostgreSQL {meta["postgres_version"]}; Python {meta["python_version"]}.
+- Each step is the lean baseline (one statement per operation, plain psycopg,
+  prepared) with the guarantees of the steps above it and its own, in its own
+  schema (`bench/peer_runners.py`, `LEDGER_STEPS`); the last row is the services.
+  All run in the same interleaved slices, {meta["duration_s"]:g} s per step and
+  client count in {meta["rounds"]} rounds. "Adds" is the step's CPU per operation
+  less the row above: what that guarantee costs. The services' row adds their
+  indexes, CHECK constraints, foreign keys, the transparency-log stamps and Python.
+
+{ledger_table(summaries, meta["clients"])}
+"""
+
+
 def markdown(meta: dict[str, Any], summaries: Sequence[report.RunSummary]) -> str:
     load = meta["load_average_1m"]
     return f"""## Against the peers: DBOS Transact, Procrastinate, a lean baseline
@@ -582,9 +797,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     name = str(psycopg.conninfo.conninfo_to_dict(admin_url).get("dbname", ""))
     say(f"peers: recreating and migrating {name}")
     app_url = recreate_database(admin_url)
-    setup_lean(admin_url, app_url)
+    setup_lean(admin_url, app_url, ledger=args.ledger)
     peer_urls = {}
-    if "procrastinate" in {f for w in args.workload_list for f in FLAVOURS[w]}:
+    if "procrastinate" in {f for w in args.workload_list for f in args.flavours[w]}:
         peer_urls["procrastinate"] = setup_procrastinate(
             _recreate(admin_url, f"{name}_procrastinate")
         )
@@ -650,7 +865,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "side": side,
     }
     say("")
-    say(table(summaries, args.client_counts))
+    if args.ledger:
+        say(ledger_table(summaries, args.client_counts))
+    else:
+        say(table(summaries, args.client_counts))
     if side:
         say(side_table(side))
     args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -658,7 +876,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         json.dumps({"meta": meta, "runs": [s.as_json() for s in summaries]}, indent=2)
         + "\n"
     )
-    if not args.no_docs:
+    if not args.no_docs and args.ledger:
+        report.replace_section(
+            DOCS, ledger_markdown(meta, summaries), section=LEDGER_SECTION
+        )
+        say(f"peers: updated {DOCS.relative_to(REPO)}")
+    elif not args.no_docs:
         report.replace_section(DOCS, markdown(meta, summaries), section=SECTION)
         say(f"peers: updated {DOCS.relative_to(REPO)}")
     say(f"peers: done in {meta['wall_s']} s")

@@ -89,7 +89,8 @@ def summarise(
 def progress_line(summary: RunSummary) -> str:
     return (
         f"  {summary.workload:<11} clients={summary.clients:<2} "
-        f"{FLAVOUR_LABELS[summary.flavour]:<16} {summary.ops_per_s:7.0f} ops/s  "
+        f"{FLAVOUR_LABELS.get(summary.flavour, summary.flavour):<16}"
+        f" {summary.ops_per_s:7.0f} ops/s  "
         f"p50 {summary.p50_ms:6.2f} ms  p99 {summary.p99_ms:6.2f} ms  "
         f"CPU/op client {summary.cpu_us_per_op:5.0f} us"
         f" server {summary.server_cpu_us_per_op:5.0f} us  "

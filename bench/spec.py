@@ -99,3 +99,18 @@ class ClientResult:
     server_cpu_s: float
     refills: int
     latencies_ns: list[int] = field(repr=False)
+
+
+# The guarantee-cost ledger of bench/peers.py --ledger (bench/peer_runners.py).
+LEDGER_STEPS: Final = ("bare", "rls", "guard", "chain", "outbox", "partitions")
+"""Each step adds its guarantee to every one before it; ``bare`` is the lean
+baseline without the outbox row (``bench/lean.sql`` with the event alone)."""
+LEDGER_FLAVOURS: Final = tuple(f"ledger-{step}" for step in LEDGER_STEPS)
+LEDGER_LABELS: Final = {
+    "ledger-bare": "lean: state and event, one CTE, no trigger or policy",
+    "ledger-rls": "+ row-level security (the services' policy on every table)",
+    "ledger-guard": "+ the guard trigger on the task (tasks_task_guard_update)",
+    "ledger-chain": "+ the hash chain (head row moved, payload and link SHA-256)",
+    "ledger-outbox": "+ the outbox row, written from the event",
+    "ledger-partitions": "+ the event table in month partitions on its UUIDv7 id",
+}

@@ -233,9 +233,19 @@ class Operation(models.Model):
     """One side effect a task attempts, under a stable idempotency key."""
 
     id = models.UUIDField(primary_key=True, default=new_id, editable=False)
-    tenant = models.ForeignKey("portal.Tenant", on_delete=models.PROTECT)
+    # No single-column indexes on the foreign keys: each has a (tenant_id, …) index
+    # (the composite foreign keys' and the lookups'), which every query uses, row-
+    # level security giving it the tenant; each index more costs every reservation
+    # and every state change (docs/performance.md, "Every index pays for a query").
+    tenant = models.ForeignKey(
+        "portal.Tenant", on_delete=models.PROTECT, db_index=False
+    )
     task = models.ForeignKey(
-        Task, on_delete=models.PROTECT, db_constraint=False, related_name="operations"
+        Task,
+        on_delete=models.PROTECT,
+        db_constraint=False,
+        db_index=False,
+        related_name="operations",
     )
     idempotency_key = models.CharField(max_length=200)
     action = models.CharField(max_length=100)
@@ -248,6 +258,7 @@ class Operation(models.Model):
         "portal.Agent",
         on_delete=models.PROTECT,
         db_constraint=False,
+        db_index=False,
         null=True,
         blank=True,
         related_name="+",
@@ -260,6 +271,7 @@ class Operation(models.Model):
         "portal.Agent",
         on_delete=models.PROTECT,
         db_constraint=False,
+        db_index=False,
         null=True,
         blank=True,
         related_name="+",

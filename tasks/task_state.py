@@ -98,8 +98,10 @@ class TaskStateWrite:
         with_: a ``WITH`` clause that picks rows (``FOR UPDATE SKIP LOCKED``).
         from_: the relation the ``WITH`` defines, joined in ``where``.
         returning_old: columns whose values *before* the write come first in each
-            returned row (read from a self-join, ``old``), named ``old_<column>``;
-            ``TASK_COLUMNS`` follow.
+            returned row, named ``old_<column>``, then ``TASK_COLUMNS``. The state
+            alone comes from the list of states the row may be written from (the
+            one equal to the row's), other columns from a self-join (``old``): the
+            task is read once where only its state before the write is asked for.
     """
 
     where: str
@@ -114,7 +116,12 @@ class TaskStateWrite:
         """The statement text: the same for every call, so it is prepared once."""
         relations = [self.from_] if self.from_ else []
         old = ""
-        if self.returning_old:
+        if self.returning_old == ("state",):
+            # The state before the write without reading the task again: the row
+            # matches exactly one of the states it may be written from.
+            relations.append("unnest(%(_states)s::text[]) AS old(state)")
+            old = "old.state = t.state AND "
+        elif self.returning_old:
             relations.append("tasks_task AS old")
             old = "old.id = t.id AND "
         return _TEMPLATE.format(
