@@ -292,8 +292,8 @@ CREATE TABLE {schema}.outbox (
                 " (tenant_id, task_id, chain_seq);"
             )
         if number >= 1:
-            tables = ("task", "agent_grant", "operation", "event", "chainhead")
-            tables += ("outbox",)
+            tables: tuple[str, ...] = ("task", "agent_grant", "operation")
+            tables += ("event", "chainhead", "outbox")
             parts.extend(
                 f"ALTER TABLE {schema}.{table} ENABLE ROW LEVEL SECURITY;"
                 f" CREATE POLICY scope ON {schema}.{table} USING (tenant_id = ANY"
