@@ -176,12 +176,23 @@ class IdempotencyKeyMismatch(PortalError):
     status = 422
 
 
+# Seconds a client waits before asking again about a request still in flight.
+IN_FLIGHT_RETRY_AFTER_S = 1
+
+
 class IdempotentRequestInFlight(PortalError):
     """A request with this Idempotency-Key is still being processed; retry later."""
 
     code = "REQUEST_IN_FLIGHT"
     status = 409
     retryable = True
+
+    def __init__(self, detail: str | None = None, **context: Any) -> None:
+        # A first delivery takes well under a second; one whose holder died is
+        # taken over once its lock (PORTAL_IDEMPOTENCY_LOCK_S) ends. The client
+        # asks again after ``Retry-After`` (tests/http/test_idempotency_race.py).
+        context.setdefault("retry_after_s", IN_FLIGHT_RETRY_AFTER_S)
+        super().__init__(detail, **context)
 
 
 class PermissionDenied(PortalError):
