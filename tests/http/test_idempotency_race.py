@@ -60,7 +60,7 @@ def _client(
     out: Any,
 ) -> None:
     """One client process: each key, at the barrier, until a final answer."""
-    answers = []
+    answers: list[tuple[str, int | str, Any, Any, Any]] = []
     with httpx.Client(
         base_url=base_url, headers={"Authorization": f"Bearer {secret}"}
     ) as http:
