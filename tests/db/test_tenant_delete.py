@@ -20,7 +20,7 @@ from django.apps import apps
 from django.contrib.auth.models import Group, User
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import connection
+from django.db import ProgrammingError, connection
 from django.db.models import Model
 from guardian.shortcuts import assign_perm
 
@@ -39,7 +39,6 @@ from audit.models import (
 from console.takeover_desk import comments as desk_comments
 from limits.models import Budget, RateLimit
 from policies import services as policy_services
-from policies.exceptions import PolicyImmutable
 from portal import db_roles
 from portal import selectors as portal_selectors
 from portal import services as portal_services
@@ -475,17 +474,23 @@ def test_the_purge_function_refuses_a_tenant_already_deleted(keep_tenant, popula
 def test_on_the_app_roles_connection_the_deletion_is_refused_whole(
     purge_tenant, populate
 ):
-    """Only the operator may delete what the trail and the published rules hold;
-    the app role is refused at the first such table, and nothing else went either.
+    """Only the operator may delete what the trail, the desk's comments and the
+    published rules hold; the app role is refused at the first such table, and
+    nothing else went either.
 
-    The first wall it meets is the published policy set's guard (only the operator
-    deletes one); tests/db/test_trail_erasure.py shows the purge function's EXECUTE
-    refused to it (42501) on its own.
+    The first wall it meets is the desk comments' table: comments are append-only,
+    so the app role has no DELETE privilege on it at all (docs/database-roles.md),
+    even for a tenant without comments. Behind it stand the published policy set's
+    guard (only the operator deletes one; tests/db/test_policy_sets.py) and the purge
+    function, whose EXECUTE is refused to the app role (42501;
+    tests/db/test_trail_erasure.py).
     """
     populate(purge_tenant)
     before = tenant_fingerprint(purge_tenant.pk)
-    with pytest.raises(PolicyImmutable):
+    with pytest.raises(ProgrammingError) as refused:
         deletion.tenant_delete(tenant=purge_tenant, actor=SYSTEM)
+    assert isinstance(refused.value.__cause__, psycopg.errors.InsufficientPrivilege)
+    assert "console_deskcomment" in str(refused.value)
     assert tenant_fingerprint(purge_tenant.pk) == before
 
 
