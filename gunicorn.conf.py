@@ -12,16 +12,28 @@ import shutil
 import tempfile
 from typing import Any
 
-# Where to listen and how many sync workers (deploy/README.md, "Sizing"). A ``-b`` or
-# ``--workers`` on the command line (``up``, the tests) wins over these.
+# Where to listen, how many worker processes and how many threads each
+# (deploy/README.md, "Sizing"). A ``-b``, ``--workers`` or ``--threads`` on the command
+# line (``up``, the tests) wins over these.
 bind = [os.environ.get("PORTAL_BIND", "127.0.0.1:8000")]
-workers = int(os.environ.get("PORTAL_WEB_WORKERS", "4"))
+workers = int(os.environ.get("PORTAL_WEB_WORKERS", "2"))
+_WORKER = os.environ.get("PORTAL_WEB_WORKER_CLASS", "gthread")
 
-# Gunicorn's sync worker, answering the requests gunicorn refuses itself (the limits
-# below, unparsable request lines and headers) with problem+json instead of HTML.
-# Sync workers close the connection after every answer (``Connection: close``):
-# there is no keep-alive to get wrong after an error.
-worker_class = "config.gunicorn_worker.ProblemSyncWorker"
+# Gunicorn's threaded worker (gthread): each process serves ``threads`` requests at
+# once and keeps idle connections open for ``keepalive`` seconds in its poller, so an
+# agent holding a connection pays no new TCP connection per request. Its answers to
+# requests gunicorn refuses itself (the limits below, unparsable request lines and
+# headers) are problem+json instead of HTML, and an answer given before the body
+# was read either reads a small rest away or closes the connection
+# (config/gunicorn_worker.py). ``PORTAL_WEB_WORKER_CLASS=sync`` runs the sync worker
+# instead: one request per process, every answer ``Connection: close``.
+# (Gunicorn runs its stock gthread worker instead of a sync worker given threads > 1.)
+worker_class = {
+    "gthread": "config.gunicorn_worker.ProblemThreadWorker",
+    "sync": "config.gunicorn_worker.ProblemSyncWorker",
+}[_WORKER]
+threads = int(os.environ.get("PORTAL_WEB_THREADS", "4")) if _WORKER == "gthread" else 1
+keepalive = int(os.environ.get("PORTAL_WEB_KEEPALIVE_S", "15"))
 
 # Gunicorn's defaults, stated: a request line over 4094 bytes is a 414, more than
 # 100 headers or one over 8190 bytes a 431 (docs/api.md, "Errors").

@@ -132,7 +132,7 @@ def _environment(*, database: str, tmp: Path, web_port: int) -> dict[str, str]:
         "DJANGO_STATIC_ROOT": str(tmp / "static"),
         "PORTAL_VAR_DIR": str(tmp / "state"),
         "PORTAL_BIND": f"127.0.0.1:{web_port}",
-        "PORTAL_WEB_WORKERS": "2",  # the machine is shared; the README says 4
+        "PORTAL_WEB_WORKERS": "2",  # as deploy/portal.env.example (two cores)
         "DATABASE_URL": support.url(database, role=db_roles.APP_ROLE),
         "CELERY_BROKER_URL": SHARED_URL,
         "PORTAL_CELERY_QUEUE": f"deploy-test-{uuid.uuid4().hex[:10]}",

@@ -16,7 +16,7 @@ import pytest
 from portal.parsers import MAX_DEPTH
 
 from .conftest import Server, World, api_routes, fill
-from .raw import Answer, Connection, exchange, request_bytes
+from .raw import PROBE, Answer, Connection, exchange, request_bytes
 
 METHODS = (
     "GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT",
@@ -417,7 +417,8 @@ def test_a_host_outside_allowed_hosts_is_a_problem(server: Server) -> None:
         with Connection(server.port) as conn:
             conn.sock.sendall(raw)
             answer = conn.read_answer()
-            answer.after = conn.state_after(answer, port_probe=b"")
+            # a kept connection must answer the next request on it
+            answer.after = conn.state_after(answer, port_probe=PROBE)
         assert_handled(answer, host)
         assert (answer.status, answer.json()["code"]) == (400, "MALFORMED_REQUEST")
 
