@@ -174,8 +174,7 @@ def _prepare_threshold(server_side_binding: bool) -> int | None:
     return threshold
 
 
-_database["OPTIONS"] = {
-    **_url_options,
+_portal_options: dict[str, Any] = {
     # Fail fast rather than queue behind a stuck lock; services retry where it is safe.
     "options": "-c lock_timeout=10000 -c statement_timeout=60000",
     # A database that cannot be reached makes the request a 503 within this many
@@ -189,8 +188,22 @@ _database["OPTIONS"] = {
     "server_side_binding": _server_side_binding,
     "prepare_threshold": _prepare_threshold(_server_side_binding),
 }
+_database["OPTIONS"] = {**_url_options, **_portal_options}
 _database["TEST"] = {"NAME": os.environ.get("PORTAL_TEST_DATABASE", "test_portal")}
 DATABASES = {"default": _database}
+# A hot standby for the reviewers' read-only pages (portal/replica.py): the same
+# role and options; the router sends only those pages' reads there.
+PORTAL_REPLICA_DATABASE_URL = os.environ.get("PORTAL_REPLICA_DATABASE_URL", "")
+if PORTAL_REPLICA_DATABASE_URL:
+    _replica: dict[str, Any] = database_url.parse(
+        PORTAL_REPLICA_DATABASE_URL, conn_max_age=60, conn_health_checks=True
+    )
+    _replica["ENGINE"] = _database["ENGINE"]
+    _replica["OPTIONS"] = {**(_replica.get("OPTIONS") or {}), **_portal_options}
+    # The test runner makes no database for it: in tests it is the default one.
+    _replica["TEST"] = {"MIRROR": "default"}
+    DATABASES["replica"] = _replica
+    DATABASE_ROUTERS = ["portal.replica.ReplicaRouter"]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # Each service opens its own durable transaction (docs/style.md R5).
 ATOMIC_REQUESTS = False

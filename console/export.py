@@ -155,7 +155,8 @@ def export_stream(
     try:
         if fmt == "csv":
             yield _encode_csv([], header=True)
-        with transaction.atomic():  # one snapshot; no WITH HOLD cursor
+        # One snapshot, no WITH HOLD cursor; where the queryset reads (a replica).
+        with transaction.atomic(using=queryset.db):
             rows = cast(
                 Generator[tuple[Any, ...], None, None],
                 queryset.values_list(*COLUMNS).iterator(chunk_size=chunk_rows),

@@ -18,6 +18,7 @@ from django.utils.safestring import SafeString
 from django.views.decorators.http import require_POST
 
 from portal import exceptions as portal_exceptions
+from portal import replica
 from portal.actors import Actor
 from portal.exceptions import PortalError
 from portal.models import TenantPerm
@@ -101,6 +102,7 @@ class TaskAdmin(TenantScopedAdmin):
     ) -> tuple[QuerySet[Task], bool]:
         return search.task_search(queryset, term=search_term), False
 
+    @replica.reviewer_reads
     def change_view(
         self,
         request: HttpRequest,

@@ -27,6 +27,7 @@ from django.utils.safestring import SafeString
 
 from audit import outbox_admin
 from audit.models import Event, Outbox, RetentionPolicy
+from portal import replica
 from portal.actor_names import ActorNames
 from portal.exceptions import PortalError
 from portal.models import Tenant, TenantPerm
@@ -289,10 +290,12 @@ class EventAdmin(TenantScopedAdmin):
         self.message_user(request, "Saved search deleted.")
         return HttpResponseRedirect(self._list_url())
 
+    @replica.reviewer_reads
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
         context = {
+            "replica_lag": replica.replica_lag(),
             "can_export": bool(tenant_ids(request, TenantPerm.EXPORT_TRAIL)),
             "saved_searches": saved_searches.saved_search_list(user=request.user),
             "current_query": saved_searches.clean_query(request.GET.urlencode()),
@@ -300,6 +303,7 @@ class EventAdmin(TenantScopedAdmin):
         }
         return super().changelist_view(request, extra_context=context)
 
+    @replica.reviewer_reads
     def export_view(self, request: HttpRequest, fmt: str) -> HttpResponseBase:
         """The changelist's selection (filters and search) as a streamed file.
 
@@ -329,7 +333,10 @@ class EventAdmin(TenantScopedAdmin):
             changelist = self.get_changelist_instance(request)
         except IncorrectLookupParameters:
             return HttpResponseBadRequest("These filters do not apply to events.")
-        queryset = changelist.queryset.filter(tenant_id__in=scope)
+        # Bound now: the stream is read after this view returns.
+        queryset = changelist.queryset.filter(tenant_id__in=scope).using(
+            replica.read_alias()
+        )
         tenants = dict(Tenant.objects.filter(pk__in=scope).values_list("pk", "slug"))
         filters = {
             key: value

@@ -4,7 +4,9 @@
 replication), makes the portal's database there the way ``up`` does (roles, then
 ``migrate`` as the owner), seeds the demo tenant against the session's ticket desk,
 and runs a real gunicorn whose ``DATABASE_URL`` names both nodes with
-``target_session_attrs=read-write``. The machine's PostgreSQL on 5432 is not used.
+``target_session_attrs=read-write`` and whose reviewers' pages read on the standby
+(``PORTAL_REPLICA_DATABASE_URL``, ``prefer-standby``). One cluster serves the whole
+tier (package scope). The machine's PostgreSQL on 5432 is not used.
 """
 
 from __future__ import annotations
@@ -45,6 +47,13 @@ def ha_tools_installed() -> None:
         )
 
 
+def replica_url(app_url: str) -> str:
+    """The app role's multi-host URL, finding a standby instead of the primary."""
+    return app_url.replace(
+        "target_session_attrs=read-write", "target_session_attrs=prefer-standby"
+    )
+
+
 @dataclass
 class HAPortal:
     cluster: ha.Cluster
@@ -54,7 +63,9 @@ class HAPortal:
     web: Server
 
 
-@pytest.fixture(scope="module")
+# One cluster for the whole tier (the failover, then the replica's reviewers):
+# starting one costs more than either test's own work.
+@pytest.fixture(scope="package")
 def ha_portal(
     ticketdesk_server: TicketDesk, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[HAPortal]:
@@ -85,6 +96,9 @@ def ha_portal(
                     "PORTAL_VAR_DIR": str(cluster.var_dir),
                     # No relay runs here: commits need not nudge one.
                     "PORTAL_RELAY_NUDGE": "0",
+                    # The reviewers' pages read on a standby (portal/replica.py);
+                    # libpq picks whichever node is one, the primary if none is.
+                    "PORTAL_REPLICA_DATABASE_URL": replica_url(app_url),
                 },
             )
             try:
