@@ -8,6 +8,7 @@ confirms matched by delivery tag, one connection per job run. The relay
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import struct
 import time
@@ -258,7 +259,7 @@ class BrokerPublisher:
                 f"{type(error).__name__}: {error}",
                 connection_lost=self._is_connection_error(error),
             )
-            self.close()
+            self.close(graceful=False)
             for n in range(len(messages)):
                 if not self.confirms and n < len(tags):
                     continue  # written to the file already: done
@@ -339,14 +340,22 @@ class BrokerPublisher:
         # A channel error (e.g. a refused message) leaves the broker reachable.
         return not (channel_errors and isinstance(error, channel_errors))
 
-    def close(self) -> None:
+    def close(self, *, graceful: bool = True) -> None:
         """Close the connection, waiting at most ``timeout_s`` for the broker's
         close-ok: py-amqp waits for it without a limit, so a link that went silent
         (a partition) held the relay's job forever
-        (tests/worker/test_network_faults.py).
+        (tests/worker/test_network_faults.py). After a failure (``graceful=False``)
+        the socket is dropped without AMQP's close handshake: a broker under a
+        resource alarm stops reading a publisher's socket and would never answer
+        (tests/worker/test_broker_durability.py), and the wait would add to the
+        confirm timeout already spent.
         """
         broker, self._connection, self._producer = self._connection, None, None
         if broker is None:
+            return
+        if not graceful:
+            with contextlib.suppress(Exception):  # the link is already gone
+                broker.collect()
             return
         try:
             transport: Any = getattr(broker.connection, "transport", None)

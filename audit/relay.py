@@ -402,6 +402,10 @@ def outbox_relay_once(
             if failure.connection_lost and broken is None:
                 broken = failure
                 report.broker_down = True
+                # Visible in the worker's log (and each row's last_error): a broker
+                # down, or blocking publishers (a memory or disk alarm).
+                logger.warning("outbox relay: broker link failed, rows back off: %s",
+                               failure)  # fmt: skip
             report.failed += 1
             # A broker's error can quote the message it refused: redacted as a payload.
             error = str(redact(str(failure), tenant_id=message.tenant_id))

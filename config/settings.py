@@ -360,7 +360,17 @@ if CELERY_BROKER_URL == "filesystem://":
     for _folder in ("queue", "control", "processed"):
         (_broker_dir / _folder).mkdir(parents=True, exist_ok=True)
 # The queue jobs go to and workers take from: one name per portal sharing a broker.
-CELERY_TASK_DEFAULT_QUEUE = os.environ.get("PORTAL_CELERY_QUEUE", "celery")
+# A durable quorum queue on RabbitMQ (replicated with Raft, fsynced before the broker
+# confirms; Celery's documented ``task_default_queue_type``): its jobs survive a
+# broker restart. Celery then turns off global QoS and declares its native
+# delayed-delivery queues (quorum too) for the jobs' retries with a countdown. The
+# default name is not Celery's ``celery``: a deployed broker that has a classic queue
+# of that name would refuse the quorum declaration (406 PRECONDITION_FAILED); see
+# docs/outbox.md, "Quorum queues", for the migration. The filesystem transport
+# ignores the type.
+CELERY_TASK_DEFAULT_QUEUE = os.environ.get("PORTAL_CELERY_QUEUE", "portal.jobs")
+CELERY_TASK_DEFAULT_QUEUE_TYPE = os.environ.get("PORTAL_CELERY_QUEUE_TYPE", "quorum")
+CELERY_TASK_CREATE_MISSING_QUEUE_TYPE = CELERY_TASK_DEFAULT_QUEUE_TYPE
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

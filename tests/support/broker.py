@@ -36,6 +36,8 @@ SHARED_URL = os.environ.get(
     "PORTAL_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//"
 )
 _RABBIT_BIN = Path("/usr/lib/rabbitmq/bin")
+# What a consumer of the portal's events declares (docs/outbox.md, "Quorum queues").
+QUORUM: dict[str, Any] = {"x-queue-type": "quorum"}
 
 
 def broker_reachable(url: str, timeout: float = 3.0) -> bool:
@@ -142,8 +144,20 @@ class PrivateNode:
         deadline = time.monotonic() + timeout
         while not broker_reachable(self.url, timeout=1):
             if time.monotonic() > deadline:
-                raise RuntimeError(f"private RabbitMQ {self.name} did not start")
+                raise RuntimeError(
+                    f"private RabbitMQ {self.name} did not start: {self.log_tail()}"
+                )
             time.sleep(0.5)
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The end of the node's log files, for a failure message."""
+        tails = []
+        for log in sorted((self.base / "log").glob("*.log")):
+            with contextlib.suppress(OSError):
+                tails.append(
+                    "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+                )
+        return "\n".join(tails)
 
     def ctl(self, *args: str, timeout: float = 60) -> str:
         result = _run(["rabbitmqctl", "-n", self.name, *args], timeout=timeout)
@@ -159,6 +173,18 @@ class PrivateNode:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"private RabbitMQ {self.name} did not come back")
             time.sleep(0.2)
+
+    def restart(self, timeout: float = 90) -> None:
+        """Stop the whole node (its Erlang VM exits) and start it again on the same
+        name, port and data folder: what a broker host's reboot does to the queues."""
+        # With the pid file, ``stop`` returns only once the node's process has ended.
+        self.ctl("stop", str(self.base / "pid"), timeout=timeout)
+        self.start(timeout=timeout)
+
+    def queue_types(self) -> dict[str, str]:
+        """Every queue of the node: name -> type (classic, quorum)."""
+        out = self.ctl("list_queues", "name", "type", "--quiet", "--no-table-headers")
+        return dict(line.split("\t")[:2] for line in out.splitlines() if "\t" in line)
 
     def stop(self) -> None:
         with contextlib.suppress(Exception):
@@ -182,13 +208,20 @@ class Received:
 
 
 class EventQueue:
-    """A durable queue bound to an exchange with ``#``: what a consumer would see."""
+    """A durable quorum queue bound to an exchange with ``#``: what a consumer would
+    see."""
 
     def __init__(self, *, url: str, exchange: str, name: str | None = None) -> None:
         self.url = url
         self.exchange = Exchange(exchange, type="topic", durable=True)
         self.name = name or f"relaytest-{uuid.uuid4().hex[:10]}"
-        self.queue = Queue(self.name, self.exchange, routing_key="#", durable=True)
+        self.queue = Queue(
+            self.name,
+            self.exchange,
+            routing_key="#",
+            durable=True,
+            queue_arguments=QUORUM,
+        )
 
     def declare(self) -> EventQueue:
         with Connection(self.url) as broker:
@@ -249,7 +282,10 @@ class Tap:
         self.url = url
         self.name = f"tap-{uuid.uuid4().hex[:10]}"
         self.queue = Queue(
-            self.name, Exchange(events, type="topic", durable=True), routing_key="#"
+            self.name,
+            Exchange(events, type="topic", durable=True),
+            routing_key="#",
+            queue_arguments=QUORUM,
         )
         self.peeked: list[Any] = []
 

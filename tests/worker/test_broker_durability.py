@@ -1,0 +1,264 @@
+"""The broker's durability, end to end (docs/outbox.md, "Quorum queues"): a RabbitMQ
+node restarted while the relay drains an outbox loses no message.
+
+The node is this test's own (tests/support/broker.py, ``PrivateNode``): stopping it
+disturbs nobody else. Each test prints its figures and writes reports/<test>.json.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import transaction
+
+from audit import relay
+from audit import services as audit_services
+from audit.broker import broker_publisher
+from audit.models import EventCode, Outbox, OutboxState
+from portal.actors import Actor
+from portal.ids import new_id
+from portal.models import Tenant
+from portal.tracing import Trace
+from tests.support.broker import EventQueue, PrivateNode
+from tests.support.concurrency import run_in_threads
+
+from .conftest import append_events, write_report
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+@pytest.fixture
+def private_node() -> Iterator[PrivateNode]:
+    """A RabbitMQ node of this test alone, so restarting it disturbs nobody else."""
+    reason = PrivateNode.unavailable()
+    if reason is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    node = PrivateNode()
+    try:
+        node.start()
+        yield node
+    finally:
+        node.stop()
+
+
+def _pending() -> int:
+    return Outbox.objects.filter(state=OutboxState.PENDING).count()
+
+
+@pytest.mark.timeout(600)  # a node's stop and start take ~20 s each on a busy machine
+def test_a_broker_restart_under_load_loses_no_message(
+    tenant: Tenant, private_node: PrivateNode, settings: Any
+) -> None:
+    """PORTAL_BROKER_RESTART_ROWS (600) outbox rows of 20 tasks, and a writer adding
+    ~20 more a second, are relayed while the whole node is stopped and started again
+    (``rabbitmqctl stop``, then ``rabbitmq-server``; the quorum queue's data folder
+    kept). Afterwards a consumer takes every message from the quorum queue: every
+    row's event id is there (duplicates allowed and counted: at least once), none
+    unexpected, each task's first arrivals in the order its rows were written."""
+    rows_n = int(os.environ.get("PORTAL_BROKER_RESTART_ROWS", "600"))
+    exchange = f"portal.events.restart-{uuid.uuid4().hex[:8]}"
+    settings.PORTAL_EVENTS_BROKER_URL = private_node.url
+    settings.PORTAL_EVENTS_EXCHANGE = exchange
+    settings.PORTAL_RELAY_NUDGE = False  # the relay thread below is the only relay
+    # Small batches so the drain spans the restart; short backoff so the rows that
+    # failed during it come back quickly after it.
+    settings.PORTAL_OUTBOX_BATCH_SIZE = 10
+    settings.PORTAL_OUTBOX_BACKOFF_CAP_S = 2.0
+    queue = EventQueue(url=private_node.url, exchange=exchange).declare()
+    assert private_node.queue_types()[queue.name] == "quorum"
+    tasks = [new_id() for _ in range(20)]
+    for start in range(0, rows_n, 500):
+        append_events(
+            tenant=tenant,
+            task_ids=[tasks[n % len(tasks)] for n in range(start, min(rows_n, start + 500))],
+        )  # fmt: skip
+    stop_writing = threading.Event()
+    stop_relaying = threading.Event()
+    written = [0]
+    totals: list[relay.RelayReport] = []
+
+    def writer() -> None:
+        """About 20 events/s, each in its own transaction."""
+        n = 0
+        while not stop_writing.is_set():
+            with transaction.atomic(durable=True):
+                audit_services.event_append(
+                    tenant_id=tenant.pk,
+                    code=EventCode.TASK_TRANSITIONED,
+                    actor=Actor.system("restart-writer"),
+                    task_id=tasks[n % len(tasks)],
+                    data={"n": n},
+                    trace=Trace.new(),
+                )
+            written[0] += 1
+            n += 1
+            time.sleep(0.05)
+
+    def relay_worker() -> None:
+        """Job runs back to back, as a busy worker would run them (a short pause when
+        the broker is down, as beat's 5 s would be)."""
+        while not stop_relaying.is_set():
+            with broker_publisher() as publisher:
+                report = relay.outbox_relay_drain(publisher=publisher)
+            totals.append(report)
+            stop_relaying.wait(0.5 if report.broker_down else 0.02)
+
+    def restart() -> dict[str, float]:
+        try:
+            time.sleep(1.5)
+            pending_at_stop = _pending()
+            stopped = time.monotonic()
+            private_node.restart()
+            restarted = time.monotonic()
+            time.sleep(1)
+            stop_writing.set()
+            deadline = time.monotonic() + 120
+            while _pending() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            drained = time.monotonic()
+        finally:  # a failed restart ends the run instead of hanging it
+            stop_writing.set()
+            stop_relaying.set()
+        return {
+            "pending_at_stop": pending_at_stop,
+            "restart_s": restarted - stopped,
+            "drain_s_after_restart": drained - restarted,
+        }
+
+    try:
+        outcomes = run_in_threads(writer, relay_worker, restart, timeout=300)
+    finally:
+        stop_writing.set()
+        stop_relaying.set()
+    for outcome in outcomes:
+        assert not isinstance(outcome, BaseException), outcome
+    timing = outcomes[2]
+
+    rows = list(
+        Outbox.objects.filter(tenant=tenant)
+        .order_by("id")
+        .values_list("key", "state", "task_id")
+    )
+    keys = {key for key, _, _ in rows}
+    received = queue.drain(expected=len(rows), timeout=120)
+    queue_type_after = private_node.queue_types().get(queue.name)
+    seen = Counter(r.message_id for r in received)
+    lost = keys - set(seen)
+    unexpected = set(seen) - keys
+    first_arrivals: dict[str, list[str]] = {}
+    for message in received:
+        ids = first_arrivals.setdefault(str(message.body.get("task_id")), [])
+        if message.message_id not in ids:
+            ids.append(message.message_id)
+    written_order: dict[str, list[str]] = {}
+    for key, _, task_id in rows:
+        written_order.setdefault(str(task_id), []).append(str(key))
+    total = sum(totals, relay.RelayReport())
+    write_report(
+        "worker-broker-restart",
+        {
+            "rows": len(rows),
+            "seeded": rows_n,
+            "written_during": written[0],
+            "pending_at_stop": timing["pending_at_stop"],
+            "restart_s": round(timing["restart_s"], 1),
+            "drain_s_after_restart": round(timing["drain_s_after_restart"], 1),
+            "relay_failed_rows": total.failed,
+            "received": len(received),
+            "duplicates": sum(n - 1 for n in seen.values()),
+            "lost": len(lost),
+            "unexpected": len(unexpected),
+            "queue_type_after": queue_type_after,
+        },
+    )
+    assert timing["pending_at_stop"] > 0  # the restart did happen under load
+    assert total.broker_down  # and the relay met it
+    assert {state for _, state, _ in rows} == {"sent"}
+    assert not lost, sorted(lost)[:5]
+    assert not unexpected
+    assert queue_type_after == "quorum"
+    assert first_arrivals == written_order
+
+
+def test_a_memory_alarm_stalls_the_relay_boundedly_and_loses_nothing(
+    tenant: Tenant, private_node: PrivateNode, settings: Any, caplog: Any
+) -> None:
+    """A RabbitMQ memory alarm blocks publishers: the relay's pass ends within the
+    confirm timeout (plus a second), sends nothing, says so in a log line and in each
+    row's ``last_error``, and leaves every row pending; once the alarm is cleared the
+    rows drain, every event id arrives and each task's in the order it was written."""
+    exchange = f"portal.events.alarm-{uuid.uuid4().hex[:8]}"
+    settings.PORTAL_EVENTS_BROKER_URL = private_node.url
+    settings.PORTAL_EVENTS_EXCHANGE = exchange
+    settings.PORTAL_RELAY_NUDGE = False
+    settings.PORTAL_OUTBOX_CONFIRM_TIMEOUT_S = 2.0
+    settings.PORTAL_OUTBOX_BACKOFF_CAP_S = 2.0
+    queue = EventQueue(url=private_node.url, exchange=exchange).declare()
+    tasks = [new_id() for _ in range(6)]
+    append_events(tenant=tenant, task_ids=[tasks[n % len(tasks)] for n in range(60)])
+    private_node.ctl("set_vm_memory_high_watermark", "absolute", "1")
+    deadline = time.monotonic() + 30
+    while "memory" not in private_node.ctl("eval", "rabbit_alarm:get_alarms()."):
+        assert time.monotonic() < deadline, "the memory alarm did not go off"
+        time.sleep(0.2)
+
+    started = time.monotonic()
+    with broker_publisher() as publisher:
+        stalled = relay.outbox_relay_drain(publisher=publisher)
+    stall_s = time.monotonic() - started
+    rows_during = list(
+        Outbox.objects.filter(tenant=tenant).values_list("state", "last_error")
+    )
+
+    private_node.ctl("set_vm_memory_high_watermark", "0.4")
+    cleared = time.monotonic()
+    deadline = cleared + 60
+    while _pending() and time.monotonic() < deadline:
+        with broker_publisher() as publisher:
+            relay.outbox_relay_drain(publisher=publisher)
+        time.sleep(0.2)
+    drain_s = time.monotonic() - cleared
+    rows = list(
+        Outbox.objects.filter(tenant=tenant).order_by("id").values_list("key", "state", "task_id")
+    )  # fmt: skip
+    received = queue.drain(expected=len(rows), timeout=60)
+    seen = Counter(r.message_id for r in received)
+    first_arrivals: dict[str, list[str]] = {}
+    for message in received:
+        ids = first_arrivals.setdefault(str(message.body.get("task_id")), [])
+        if message.message_id not in ids:
+            ids.append(message.message_id)
+    written_order: dict[str, list[str]] = {}
+    for key, _, task_id in rows:
+        written_order.setdefault(str(task_id), []).append(str(key))
+    write_report(
+        "worker-broker-memory-alarm",
+        {
+            "rows": len(rows),
+            "confirm_timeout_s": settings.PORTAL_OUTBOX_CONFIRM_TIMEOUT_S,
+            "stall_s": round(stall_s, 2),
+            "sent_during_alarm": stalled.sent,
+            "drain_s_after_clear": round(drain_s, 1),
+            "received": len(received),
+            "duplicates": sum(n - 1 for n in seen.values()),
+            "lost": len({str(key) for key, _, _ in rows} - set(seen)),
+        },
+    )
+    assert stall_s < settings.PORTAL_OUTBOX_CONFIRM_TIMEOUT_S + 1
+    assert stalled.broker_down and stalled.sent == 0
+    assert {state for state, _ in rows_during} == {"pending"}
+    assert all("publisher confirm" in (error or "") for state, error in rows_during
+               if error)  # fmt: skip
+    assert any("broker link failed" in r.getMessage() for r in caplog.records)
+    assert {state for _, state, _ in rows} == {"sent"}
+    assert set(seen) == {str(key) for key, _, _ in rows}
+    assert first_arrivals == written_order
