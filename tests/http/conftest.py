@@ -23,6 +23,7 @@ import httpx
 import pytest
 from django.urls import URLPattern
 
+from audit import checkpoints
 from portal import services as portal_services
 from portal.models import Agent, AgentGrant, Tenant
 from tasks.models import Operation, OperationState, Task, TaskState
@@ -58,6 +59,11 @@ def start(
     wait_path: str = "/api/v1/",
     app: str = "config.wsgi:application",
 ) -> Server:
+    # The signer publishes the development key's public half beside it (in a
+    # deployment the worker has done so before the web's first request); without
+    # it, a fresh clone's web answers the public-key route 503 until some other
+    # test has signed a checkpoint.
+    checkpoints.signing_key()
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SECRET_KEY"}
     env.update(
