@@ -405,7 +405,9 @@ def test_a_retried_and_a_revoked_job_are_counted(
     # broadcast goes through an app of the worker's broker: the control mailbox
     # publishes through its app's own producer pool, whatever connection it is given.
     task_id = str(uuid.uuid4())
-    control = Celery("revoker", broker=amqp_url)
+    # Not the current app: the shared jobs of later tests in this process must
+    # still resolve to the portal's app (its task class, its queue type).
+    control = Celery("revoker", broker=amqp_url, set_as_current=False)
     try:
         control.control.revoke(task_id)
     finally:
