@@ -82,8 +82,18 @@ def env_float(name: str, default: float) -> float:
 
 
 def celery_queue(name: str) -> Queue:
-    """The queue exactly as Celery declares a missing one (direct exchange, durable)."""
-    return Queue(name, Exchange(name, type="direct"), routing_key=name, durable=True)
+    """The queue exactly as Celery declares a missing one (direct exchange, durable,
+    of the settings' queue type: RabbitMQ refuses a second declaration that differs)."""
+    from django.conf import settings
+
+    quorum = settings.CELERY_TASK_CREATE_MISSING_QUEUE_TYPE == "quorum"
+    return Queue(
+        name,
+        Exchange(name, type="direct"),
+        routing_key=name,
+        durable=True,
+        queue_arguments={"x-queue-type": "quorum"} if quorum else None,
+    )
 
 
 def queue_declare(url: str, name: str) -> None:
