@@ -45,12 +45,17 @@ def _demo_call() -> dict[str, Any]:
     }
 
 
-def _spans_of(receiver: Receiver, trace_id: str, names: set[str]) -> list[Any]:
-    """The trace's spans once spans of each name's first word arrived (30 s)."""
+def _spans_of(
+    receiver: Receiver, trace_id: str, names: set[str], services: set[str]
+) -> list[Any]:
+    """The trace's spans once spans of each name's first word, and of each service,
+    arrived (30 s): each process exports its spans in its own batches."""
     end = time.monotonic() + 30
     while time.monotonic() < end:
         spans = [s for s in receiver.received() if s.trace_id == trace_id]
-        if names <= {s.name.split(" ")[0] for s in spans}:
+        if names <= {s.name.split(" ")[0] for s in spans} and services <= {
+            s.service for s in spans
+        }:
             return spans
         time.sleep(0.5)
     return [s for s in receiver.received() if s.trace_id == trace_id]
@@ -108,7 +113,12 @@ def test_the_banners_mcp_url_and_key_list_and_call_the_demo_tool(
                 # to the desk.
                 story = anyio.run(_story, mcp_url, key, answer["resources"]["story"])
                 trace_id = story["trace_id"]
-                spans = _spans_of(receiver, trace_id, {"tools/call", "execute_tool"})
+                spans = _spans_of(
+                    receiver,
+                    trace_id,
+                    {"tools/call", "execute_tool"},
+                    {"portal-mcp", "ticketdesk"},
+                )
                 by_id = {s.span_id: s for s in spans}
                 tools = [
                     s
