@@ -12,6 +12,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import Model
+from django.http import HttpRequest
 from django.test import Client
 
 from audit import services as audit_services
@@ -63,6 +64,16 @@ class Cast:
     a: Tenant
     b: Tenant
     people: dict[str, Person]
+
+    def client(self, persona: str) -> Client:
+        """A test client logged in as ``persona`` (one of PERSONAS)."""
+        client = Client()
+        assert client.login(
+            request=HttpRequest(),  # django-axes counts logins by request
+            username=self.people[persona].user.username,
+            password=PASSWORD,
+        )
+        return client
 
 
 def _person(name: str, memberships: list[tuple[Tenant, Role]]) -> Person:

@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 from django.contrib import admin
-from django.http import HttpRequest
 from django.test import Client
 from django.urls import reverse
 
@@ -23,7 +22,7 @@ from console.admin.base import TenantScopedAdmin
 from portal.ids import new_id
 from tests.support.tenancy import tenant_fingerprint
 
-from .conftest import PASSWORD, PERSONAS, Cast
+from .conftest import PERSONAS, Cast
 from .test_registry import scoped_admins
 
 pytestmark = pytest.mark.django_db
@@ -35,16 +34,6 @@ def _pages() -> list[tuple[type, TenantScopedAdmin]]:
         for model, model_admin in scoped_admins()
         if isinstance(model_admin, TenantScopedAdmin)
     ]
-
-
-def _client(cast: Cast, persona: str) -> Client:
-    client = Client()
-    assert client.login(
-        request=HttpRequest(),  # django-axes counts logins by request
-        username=cast.people[persona].user.username,
-        password=PASSWORD,
-    )
-    return client
 
 
 def _url(model: Any, view: str, *args: object) -> str:
@@ -66,7 +55,7 @@ def test_reading_pages(world, persona):
     """One test per person, walking every page (fixtures are the slow part)."""
     cast, rows_a, rows_b = world
     person = cast.people[persona]
-    client = _client(cast, persona)
+    client = cast.client(persona)
     for model, model_admin in _pages():
         _check_page(cast, rows_a, rows_b, person, client, model, model_admin)
 
@@ -142,7 +131,7 @@ def test_a_refused_change_changes_nothing(world, persona):
 
     cast, rows_a, _ = world
     person = cast.people[persona]
-    client = _client(cast, persona)
+    client = cast.client(persona)
     before_b = tenant_fingerprint(cast.b.pk)
     before_a = tenant_fingerprint(cast.a.pk)
     events_a = set(Event.objects.filter(tenant=cast.a).values_list("pk", flat=True))
@@ -193,7 +182,7 @@ def test_autocomplete_offers_only_the_persons_tenants(world, persona):
     from portal.models import Agent, AgentGrant
 
     person = cast.people[persona]
-    client = _client(cast, persona)
+    client = cast.client(persona)
     response = client.get(
         reverse("admin:autocomplete"),
         {"app_label": "portal", "model_name": "agentgrant", "field_name": "agent"},
@@ -223,7 +212,7 @@ def test_exports_and_desk_buttons_per_person(world, persona):
 
     cast, rows_a, _ = world
     person = cast.people[persona]
-    client = _client(cast, persona)
+    client = cast.client(persona)
     from portal.models import TenantPerm
 
     # export: readers with export_trail get their own tenants' rows only

@@ -8,8 +8,6 @@ import datetime as dt
 import json
 
 import pytest
-from django.http import HttpRequest
-from django.test import Client
 
 from audit.models import Event
 from console import services
@@ -20,21 +18,11 @@ from portal.models import AgentKey
 from tests.support.new_keys import form_token, shown_secret
 from tests.support.tenancy import tenant_fingerprint
 
-from .conftest import PASSWORD, Cast
+from .conftest import Cast
 
 pytestmark = pytest.mark.django_db
 
 PAGE = "/admin/portal/agentkey/"
-
-
-def _client(cast: Cast, persona: str) -> Client:
-    client = Client()
-    assert client.login(
-        request=HttpRequest(),  # django-axes counts logins by request
-        username=cast.people[persona].user.username,
-        password=PASSWORD,
-    )
-    return client
 
 
 def _key(cast: Cast) -> AgentKey:
@@ -59,7 +47,7 @@ def _until(minutes: int = 30) -> str:
 
 
 def test_an_admin_rotates_a_key_with_overlap(cast: Cast):
-    client = _client(cast, "admin_a")
+    client = cast.client("admin_a")
     key = _key(cast)
     before = _ids(cast)
     until = _until()
@@ -98,7 +86,7 @@ def test_an_admin_rotates_a_key_with_overlap(cast: Cast):
 
 
 def test_an_admin_expires_a_key(cast: Cast):
-    client = _client(cast, "admin_a")
+    client = cast.client("admin_a")
     key = _key(cast)
     before = _ids(cast)
 
@@ -115,7 +103,7 @@ def test_an_admin_expires_a_key(cast: Cast):
 
 
 def test_rotate_without_a_time_changes_nothing(cast: Cast):
-    client = _client(cast, "admin_a")
+    client = cast.client("admin_a")
     key = _key(cast)
     before = tenant_fingerprint(cast.a.pk)
 
@@ -136,7 +124,7 @@ def test_others_cannot_change_a_key_on_the_page(cast: Cast, persona: str, action
     key = _key(cast)
     before = tenant_fingerprint(cast.a.pk)
 
-    response = _client(cast, persona).post(
+    response = cast.client(persona).post(
         PAGE, {"action": action, "_selected_action": [str(key.pk)], "until": _until()}
     )
 

@@ -13,8 +13,6 @@ from collections.abc import Callable
 
 import pytest
 from django.db import transaction
-from django.http import HttpRequest
-from django.test import Client
 from django.urls import reverse
 
 from audit import checkpoints
@@ -25,7 +23,7 @@ from portal.models import TenantPerm
 from tasks.models import Task
 from tests.support.evidence import verdict
 
-from .conftest import PASSWORD, PERSONAS, Cast
+from .conftest import PERSONAS, Cast
 
 pytestmark = pytest.mark.django_db
 
@@ -46,16 +44,6 @@ def task(cast: Cast, make_task: Callable[..., Task]) -> Task:
                 data={"n": n},
             )
     return task
-
-
-def client_of(cast: Cast, persona: str) -> Client:
-    client = Client()
-    assert client.login(
-        request=HttpRequest(),  # django-axes counts logins by request
-        username=cast.people[persona].user.username,
-        password=PASSWORD,
-    )
-    return client
 
 
 def public_pem() -> str:
@@ -80,7 +68,7 @@ def assert_bundle(response, task: Task) -> None:
 
 @pytest.mark.parametrize("persona", PERSONAS)
 def test_the_task_pages_evidence_download(cast: Cast, task: Task, persona: str):
-    client = client_of(cast, persona)
+    client = cast.client(persona)
     response = client.get(reverse("admin:tasks_task_evidence", args=[task.pk]))
     if persona in EXPORTERS:
         assert_bundle(response, task)
@@ -95,7 +83,7 @@ def test_the_task_pages_evidence_download(cast: Cast, task: Task, persona: str):
 
 @pytest.mark.parametrize("persona", PERSONAS)
 def test_the_button_shows_for_exporters_only(cast: Cast, task: Task, persona: str):
-    client = client_of(cast, persona)
+    client = cast.client(persona)
     page = client.get(reverse("admin:tasks_task_change", args=[task.pk]))
     if persona not in READERS:
         assert page.status_code in (302, 403)
@@ -109,7 +97,7 @@ def test_the_button_shows_for_exporters_only(cast: Cast, task: Task, persona: st
 
 @pytest.mark.parametrize("persona", PERSONAS)
 def test_the_task_list_action(cast: Cast, task: Task, persona: str):
-    client = client_of(cast, persona)
+    client = cast.client(persona)
     changelist = reverse("admin:tasks_task_changelist")
     listing = client.get(changelist)
     offered = listing.status_code == 200 and (
@@ -133,7 +121,7 @@ def test_the_action_wants_exactly_one_task(
     cast: Cast, task: Task, make_task: Callable[..., Task]
 ):
     second = make_task(tenant=cast.a)
-    client = client_of(cast, "reviewer_a")
+    client = cast.client("reviewer_a")
     response = client.post(
         reverse("admin:tasks_task_changelist"),
         {
@@ -151,7 +139,7 @@ def test_a_task_of_another_tenant_cannot_be_slipped_into_the_action(
     cast: Cast, make_task: Callable[..., Task]
 ):
     """B's admin posts A's task id to the action: nothing is exported."""
-    client = client_of(cast, "member_of_b_only")
+    client = cast.client("member_of_b_only")
     foreign = make_task(tenant=cast.a)
     response = client.post(
         reverse("admin:tasks_task_changelist"),
@@ -167,7 +155,7 @@ def test_without_a_signing_key_the_page_says_so(cast: Cast, task: Task, settings
     settings.PRODUCTION = True
     settings.PORTAL_AUDIT_SIGNING_KEY = ""
     settings.PORTAL_AUDIT_SIGNING_KEY_FILE = ""
-    client = client_of(cast, "reviewer_a")
+    client = cast.client("reviewer_a")
     response = client.get(
         reverse("admin:tasks_task_evidence", args=[task.pk]), follow=True
     )

@@ -4,7 +4,6 @@ each change one event naming the person; other roles and tenants are refused."""
 from __future__ import annotations
 
 import pytest
-from django.http import HttpRequest
 from django.test import Client
 
 from audit.models import Event, EventCode
@@ -12,19 +11,9 @@ from limits.models import Budget, LimitUsage, RateLimit
 from portal import services as portal_services
 from portal.models import Agent, Tenant
 
-from .conftest import PASSWORD, Cast
+from .conftest import Cast
 
 pytestmark = pytest.mark.django_db
-
-
-def _client(cast: Cast, persona: str) -> Client:
-    client = Client()
-    assert client.login(
-        request=HttpRequest(),
-        username=cast.people[persona].user.username,
-        password=PASSWORD,
-    )
-    return client
 
 
 def _freeze(client: Client, url: str, action: str, pk: object) -> None:
@@ -34,7 +23,7 @@ def _freeze(client: Client, url: str, action: str, pk: object) -> None:
 
 def test_a_tenant_admin_freezes_and_unfreezes_an_agent_with_the_buttons(cast: Cast):
     agent = portal_services.agent_create(tenant=cast.a, name="refunder")
-    client = _client(cast, "admin_a")
+    client = cast.client("admin_a")
     _freeze(client, "/admin/portal/agent/", "freeze", agent.pk)
     agent.refresh_from_db()
     assert agent.frozen_at is not None
@@ -52,7 +41,7 @@ def test_a_tenant_admin_freezes_and_unfreezes_an_agent_with_the_buttons(cast: Ca
 @pytest.mark.parametrize("persona", ["reviewer_a", "support_a", "member_of_b_only"])
 def test_other_roles_and_tenants_cannot_freeze(cast: Cast, persona: str):
     agent = portal_services.agent_create(tenant=cast.a, name="refunder")
-    client = _client(cast, persona)
+    client = cast.client(persona)
     client.post(
         "/admin/portal/agent/", {"action": "freeze", "_selected_action": [agent.pk]}
     )
@@ -64,7 +53,7 @@ def test_other_roles_and_tenants_cannot_freeze(cast: Cast, persona: str):
 
 
 def test_a_tenant_admin_freezes_the_tenant(cast: Cast):
-    client = _client(cast, "admin_a")
+    client = cast.client("admin_a")
     _freeze(client, "/admin/portal/tenant/", "freeze", cast.a.pk)
     assert Tenant.objects.get(pk=cast.a.pk).frozen_at is not None
     assert Tenant.objects.get(pk=cast.b.pk).frozen_at is None
@@ -74,7 +63,7 @@ def test_a_tenant_admin_freezes_the_tenant(cast: Cast):
 
 def test_an_admin_adds_changes_and_deletes_a_limit_each_an_event(cast: Cast):
     agent = portal_services.agent_create(tenant=cast.a, name="refunder")
-    client = _client(cast, "admin_a")
+    client = cast.client("admin_a")
     added = client.post(
         "/admin/limits/budget/add/",
         {"agent": agent.pk, "action": "refund", "target": "*", "argument": "amount",
@@ -109,13 +98,11 @@ def test_the_limit_page_shows_the_usage_to_a_reviewer_and_not_to_support(cast: C
         tenant=cast.a, rate_limit=limit, window_start="2026-01-01T00:00:00Z", used=4,
         allowed=9,
     )  # fmt: skip
-    page = _client(cast, "reviewer_a").get(
-        f"/admin/limits/ratelimit/{limit.pk}/change/"
-    )
+    page = cast.client("reviewer_a").get(f"/admin/limits/ratelimit/{limit.pk}/change/")
     assert page.status_code == 200
     assert b"4 of 9 since 2026-01-01 00:00:00 UTC" in page.content
-    assert _client(cast, "support_a").get("/admin/limits/ratelimit/").status_code == 403
-    other = _client(cast, "member_of_b_only").get(
+    assert cast.client("support_a").get("/admin/limits/ratelimit/").status_code == 403
+    other = cast.client("member_of_b_only").get(
         f"/admin/limits/ratelimit/{limit.pk}/change/"
     )
     assert other.status_code in (302, 404)

@@ -12,7 +12,6 @@ import threading
 
 import pytest
 from django.core import signing
-from django.http import HttpRequest
 from django.test import Client
 
 from console import once
@@ -23,22 +22,12 @@ from portal.models import AgentKey
 from tests.support.concurrency import run_in_threads
 from tests.support.new_keys import form_token, shown_secrets
 
-from .conftest import PASSWORD, Cast
+from .conftest import Cast
 
 pytestmark = pytest.mark.django_db
 
 AGENTS = "/admin/portal/agent/"
 KEYS = "/admin/portal/agentkey/"
-
-
-def _client(cast: Cast, persona: str) -> Client:
-    client = Client()
-    assert client.login(
-        request=HttpRequest(),  # django-axes counts logins by request
-        username=cast.people[persona].user.username,
-        password=PASSWORD,
-    )
-    return client
 
 
 def _agent(cast: Cast, name: str = "once-bot"):
@@ -59,7 +48,7 @@ def _messages(response) -> str:
 
 
 def test_the_same_page_posted_twice_issues_one_key(cast: Cast):
-    client = _client(cast, "admin_a")
+    client = cast.client("admin_a")
     agent = _agent(cast)
     token = form_token(client, AGENTS)
     first = _issue(client, agent, token)
@@ -76,14 +65,14 @@ def test_the_same_page_posted_twice_issues_one_key(cast: Cast):
 
 
 def test_each_render_carries_its_own_token(cast: Cast):
-    client = _client(cast, "admin_a")
+    client = cast.client("admin_a")
     assert form_token(client, AGENTS) != form_token(client, AGENTS)
     assert form_token(client, KEYS) != form_token(client, KEYS)
 
 
 @pytest.mark.parametrize("kind", ["missing", "forged", "another person's", "expired"])
 def test_a_token_that_is_not_this_pages_issues_nothing(cast: Cast, kind, monkeypatch):
-    client = _client(cast, "admin_a")
+    client = cast.client("admin_a")
     agent = _agent(cast)
     if kind == "missing":
         token = None
@@ -104,7 +93,7 @@ def test_a_rotation_posted_twice_rotates_once(cast: Cast):
     from portal import services as portal_services
     from portal.db import db_now
 
-    client = _client(cast, "admin_a")
+    client = cast.client("admin_a")
     key = portal_services.agent_key_issue(agent=_agent(cast)).key
     until = (db_now() + dt.timedelta(minutes=30)).strftime("%Y-%m-%d %H:%M:%S")
     data = {
@@ -126,7 +115,7 @@ def test_a_rotation_posted_twice_rotates_once(cast: Cast):
 )
 def test_no_one_else_issues_a_key_even_with_a_valid_token(cast: Cast, persona):
     agent = _agent(cast)
-    client = _client(cast, persona)
+    client = cast.client(persona)
     token = once.once_token(user=cast.people[persona].user)
     response = client.post(
         AGENTS,

@@ -5,29 +5,17 @@ read it and change nothing; another tenant's people do not see it."""
 from __future__ import annotations
 
 import pytest
-from django.http import HttpRequest
-from django.test import Client
 
 from audit.models import Event, EventCode, RetentionPolicy
 from console import services
 from portal.exceptions import PermissionDenied, TenantNotVisible, ValidationFailed
 
-from .conftest import PASSWORD, Cast
+from .conftest import Cast
 
 pytestmark = pytest.mark.django_db
 
 LIST = "/admin/audit/retentionpolicy/"
 ADD = LIST + "add/"
-
-
-def _client(cast: Cast, persona: str) -> Client:
-    client = Client()
-    assert client.login(
-        request=HttpRequest(),  # django-axes counts logins by request
-        username=cast.people[persona].user.username,
-        password=PASSWORD,
-    )
-    return client
 
 
 def _changes(cast: Cast) -> list[Event]:
@@ -46,7 +34,7 @@ def _policy(cast: Cast, months: int = 24, days: int = 180) -> RetentionPolicy:
 
 
 def test_an_admin_sets_the_policy_from_the_defaults_then_changes_it(cast: Cast):
-    client = _client(cast, "admin_a")
+    client = cast.client("admin_a")
     admin = cast.people["admin_a"].user
     # the add form starts from the defaults
     form = client.get(ADD)
@@ -75,7 +63,7 @@ def test_an_admin_sets_the_policy_from_the_defaults_then_changes_it(cast: Cast):
 
 
 def test_payloads_may_not_outlive_their_events(cast: Cast):
-    client = _client(cast, "admin_a")
+    client = cast.client("admin_a")
     page = client.post(
         ADD, {"tenant": str(cast.a.pk), "event_months": "1", "payload_days": "90"}
     )
@@ -90,7 +78,7 @@ def test_payloads_may_not_outlive_their_events(cast: Cast):
 def test_reviewers_and_support_read_it_and_change_nothing(cast: Cast, persona: str):
     policy = _policy(cast, months=18, days=60)
     events = len(_changes(cast))
-    client = _client(cast, persona)
+    client = cast.client(persona)
 
     listing = client.get(LIST)
     assert listing.status_code == 200
@@ -117,7 +105,7 @@ def test_reviewers_and_support_read_it_and_change_nothing(cast: Cast, persona: s
 def test_another_tenants_admin_sees_nothing_and_changes_nothing(cast: Cast):
     policy = _policy(cast, months=18, days=60)
     events = len(_changes(cast))
-    client = _client(cast, "member_of_b_only")
+    client = cast.client("member_of_b_only")
 
     listing = client.get(LIST)
     assert listing.status_code == 200
@@ -144,5 +132,5 @@ def test_another_tenants_admin_sees_nothing_and_changes_nothing(cast: Cast):
 
 
 def test_staff_without_a_membership_do_not_get_in(cast: Cast):
-    client = _client(cast, "staff_without_membership")
+    client = cast.client("staff_without_membership")
     assert client.get(LIST).status_code == 403

@@ -7,8 +7,6 @@ import json
 
 import pytest
 from django.contrib.auth.models import User
-from django.http import HttpRequest
-from django.test import Client
 
 from audit.models import Event
 from console import services
@@ -21,19 +19,9 @@ from tests.support.contracts import SPEC
 from tests.support.new_keys import form_token, shown_secret
 from tests.support.tenancy import tenant_fingerprint
 
-from .conftest import PASSWORD, Cast
+from .conftest import Cast
 
 pytestmark = pytest.mark.django_db
-
-
-def _client(cast: Cast, persona: str) -> Client:
-    client = Client()
-    assert client.login(
-        request=HttpRequest(),  # django-axes counts logins by request
-        username=cast.people[persona].user.username,
-        password=PASSWORD,
-    )
-    return client
 
 
 def _new_events(cast: Cast, since: set) -> list[Event]:
@@ -55,7 +43,7 @@ def _one_event_by(cast: Cast, since: set, code: str) -> Event:
 
 
 def test_an_admin_adds_a_member_changes_the_role_and_removes_them(cast: Cast):
-    client = _client(cast, "admin_a")
+    client = cast.client("admin_a")
     newcomer = User.objects.create_user(username="newcomer", is_staff=True)
     before = _event_ids(cast)
 
@@ -92,7 +80,7 @@ def test_an_admin_adds_a_member_changes_the_role_and_removes_them(cast: Cast):
 
 
 def test_an_admin_issues_and_revokes_a_key_and_the_secret_stays_out(cast: Cast):
-    client = _client(cast, "admin_a")
+    client = cast.client("admin_a")
     agent = services.agent_create(
         tenant=cast.a, by=cast.people["admin_a"].user, name="bot"
     )
@@ -122,7 +110,7 @@ def test_an_admin_issues_and_revokes_a_key_and_the_secret_stays_out(cast: Cast):
 
 
 def test_an_admin_grants_and_revokes(cast: Cast):
-    client = _client(cast, "admin_a")
+    client = cast.client("admin_a")
     agent = Agent.objects.create(tenant=cast.a, name="granted-bot")
     before = _event_ids(cast)
     response = client.post(
@@ -142,7 +130,7 @@ def test_an_admin_grants_and_revokes(cast: Cast):
 
 
 def test_an_admin_publishes_and_retires_a_contract(cast: Cast):
-    client = _client(cast, "admin_a")
+    client = cast.client("admin_a")
     before = _event_ids(cast)
     response = client.post(
         "/admin/tasks/contract/add/",
@@ -169,7 +157,7 @@ def test_an_admin_publishes_and_retires_a_contract(cast: Cast):
 def test_a_connector_change_is_audited_without_its_signing_key(cast: Cast):
     """The admin types no key: the portal makes the pair, keeps it on a change
     and replaces it on "rotate"; the trail says so, with no key material."""
-    client = _client(cast, "admin_a")
+    client = cast.client("admin_a")
     form = {
         "tenant": str(cast.a.pk),
         "target": "desk",
@@ -217,7 +205,7 @@ def test_a_connector_change_is_audited_without_its_signing_key(cast: Cast):
 
 
 def test_an_admin_changes_the_tenant_settings(cast: Cast):
-    client = _client(cast, "admin_a")
+    client = cast.client("admin_a")
     before = _event_ids(cast)
     client.post(
         f"/admin/portal/tenant/{cast.a.pk}/change/",
