@@ -246,6 +246,18 @@ def task_story(
             moves_task=True,
         )  # fmt: skip
 
+    def lease_expired() -> None:
+        """The reaper takes back a lease its owner let run out."""
+        story.tick(60_000, 120_000)
+        story.event(
+            "task.lease_expired",
+            {"from": "running", "to": "pending", "lease_token": story.lease_token},
+            actor=("system", "lease-reaper"),
+            reason="LEASE_EXPIRED",
+            operation=False,
+            moves_task=True,
+        )
+
     def transitioned(
         to: str, *, reason: str | None = None, step: str = "", source: str = "running"
     ) -> None:
@@ -263,15 +275,7 @@ def task_story(
     claimed()
     if not with_operation:  # a short succeeded story without a side effect
         if events == 5:
-            story.tick(60_000, 120_000)
-            story.event(
-                "task.lease_expired",
-                {"from": "running", "to": "pending", "lease_token": story.lease_token},
-                actor=("system", "lease-reaper"),
-                reason="LEASE_EXPIRED",
-                operation=False,
-                moves_task=True,
-            )
+            lease_expired()
         else:
             transitioned("waiting", step="await-crm")
             story.tick(30_000, 600_000)
@@ -402,15 +406,7 @@ def task_story(
         )  # fmt: skip
         transitioned(state, reason=reason, step="create-ticket")
     elif state == "pending":
-        story.tick(60_000, 120_000)
-        story.event(
-            "task.lease_expired",
-            {"from": "running", "to": "pending", "lease_token": story.lease_token},
-            actor=("system", "lease-reaper"),
-            reason="LEASE_EXPIRED",
-            operation=False,
-            moves_task=True,
-        )
+        lease_expired()
     elif state == "waiting":
         transitioned("waiting", step="await-crm")
     elif state in ("human_required", "human_claimed"):

@@ -29,7 +29,7 @@ from portal.actors import Actor
 from portal.models import Tenant
 from portal.tracing import Trace
 from tests.support import broker
-from tests.support.broker import EventQueue
+from tests.support.broker import EventQueue, PrivateNode
 from tests.support.db import connect_as
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,6 +39,23 @@ amqp_url = broker.amqp_url
 events_exchange = broker.events_exchange
 celery_test_queue = broker.celery_test_queue
 REPORTS = REPO / "reports"
+
+
+@pytest.fixture
+def private_node() -> Iterator[PrivateNode]:
+    """A RabbitMQ node of this test alone, so stopping or restarting it disturbs
+    nobody else. Under CI a node that cannot start fails the test."""
+    reason = PrivateNode.unavailable()
+    if reason is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    node = PrivateNode()
+    try:
+        node.start()
+        yield node
+    finally:
+        node.stop()
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -32,22 +31,6 @@ from tests.support.concurrency import run_in_threads
 from .conftest import append_events, write_report
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-
-
-@pytest.fixture
-def private_node() -> Iterator[PrivateNode]:
-    """A RabbitMQ node of this test alone, so restarting it disturbs nobody else."""
-    reason = PrivateNode.unavailable()
-    if reason is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    node = PrivateNode()
-    try:
-        node.start()
-        yield node
-    finally:
-        node.stop()
 
 
 def _pending() -> int:

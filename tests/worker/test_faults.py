@@ -14,7 +14,6 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -165,20 +164,6 @@ def test_relay_sigkilled_between_confirms_and_mark_republishes_and_inbox_dedupes
     }  # fmt: skip
     assert _inbox_rows(inbox_consumer) == 20
     assert _topic_count(inbox_consumer) == 20  # the business effect, once per message
-
-
-@pytest.fixture
-def private_node() -> Iterator[PrivateNode]:
-    """A RabbitMQ node of this test alone, so stopping it disturbs nobody else."""
-    reason = PrivateNode.unavailable()
-    if reason is not None:
-        pytest.skip(reason)
-    node = PrivateNode()
-    try:
-        node.start()
-        yield node
-    finally:
-        node.stop()
 
 
 def test_broker_outage_keeps_writes_available_and_the_backlog_drains(
