@@ -13,14 +13,23 @@ REST API's check (``portal.api.caller_refuse_frozen``) and codes, and each refus
 is a denial event (``limits.services.denial_record``). The verifier lets its key
 through: the key is valid (REST answers 403, not 401), so the handler answers,
 naming ``AGENT_FROZEN`` or ``TENANT_FROZEN``.
+
+A revoked or expired key's exact secret is written in its tenant as
+``agent_key.refused`` (``limits.services.key_refusal_record``), as the REST API
+writes it: over HTTP with the request's source address, method and path (set per
+request by ``RequestFacts``), over stdio with the address ``stdio`` and the
+JSON-RPC method.
 """
 
 from __future__ import annotations
 
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Final
 
 from mcp.server.auth.provider import AccessToken
 from pydantic import PrivateAttr
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from limits import services as limits_services
 from portal import scope, selectors, services
@@ -60,11 +69,60 @@ class KeyRefused(Exception):
         super().__init__(detail)
 
 
-def _live_key(secret: str) -> AgentKey:
-    """The live key, its agent and tenant loaded; enters the agent's tenant scope."""
+@dataclass(frozen=True)
+class _Request:
+    """Where a request came from, for the ``agent_key.refused`` event."""
+
+    address: str
+    method: str
+    path: str
+
+
+_STDIO: Final = _Request(address="stdio", method="", path="stdio")
+_request: ContextVar[_Request] = ContextVar("mcp_request", default=_STDIO)
+
+
+class RequestFacts:
+    """ASGI middleware: the HTTP request's source address, method and path, for a
+    refused key's event (the SDK's token verifier is given the token only)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        client = scope.get("client")
+        facts = _Request(
+            address=client[0] if client else "",
+            method=scope["method"],
+            path=scope["path"],
+        )
+        reset = _request.set(facts)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            _request.reset(reset)
+
+
+def _live_key(secret: str, *, method: str = "") -> AgentKey:
+    """The live key, its agent and tenant loaded; enters the agent's tenant scope.
+    A revoked or expired key's use is written in its tenant (``agent_key.refused``);
+    ``method`` is the JSON-RPC method over stdio (over HTTP, the request's)."""
     check = selectors.agent_key_authenticate(secret=secret.strip())
-    if check is None or check.status != "live":
-        raise KeyRefused(None if check is None else check.status)
+    if check is None:
+        raise KeyRefused(None)
+    if check.status != "live":
+        facts = _request.get()
+        limits_services.key_refusal_record(
+            key=check.key,
+            status=check.status,
+            address=facts.address,
+            method=facts.method or method,
+            path=facts.path,
+        )
+        raise KeyRefused(check.status)
     scope.enter([check.key.agent.tenant_id])
     return check.key
 
@@ -90,7 +148,7 @@ def caller(*, secret: str, method: str, checked: AgentKey | None = None) -> Agen
         key = checked
         scope.enter([key.agent.tenant_id])
     else:
-        key = _live_key(secret)
+        key = _live_key(secret, method=method)
     try:
         caller_refuse_frozen(agent=key.agent)
     except CallerFrozen as frozen:

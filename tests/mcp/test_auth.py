@@ -11,6 +11,7 @@ import anyio
 import httpx
 from django.db import connection
 
+from audit.models import Event
 from portal import scope
 from portal import services as portal_services
 from portal.models import AgentKey
@@ -75,15 +76,43 @@ def test_an_unknown_key_is_refused_at_the_door(mcp_http: McpServer) -> None:
     assert "invalid_token" in refused.headers["WWW-Authenticate"]
 
 
-def test_an_expired_key_is_refused(agents: Agents, mcp_http: McpServer) -> None:
+def _refusals(agents: Agents) -> list[dict[str, Any]]:
+    """The payloads of the tenant's ``agent_key.refused`` events, oldest first."""
+    with scope.tenant_scope([agents.tenant.pk]):
+        events = Event.objects.filter(tenant=agents.tenant, code="agent_key.refused")
+        return [event.payload for event in events.order_by("id")]
+
+
+def test_an_expired_key_is_refused_and_recorded_in_its_tenant(
+    agents: Agents, mcp_http: McpServer
+) -> None:
+    """As on the REST API: each use of the exact secret of an expired key writes
+    ``agent_key.refused`` in its tenant (prefix, never the secret); a wrong secret
+    for the same prefix writes nothing."""
+    prefix, _, hidden = agents.secret.partition(".")
     # The cutoff arrives: set in the past by raw SQL (the service refuses that).
     with connection.cursor() as cursor:
         cursor.execute(
             "UPDATE portal_agentkey SET created_at = app_now() - interval '2 hours', "
             "expires_at = app_now() - interval '1 second' WHERE prefix = %s",
-            [agents.secret.partition(".")[0]],
+            [prefix],
         )
+    assert (
+        raw_post(mcp_http.url, f"{prefix}.not-the-secret", INITIALIZE).status_code
+        == 401
+    )
+    assert _refusals(agents) == []
+
     assert raw_post(mcp_http.url, agents.secret, INITIALIZE).status_code == 401
+    assert raw_post(mcp_http.url, agents.secret, INITIALIZE).status_code == 401
+
+    refusals = _refusals(agents)
+    assert len(refusals) == 2
+    assert {
+        (p["code"], p["key_prefix"], p["status"], p["address"], p["method"], p["path"])
+        for p in refusals
+    } == {("API_KEY_EXPIRED", prefix, "expired", "127.0.0.1", "POST", "/mcp")}
+    assert hidden not in str(refusals)
 
 
 def test_a_key_revoked_mid_session_is_refused_at_the_next_request(
@@ -109,6 +138,10 @@ def test_a_key_revoked_mid_session_is_refused_at_the_next_request(
     assert refused == "MCPError(-32603, 'Server returned an error response', None)"
     assert raw_post(mcp_http.url, agents.secret, INITIALIZE).status_code == 401
     assert agents.world.tickets() == 0
+    # Both refused requests are in the tenant's record, as revoked.
+    assert [(p["code"], p["status"]) for p in _refusals(agents)] == [
+        ("API_KEY_REVOKED", "revoked")
+    ] * 2
 
 
 def test_stdio_lists_and_calls_as_the_environment_key(agents: Agents) -> None:
@@ -132,6 +165,12 @@ def test_stdio_lists_and_calls_as_the_environment_key(agents: Agents) -> None:
     assert after.is_error
     assert after.structured_content["code"] == "API_KEY_REVOKED"
     assert agents.world.tickets("ticket-stdio") == 1
+    [refusal] = _refusals(agents)
+    assert (refusal["status"], refusal["address"], refusal["method"]) == (
+        "revoked",
+        "stdio",
+        "tools/call",
+    )
 
 
 def test_stdio_refuses_to_start_without_a_live_key(agents: Agents) -> None:
