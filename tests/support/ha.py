@@ -310,6 +310,13 @@ def _patroni_yml(cluster: Cluster, node: Node) -> str:
     postgresql["parameters"].update(
         unix_socket_directories=str(node.folder), shared_buffers="32MB"
     )
+    # A replica clones the leader with pg_basebackup, which first waits for a
+    # checkpoint; the default (spread) one paces its writes over up to 0.9 x
+    # checkpoint_timeout (4.5 min) once the migrations have dirtied the buffers, and
+    # the second node stayed "bootstrap from leader in progress" past the 90 s of
+    # ``wait_for_sync_standby`` (pg_stat_progress_basebackup: "waiting for
+    # checkpoint to finish"). A fast checkpoint takes a second here.
+    postgresql["basebackup"] = [{"checkpoint": "fast"}]
     return yaml.safe_dump(config, sort_keys=False)
 
 
