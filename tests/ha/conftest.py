@@ -7,12 +7,19 @@ and runs a real gunicorn whose ``DATABASE_URL`` names both nodes with
 ``target_session_attrs=read-write`` and whose reviewers' pages read on the standby
 (``PORTAL_REPLICA_DATABASE_URL``, ``prefer-standby``). One cluster serves the whole
 tier (package scope). The machine's PostgreSQL on 5432 is not used.
+
+``ha_jobs`` (per test) adds a real Celery worker and beat on the same multi-host
+URL, as the deployment runs them (deploy/portal-worker.service, portal-beat.service):
+their jobs on a queue of the test's own and the outbox relay's events on an exchange
+of its own, on the machine's RabbitMQ, with a quorum queue bound to that exchange to
+take every event (tests/support/broker.py, ``EventQueue``).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -22,7 +29,13 @@ import pytest
 
 from tasks import outbound
 from tests.http.conftest import Server, start, stop
-from tests.support import ha
+from tests.support import broker, ha
+from tests.support.broker import EventQueue
+from tests.support.celery_worker import (
+    RunningWorker,
+    celery_beat_running,
+    celery_worker_running,
+)
 from ticketdesk.harness import TicketDesk
 
 MISSING = ha.missing_tools()
@@ -32,6 +45,8 @@ if MISSING and not os.environ.get("CI"):
         "patroni and etcd-server)",
         allow_module_level=True,
     )
+
+amqp_url = broker.amqp_url  # the shared fixture (tests/support/broker.py)
 
 ISSUED_KEY = re.compile(r"issued a new API key for '[^']+': (agp_\S+)")
 DBNAME = "portal_ha"
@@ -94,7 +109,9 @@ def ha_portal(
                     "DATABASE_URL": app_url,
                     "PORTAL_OUTBOUND_ALLOWED_HOSTS": allowed,
                     "PORTAL_VAR_DIR": str(cluster.var_dir),
-                    # No relay runs here: commits need not nudge one.
+                    # Commits do not nudge the relay: beat's relay-outbox (every
+                    # 5 s) is its one trigger, so rows sent after a failover
+                    # prove that beat and the worker carry on (``ha_jobs``).
                     "PORTAL_RELAY_NUDGE": "0",
                     # The reviewers' pages read on a standby (portal/replica.py);
                     # libpq picks whichever node is one, the primary if none is.
@@ -120,3 +137,55 @@ def ha_portal(
             )
         finally:
             stop(web)
+
+
+@dataclass
+class HAJobs:
+    """A Celery worker and beat on the cluster, and what they publish."""
+
+    queue: str
+    exchange: str
+    events: EventQueue
+    worker: RunningWorker
+    beat: RunningWorker
+
+
+@pytest.fixture
+def ha_jobs(
+    ha_portal: HAPortal, amqp_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[HAJobs]:
+    """A worker (prefork, two processes, as the unit runs it) and beat, both given
+    the multi-host ``DATABASE_URL`` (``target_session_attrs=read-write``); every
+    event the relay publishes lands in ``events``, declared before either starts.
+    The queue, its exchange and the job queue are deleted afterwards."""
+    suffix = uuid.uuid4().hex[:10]
+    queue = f"portal.jobs.ha-{suffix}"
+    exchange = f"portal.events.ha-{suffix}"
+    events = EventQueue(url=amqp_url, exchange=exchange).declare()
+    env = ha.portal_env(
+        ha_portal.cluster,
+        database_url=ha_portal.app_url,
+        CELERY_BROKER_URL=amqp_url,
+        PORTAL_CELERY_QUEUE=queue,
+        PORTAL_EVENTS_BROKER_URL=amqp_url,
+        PORTAL_EVENTS_EXCHANGE=exchange,
+        PORTAL_OUTBOUND_ALLOWED_HOSTS=outbound.host_port(ha_portal.desk.url),
+    )
+    schedule = tmp_path_factory.mktemp("ha-beat") / "celerybeat-schedule"
+    try:
+        with (
+            celery_worker_running(
+                queue=queue,
+                env=env,
+                pool=("--pool", "prefork", "--concurrency", "2"),
+                name="ha-worker",
+            ) as worker,
+            celery_beat_running(queue=queue, env=env, schedule=schedule) as beat,
+        ):
+            yield HAJobs(
+                queue=queue, exchange=exchange, events=events, worker=worker, beat=beat
+            )
+    finally:
+        events.delete()
+        broker.delete_exchange(amqp_url, exchange)
+        broker.delete_queue(amqp_url, queue)

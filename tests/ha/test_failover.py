@@ -10,6 +10,14 @@ rows; the desk made at most one ticket per key (its own count); ``verify_audit``
 passes; the roles, row-level security and definer functions behave as they did on
 the old primary; and the old primary rejoins as a replica (``pg_rewind``).
 
+A real Celery worker and beat (``ha_jobs``), started before the kill on the same
+multi-host URL, run the outbox relay as deployed: beat's ``relay-outbox`` every 5 s
+(the web does not nudge it here). After the failover, with neither restarted: every
+``audit_outbox`` row on the promoted node ends ``sent`` and every row's key (the
+message id) is on the test's queue, duplicates counted, none lost; the relay and
+beat's other jobs ran on the new primary (``portal_jobrun``, their own record of
+each run); and a job queued after the failover ran there.
+
 Sizes: ``PORTAL_HA_AGENTS`` agent processes (CI 2; the hand run 8). The kill
 comes once each agent has had an action verified and ``PORTAL_HA_WARMUP_S`` more
 seconds (CI 1) have passed; the load goes on ``PORTAL_HA_DURATION_S`` seconds
@@ -18,6 +26,7 @@ after the promotion (CI 5). The figures print with ``-s``; docs/scale-out.md has
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import subprocess
@@ -29,11 +38,12 @@ from typing import Any
 
 import psycopg
 import pytest
+from celery import Celery
 
 from portal import db_roles
 from tests.support import ha
 
-from .conftest import DBNAME, HAPortal
+from .conftest import DBNAME, HAJobs, HAPortal
 
 pytestmark = pytest.mark.slow
 
@@ -45,6 +55,46 @@ DURATION_S = float(os.environ.get("PORTAL_HA_DURATION_S", "5"))
 AGENTS_START_TIMEOUT_S = 120.0
 # Patroni's TTL is 10 s; promotion comes well inside it once the leader is gone.
 FAILOVER_BUDGET_S = 30.0
+# Rows a relay run had claimed when the primary died stay leased on the promoted node
+# until the lease lapses (PORTAL_OUTBOX_CLAIM_LEASE_S, 30 s), then beat's next run
+# (5 s) publishes them again; a run that met the dead primary retries after backoff.
+RELAY_SETTLE_S = 90.0
+# A job the test queues after the failover: not in beat's schedule, so its record in
+# portal_jobrun can come only from this sending.
+QUEUED_JOB = "audit.jobs.checkpoint_tenant_job"
+RELAY_JOB = "audit.jobs.relay_outbox_job"
+
+
+def _send_job(jobs: HAJobs, amqp_url: str, name: str, **kwargs: Any) -> None:
+    """Queue job ``name`` on the worker's queue, as the web sends one."""
+    sender = Celery(set_as_current=False, broker=amqp_url)
+    # The queue the worker declared is a quorum queue (config/settings.py).
+    sender.conf.task_default_queue_type = "quorum"
+    sender.conf.task_create_missing_queue_type = "quorum"
+    try:
+        sender.send_task(name, kwargs=kwargs, queue=jobs.queue)
+    finally:
+        sender.close()
+
+
+def _outbox(conninfo: str) -> list[tuple[str, str, float | None, float]]:
+    """Every outbox row of every tenant: (key, state, sent_at, created_at)."""
+    with psycopg.connect(conninfo, autocommit=True) as admin:
+        return [
+            (key, state, sent.timestamp() if sent else None, created.timestamp())
+            for key, state, sent, created in admin.execute(
+                "SELECT key, state, sent_at, created_at FROM audit_outbox"
+            )
+        ]
+
+
+def _job_runs(conninfo: str) -> dict[str, tuple[float, str]]:
+    """portal_jobrun: each job's last run, name -> (finished_at, outcome)."""
+    with psycopg.connect(conninfo, autocommit=True) as admin:
+        rows: list[tuple[str, dt.datetime, str]] = admin.execute(
+            "SELECT name, finished_at, outcome FROM portal_jobrun"
+        ).fetchall()
+    return {name: (finished.timestamp(), outcome) for name, finished, outcome in rows}
 
 
 def _run_agents(
@@ -83,7 +133,7 @@ def _records(folder: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _probe(conninfo: str, *, tenant_id: str) -> dict[str, Any]:
+def _probe(conninfo: str, *, tenant_id: str, member: int) -> dict[str, Any]:
     """What the app role may and may not do on one node (roles, RLS, definers)."""
     seen: dict[str, Any] = {}
     with psycopg.connect(conninfo, autocommit=True) as app:
@@ -110,9 +160,13 @@ def _probe(conninfo: str, *, tenant_id: str) -> dict[str, Any]:
             seen["event_update"] = "allowed"
         except psycopg.errors.InsufficientPrivilege:
             seen["event_update"] = "refused"
-        # A definer function (the discovery role's): tenant ids across tenants.
-        due = app.execute("SELECT * FROM audit_tenants_with_due_outbox()").fetchall()
-        seen["definer_sees_tenant"] = any(str(r[0]) == tenant_id for r in due)
+        # A definer function (the discovery role's) reads past row-level security:
+        # a signed-in person's tenants, with no scope set. (Not the due-outbox one:
+        # the relay running here leaves no row due.)
+        tenants = app.execute(
+            "SELECT * FROM portal_person_tenants(%s)", [member]
+        ).fetchall()
+        seen["definer_sees_tenant"] = any(str(r[0]) == tenant_id for r in tenants)
         # The partitions of the trail.
         seen["event_partitions"] = len(
             app.execute("SELECT * FROM audit_event_partitions()").fetchall()
@@ -121,7 +175,7 @@ def _probe(conninfo: str, *, tenant_id: str) -> dict[str, Any]:
 
 
 def test_killing_the_primary_under_load_loses_no_acknowledged_action(
-    ha_portal: HAPortal, tmp_path: Path
+    ha_portal: HAPortal, ha_jobs: HAJobs, amqp_url: str, tmp_path: Path
 ) -> None:
     cluster, desk = ha_portal.cluster, ha_portal.desk
     desk.reset()
@@ -131,10 +185,12 @@ def test_killing_the_primary_under_load_loses_no_acknowledged_action(
     admin_old = old_node.conninfo(dbname=DBNAME)
     with psycopg.connect(admin_old) as admin:
         row = admin.execute(
-            "SELECT id FROM portal_tenant WHERE slug = 'demo'"
+            "SELECT t.id, m.user_id FROM portal_tenant t "
+            "JOIN portal_membership m ON m.tenant_id = t.id "
+            "WHERE t.slug = 'demo' LIMIT 1"
         ).fetchone()
     assert row is not None
-    tenant_id = str(row[0])
+    tenant_id, member = str(row[0]), int(row[1])
 
     # Given agents taking actions through the API
     started = time.time()
@@ -160,7 +216,9 @@ def test_killing_the_primary_under_load_loses_no_acknowledged_action(
     time.sleep(WARMUP_S)
     before = _records(tmp_path)
     probe_before = _probe(
-        old_node.conninfo(user=db_roles.APP_ROLE, dbname=DBNAME), tenant_id=tenant_id
+        old_node.conninfo(user=db_roles.APP_ROLE, dbname=DBNAME),
+        tenant_id=tenant_id,
+        member=member,
     )
     # When the primary's postmaster is SIGKILLed
     killed_at = time.time()
@@ -172,6 +230,9 @@ def test_killing_the_primary_under_load_loses_no_acknowledged_action(
     for agent in agents:
         agent.wait(timeout=120)
     records = _records(tmp_path)
+    # A job queued once the load is over, on the promoted node's watch
+    queued_at = time.time()
+    _send_job(ha_jobs, amqp_url, QUEUED_JOB, tenant_id=tenant_id)
 
     # Then the load ran before the kill and the API answered cleanly throughout
     assert any(r.get("outcome") == "verified" for r in before), before[-5:]
@@ -243,6 +304,49 @@ def test_killing_the_primary_under_load_loses_no_acknowledged_action(
             lost.append((key, answer, stored))
     assert not lost, lost[:5]
 
+    # And the relay, run by the worker and beat started before the kill, delivered
+    # every outbox row: each ends sent on the promoted node (a row leased by a run
+    # the kill cut short waits out its lease), and each key is on the queue
+    new_conninfo = new_node.conninfo(dbname=DBNAME)
+    cluster.wait_for(
+        "every outbox row sent",
+        lambda: all(state == "sent" for _, state, _, _ in _outbox(new_conninfo)),
+        timeout=RELAY_SETTLE_S,
+    )
+    settled_at = time.time()
+    outbox_rows = _outbox(new_conninfo)
+    received = ha_jobs.events.drain(expected=len(outbox_rows), timeout=60)
+    seen = Counter(message.message_id for message in received)
+    keys = {key for key, _, _, _ in outbox_rows}
+    assert not keys - set(seen), sorted(keys - set(seen))[:5]  # none lost
+    assert not set(seen) - keys, sorted(set(seen) - keys)[:5]  # none unexpected
+    relay_duplicates = sum(n - 1 for n in seen.values())
+    # It ran before the kill, and after it on rows written only after it
+    sent_times = [sent for _, _, sent, _ in outbox_rows if sent is not None]
+    assert any(sent < killed_at for sent in sent_times)
+    written_after = [row for row in outbox_rows if row[3] > killed_at]
+    assert written_after, "no outbox row was written after the kill"
+    first_relayed_s = min(sent for sent in sent_times if sent > killed_at) - killed_at
+
+    # And the worker and beat carried on without a restart: beat's relay job ran on
+    # the promoted node, and so did the job queued after the failover
+    def ran_after(name: str, moment: float) -> bool:
+        run = _job_runs(new_conninfo).get(name)
+        return run is not None and run[0] > moment and run[1] == "success"
+
+    cluster.wait_for(
+        f"{RELAY_JOB} to run after the promotion",
+        lambda: ran_after(RELAY_JOB, promoted_at),
+        timeout=30,
+    )
+    cluster.wait_for(
+        f"{QUEUED_JOB}, queued after the failover, to run",
+        lambda: ran_after(QUEUED_JOB, queued_at),
+        timeout=60,
+    )
+    assert ha_jobs.worker.process.poll() is None, ha_jobs.worker.output()[-3000:]
+    assert ha_jobs.beat.process.poll() is None, ha_jobs.beat.output()[-3000:]
+
     # And the desk made no ticket twice (its own count), and each receipt is its own
     effects = desk.effects()
     tickets = [t for t in desk.tickets() if t["tenant"] == tenant_id]
@@ -259,7 +363,9 @@ def test_killing_the_primary_under_load_loses_no_acknowledged_action(
 
     # And the app role meets the same rules there as on the old primary
     probe_after = _probe(
-        new_node.conninfo(user=db_roles.APP_ROLE, dbname=DBNAME), tenant_id=tenant_id
+        new_node.conninfo(user=db_roles.APP_ROLE, dbname=DBNAME),
+        tenant_id=tenant_id,
+        member=member,
     )
     assert probe_before == probe_after
     assert probe_after["user"] == db_roles.APP_ROLE
@@ -294,5 +400,10 @@ def test_killing_the_primary_under_load_loses_no_acknowledged_action(
         f"the kill; {len(acked)} actions acknowledged ({len(after_kill)} sent after "
         f"the kill), {gave_up} left in doubt, 0 lost, 0 duplicates; responses "
         f"{dict(statuses)}; old primary a replica again "
-        f"{rejoined_at - killed_at:.1f} s after the kill"
+        f"{rejoined_at - killed_at:.1f} s after the kill; relay (worker and beat "
+        f"started before the kill): first row relayed {first_relayed_s:.1f} s after "
+        f"the kill, all {len(outbox_rows)} outbox rows sent "
+        f"{settled_at - killed_at:.1f} s after it ({len(written_after)} written "
+        f"after it), {len(received)} messages received, {relay_duplicates} "
+        f"duplicates, 0 lost"
     )

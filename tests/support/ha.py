@@ -471,6 +471,27 @@ def bootstrap_portal(cluster: Cluster, *, dbname: str) -> str:
     return app_url
 
 
+def portal_env(cluster: Cluster, *, database_url: str, **extra: str) -> dict[str, str]:
+    """The whole environment of a portal process on the cluster (a command, a
+    Celery worker, beat): ``database_url`` (the app role's) and the owner's URL
+    beside it, as a deployment gives both, the cluster's own var/ folder (the
+    development audit key), and ``extra``."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key != "DJANGO_SECRET_KEY" and not key.startswith("PG")
+    }
+    env.update(
+        DATABASE_URL=database_url,
+        DATABASE_OWNER_URL=db_roles.url_as(database_url, user=db_roles.OWNER_ROLE),
+        PORTAL_DEV_MODE="1",
+        PORTAL_VAR_DIR=str(cluster.var_dir),
+        PYTHONUNBUFFERED="1",
+        **extra,
+    )
+    return env
+
+
 def manage(
     cluster: Cluster, *args: str, database_url: str, env: dict[str, str] | None = None
 ) -> str:
@@ -481,20 +502,11 @@ def manage(
     Raises:
         RuntimeError: the command failed (its output in the message).
     """
-    command_env = {
-        key: value
-        for key, value in os.environ.items()
-        if key != "DJANGO_SECRET_KEY" and not key.startswith("PG")
-    }
-    command_env.update(
-        DATABASE_URL=database_url,
-        DATABASE_OWNER_URL=db_roles.url_as(database_url, user=db_roles.OWNER_ROLE),
-        PORTAL_DEV_MODE="1",
-        PORTAL_VAR_DIR=str(cluster.var_dir),
-        PYTHONUNBUFFERED="1",
-        **(env or {}),
+    done = deploy_support.manage(
+        portal_env(cluster, database_url=database_url, **(env or {})),
+        *args,
+        timeout=600,
     )
-    done = deploy_support.manage(command_env, *args, timeout=600)
     if done.returncode != 0:
         raise RuntimeError(
             f"manage.py {' '.join(args)} exited {done.returncode}:\n"
