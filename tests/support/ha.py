@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import psycopg
 import yaml
 from psycopg import sql
@@ -55,6 +56,9 @@ TTL_S = 10
 LOOP_WAIT_S = 1
 RETRY_TIMEOUT_S = 3
 SUPERUSER = "postgres"
+FOLDER_PREFIX = "portal-ha-"
+# In each cluster's folder: the pid of the test process that made it.
+OWNER_FILE = "owner.pid"
 
 
 def missing_tools() -> list[str]:
@@ -330,6 +334,45 @@ def _start_node(cluster: Cluster, node: Node) -> None:
     node.process = _spawn(["patroni", str(node.config)], log=node.log_path)
 
 
+def reap_stale_clusters() -> list[Path]:
+    """Stop what is left of clusters whose test process is gone; their folders.
+
+    A run killed before its cleanup (a CI timeout, a SIGKILLed pytest) leaves etcd,
+    both Patroni and their postmasters running in sessions of their own, looping
+    every second on a machine of two cores. A folder's ``owner.pid`` names the
+    process that made it; when that process no longer runs, every process whose
+    command line names the folder is killed and the folder removed. A folder
+    without one (being made now, or older) is left alone.
+    """
+    reaped = []
+    for folder in Path(tempfile.gettempdir()).glob(FOLDER_PREFIX + "*"):
+        try:
+            owner = int((folder / OWNER_FILE).read_text())
+        except (OSError, ValueError):
+            continue
+        if psutil.pid_exists(owner):
+            continue
+        mark = str(folder) + "/"
+        left = []
+        for process in psutil.process_iter(["cmdline", "name"]):
+            with contextlib.suppress(psutil.Error):
+                if any(mark in part for part in process.info["cmdline"] or []):
+                    left.append(process)
+        # Patroni first (else it may start PostgreSQL again); a postmaster gets
+        # SIGQUIT, its immediate shutdown, which takes its backends with it.
+        left.sort(key=lambda process: process.info["name"] == "postgres")
+        for process in left:
+            with contextlib.suppress(psutil.Error):
+                if process.info["name"] == "postgres":
+                    process.send_signal(signal.SIGQUIT)
+                else:
+                    process.kill()
+        psutil.wait_procs(left, timeout=10)
+        shutil.rmtree(folder, ignore_errors=True)
+        reaped.append(folder)
+    return reaped
+
+
 @contextlib.contextmanager
 def running_cluster(*, nodes: int = 2) -> Iterator[Cluster]:
     """etcd and ``nodes`` Patroni nodes, the first the leader; the others are
@@ -341,7 +384,9 @@ def running_cluster(*, nodes: int = 2) -> Iterator[Cluster]:
             "the HA cluster needs " + ", ".join(missing) + " (.ci/run installs "
             "them: apt-get install patroni etcd-server postgresql-15)"
         )
-    folder = Path(tempfile.mkdtemp(prefix="portal-ha-"))
+    reap_stale_clusters()
+    folder = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX))
+    (folder / OWNER_FILE).write_text(str(os.getpid()))
     folder.chmod(0o755)
     account = _account()
     if account:
