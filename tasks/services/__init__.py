@@ -51,15 +51,15 @@ from portal.models import Tenant, TenantPerm
 from portal.roles import Person, require_tenant_perm
 from portal.tracing import NO_TRACE, Trace
 
-from . import sealed, selectors
-from .contracts import (
+from .. import sealed, selectors
+from ..contracts import (
     contract_amount_fields,
     contract_risk_class,
     contract_sensitive_fields,
     contract_spec_validate,
 )
-from .credentials import key_id, key_pair_new
-from .exceptions import (
+from ..credentials import key_id, key_pair_new
+from ..exceptions import (
     ActionNotGranted,
     ContractNotFound,
     ContractRetired,
@@ -70,8 +70,8 @@ from .exceptions import (
     TaskNotFound,
     TaskNotLeasable,
 )
-from .hashing import input_hash
-from .models import (
+from ..hashing import input_hash
+from ..models import (
     OPERATION_TRANSITIONS,
     Connector,
     Contract,
@@ -82,9 +82,9 @@ from .models import (
     Task,
     TaskState,
 )
-from .outbound import connector_url_problems
-from .sealed import SETTLED_STATES, seal
-from .task_state import (
+from ..outbound import connector_url_problems
+from ..sealed import SETTLED_STATES, seal
+from ..task_state import (
     TASK_COLUMNS,
     TASK_STATES,
     TaskStateWrite,
