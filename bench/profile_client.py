@@ -69,9 +69,11 @@ def components(workload: str, raw: Any) -> list[tuple[str, float]]:
     from portal import selectors as portal_selectors
     from portal.actors import ActorType
     from portal.ids import new_id
-    from tasks import services, task_state
+    from tasks import task_state
     from tasks.hashing import input_hash
     from tasks.models import Operation, Task, TaskState
+    from tasks.services.operations import _OPERATION_ATTNAMES, _OPERATION_COLUMNS
+    from tasks.services.tasks import _TRANSITION
 
     tenant, agent = workloads.make_tenant(f"bench-parts-{uuid.uuid4().hex[:8]}")
     scope.include(tenant.pk)  # row-level security, as in main()
@@ -83,7 +85,7 @@ def components(workload: str, raw: Any) -> list[tuple[str, float]]:
             [task_id],
         )
         task_row = cursor.fetchone()
-    params = services._TRANSITION.params(
+    params = _TRANSITION.params(
         moves={"running": "succeeded"},
         params={
             "reason": None, "step": None, "wake_at": None,
@@ -123,7 +125,7 @@ def components(workload: str, raw: Any) -> list[tuple[str, float]]:
         ),
         (
             "ClientCursor.mogrify(_TRANSITION, params) (client-side binding)",
-            _us(lambda: client_cursor.mogrify(services._TRANSITION.sql, params)),  # type: ignore[attr-defined]
+            _us(lambda: client_cursor.mogrify(_TRANSITION.sql, params)),  # type: ignore[attr-defined]
         ),
         ("`to not in TaskState.values`", _us(lambda: "x" in TaskState.values)),
         (
@@ -158,8 +160,7 @@ def components(workload: str, raw: Any) -> list[tuple[str, float]]:
         operation.save()
         with connection.cursor() as cursor:
             cursor.execute(
-                f"SELECT {services._OPERATION_COLUMNS} FROM tasks_operation AS o"
-                " WHERE id = %s",
+                f"SELECT {_OPERATION_COLUMNS} FROM tasks_operation AS o WHERE id = %s",
                 [operation.pk],
             )
             operation_row = cursor.fetchone()
@@ -173,9 +174,7 @@ def components(workload: str, raw: Any) -> list[tuple[str, float]]:
             )
 
         def operation_model() -> None:
-            portal_db.model_from_row(
-                Operation, services._OPERATION_ATTNAMES, operation_row
-            )
+            portal_db.model_from_row(Operation, _OPERATION_ATTNAMES, operation_row)
 
         parts += [
             ("agent_may: build + compile its ORM query", _us(grant_sql, 500)),

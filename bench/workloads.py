@@ -38,13 +38,15 @@ from portal.ids import new_id
 from portal.models import Agent, AgentGrant, Tenant
 from tasks import services, task_state
 from tasks.models import TASK_TRANSITIONS, Task, TaskState
+from tasks.services import operations as operation_services
+from tasks.services import tasks as task_services
 
 from .spec import WHAT_IFS, RunSpec, WhatIf
 
 EVENT_AND_OUTBOX: Final = audit_services._INSERT_TASK_EVENT_AND_OUTBOX
-TRANSITION: Final = services._TRANSITION_AND_EVENT
-RESERVE: Final = services._RESERVE
-CLAIM_NEXT: Final = services._CLAIM_NEXT.sql
+TRANSITION: Final = task_services._TRANSITION_AND_EVENT
+RESERVE: Final = operation_services._RESERVE
+CLAIM_NEXT: Final = task_services._CLAIM_NEXT.sql
 
 # What one measured operation executes, in order; the service must match (see below).
 # GRANT_CHECK stands for the read of ``portal.selectors.agent_may`` (the API's
@@ -52,7 +54,7 @@ CLAIM_NEXT: Final = services._CLAIM_NEXT.sql
 GRANT_CHECK: Final = "<agent_may>"
 # The reservation's read before its insert (grant, contract spec, policy set in
 # force) and the limits' read of flags and limits after it.
-RESERVE_CONTEXT: Final = services._RESERVE_CONTEXT
+RESERVE_CONTEXT: Final = operation_services._RESERVE_CONTEXT
 ADMIT: Final = limits_services._ADMIT
 STATEMENTS: Final[dict[str, tuple[str, ...]]] = {
     "transition": (TRANSITION,),
@@ -62,7 +64,7 @@ STATEMENTS: Final[dict[str, tuple[str, ...]]] = {
 
 # Columns of ``RETURNING old.state, <task columns>`` and ``RETURNING <task columns>``.
 _ATTNAMES: Final = task_state.TASK_ATTNAMES
-_OP_ATTNAMES: Final = services._OPERATION_ATTNAMES
+_OP_ATTNAMES: Final = operation_services._OPERATION_ATTNAMES
 _TASK_ID = _ATTNAMES.index("id")
 _STATE_VERSION = _ATTNAMES.index("state_version")
 _LEASE_TOKEN = _ATTNAMES.index("lease_token")
@@ -329,14 +331,14 @@ def raw_transition(
             "lease_token": lease_token,
             "data": {},
         },
-        slots=services._TRANSITION_SLOTS,
+        slots=task_services._TRANSITION_SLOTS,
     )
     assert event is not None
     cursor.execute(
         TRANSITION,
         {
             "_blank_step_only": False,
-            **services._TRANSITION_IN_ONE.params(
+            **task_services._TRANSITION_IN_ONE.params(
                 moves=task_state.task_moves_to(to),
                 params={
                     "reason": None,
@@ -456,8 +458,8 @@ def raw_claim(
     """``task_claim_next``'s two statements: (task id, state version, lease token)."""
     cursor.execute(
         CLAIM_NEXT,
-        services._CLAIM_NEXT.params(
-            moves=services._CLAIM_NEXT_MOVES,
+        task_services._CLAIM_NEXT.params(
+            moves=task_services._CLAIM_NEXT_MOVES,
             params={
                 "tenant_id": tenant_id,
                 "agent_id": uuid.UUID(actor.id),

@@ -22,8 +22,10 @@ from audit import chain
 from audit.models import Event, Outbox
 from audit.redaction import redact
 from portal.actors import Actor
+from portal.tracing import NO_TRACE
 from tasks import services
 from tasks.models import Task, TaskState
+from tasks.services.tasks import _task_transition_write
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -82,10 +84,10 @@ def test_one_statement_writes_what_two_would(make_task, actor, step, data) -> No
     # given two running tasks, the second written the two-statement way
     one, two = (make_task(state=TaskState.RUNNING, leased=True) for _ in range(2))
     seen = statements_of(lambda: transition(one, actor, step=step, data=data))
-    services._task_transition_write(
+    _task_transition_write(
         tenant=two.tenant, task_id=two.pk, to=TaskState.WAITING, expected_version=1,
         lease_token=two.lease_token, actor=actor, reason=None, step=step,
-        wake_at=None, data=data or {}, trace=services.NO_TRACE, one_statement=False,
+        wake_at=None, data=data or {}, trace=NO_TRACE, one_statement=False,
         round_trip=False,
     )  # fmt: skip
     # then the service ran one statement, and both events hold the same payload

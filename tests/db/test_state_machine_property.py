@@ -39,7 +39,7 @@ from portal import services as portal_services
 from portal.codes import ReasonCode
 from portal.exceptions import IllegalTransition, LeaseExpired, StaleState
 from portal.models import Role
-from tasks import escalation, services, takeover
+from tasks import escalation, selectors, services, takeover
 from tasks.exceptions import AlreadyClaimed, LeaseHeld, TaskNotLeasable
 from tasks.models import (
     OPERATION_TRANSITIONS,
@@ -57,7 +57,7 @@ EXAMPLES = int(os.environ.get("PORTAL_PROPERTY_EXAMPLES", "50"))
 STEPS = int(os.environ.get("PORTAL_PROPERTY_STEPS", "20"))
 
 LEASABLE = {TaskState.PENDING, TaskState.RUNNING, TaskState.WAITING}
-# The states an agent's own start or outcome may come from (tasks/services.py
+# The states an agent's own start or outcome may come from (tasks/services/operations.py
 # docstrings: begin from reserved or unknown, never from human_required).
 SELF_REPORTED: dict[str, set[str]] = {
     OperationState.EXECUTING: {OperationState.RESERVED, OperationState.UNKNOWN},
@@ -221,7 +221,7 @@ class TaskMachine(RuleBasedStateMachine):
             escalation.escalate(
                 tenant=self.tenant,
                 task=Task.objects.get(pk=self.task_id),
-                operation=services.selectors.operation_get(
+                operation=selectors.operation_get(
                     tenant=self.tenant, operation_id=op.id
                 )
                 if op
