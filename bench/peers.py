@@ -664,7 +664,7 @@ def ledger_table(
         " | adds: client | adds: backend |",
         "|---|---:|---|---:|---:|---:|---:|---:|",
     ]
-    labels = {**LEDGER_LABELS, "service": "the services (tasks/services.py)"}
+    labels = {**LEDGER_LABELS, "service": "the services (tasks/services/)"}
     for workload in LEDGER_WORKLOADS:
         for clients in client_counts:
             before: report.RunSummary | None = None
