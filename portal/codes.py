@@ -1,13 +1,18 @@
 """Stable reason codes: in events, API errors and the takeover queue.
 
-Append only; never rename or reuse a code. The list is copied into CHECK constraints by
-migrations (docs/style.md R7); ``tests/db/test_constraints.py``
-(``test_database_enums_equal_the_python_enums``) checks every copy.
+Append only; never rename or reuse a code. A migration copies the list into the
+PostgreSQL domain ``portal_reason_code`` (``portal/domains.py``; docs/style.md R7),
+the type of every ``reason_code`` column; ``tests/db/test_constraints.py``
+(``test_database_enums_equal_the_python_enums``) checks the copy.
 """
 
 from __future__ import annotations
 
 from django.db import models
+
+# The domain that holds the list, and its CHECK's name.
+REASON_CODE_DOMAIN = "portal_reason_code"
+REASON_CODE_CHECK = "portal_reason_code_check"
 
 
 class ReasonCode(models.TextChoices):

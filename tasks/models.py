@@ -12,7 +12,8 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from portal.codes import ReasonCode
+from portal.codes import REASON_CODE_DOMAIN, ReasonCode
+from portal.domains import DomainCharField
 from portal.ids import new_id
 
 
@@ -155,8 +156,12 @@ class Task(models.Model):
     state_version = models.PositiveIntegerField(default=1)
     current_step = models.CharField(max_length=100, blank=True, default="")
     wake_at = models.DateTimeField(null=True, blank=True)
-    reason_code = models.CharField(
-        max_length=40, choices=ReasonCode, null=True, blank=True
+    reason_code = DomainCharField(
+        max_length=40,
+        choices=ReasonCode,
+        null=True,
+        blank=True,
+        domain=REASON_CODE_DOMAIN,
     )
 
     lease_owner = models.CharField(max_length=200, null=True, blank=True)
@@ -182,11 +187,6 @@ class Task(models.Model):
             ),
             models.CheckConstraint(
                 condition=Q(state__in=TaskState.values), name="tasks_task_state_check"
-            ),
-            models.CheckConstraint(
-                condition=Q(reason_code__isnull=True)
-                | Q(reason_code__in=ReasonCode.values),
-                name="tasks_task_reason_code_check",
             ),
             models.CheckConstraint(
                 condition=Q(contract_key__isnull=True, contract_version__isnull=True)
@@ -293,8 +293,12 @@ class Operation(models.Model):
         max_length=20, choices=OperationState, default=OperationState.RESERVED
     )
     state_version = models.PositiveIntegerField(default=1)
-    reason_code = models.CharField(
-        max_length=40, choices=ReasonCode, null=True, blank=True
+    reason_code = DomainCharField(
+        max_length=40,
+        choices=ReasonCode,
+        null=True,
+        blank=True,
+        domain=REASON_CODE_DOMAIN,
     )
     attempts = models.PositiveIntegerField(default=0)
     # Receipt lookups made while the result was in doubt (the recovery budget).
@@ -321,11 +325,6 @@ class Operation(models.Model):
             models.CheckConstraint(
                 condition=Q(state__in=OperationState.values),
                 name="tasks_operation_state_check",
-            ),
-            models.CheckConstraint(
-                condition=Q(reason_code__isnull=True)
-                | Q(reason_code__in=ReasonCode.values),
-                name="tasks_operation_reason_code_check",
             ),
             models.CheckConstraint(
                 condition=~Q(state="verified") | Q(provider_reference__isnull=False),
@@ -506,7 +505,9 @@ class Escalation(models.Model):
         blank=True,
         related_name="escalations",
     )
-    reason_code = models.CharField(max_length=40, choices=ReasonCode)
+    reason_code = DomainCharField(
+        max_length=40, choices=ReasonCode, domain=REASON_CODE_DOMAIN
+    )
     evidence = models.JSONField(default=dict)
     responsible_owner = models.CharField(max_length=200, blank=True, default="")
     created_at = models.DateTimeField(db_default=Now(), editable=False)
@@ -520,10 +521,6 @@ class Escalation(models.Model):
         constraints = [
             models.UniqueConstraint(
                 fields=["tenant", "id"], name="tasks_escalation_tenant_id_uniq"
-            ),
-            models.CheckConstraint(
-                condition=Q(reason_code__in=ReasonCode.values),
-                name="tasks_escalation_reason_code_check",
             ),
         ]
         indexes = [

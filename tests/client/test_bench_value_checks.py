@@ -1,0 +1,40 @@
+"""Smoke test of ``bench/value_checks.py`` at a tiny size: on its own database it
+makes the three variants (no check, a table CHECK, a domain) for both value lists,
+proves the two walls refuse a made-up value and the floor does not, and times
+every variant."""
+
+from __future__ import annotations
+
+import urllib.parse
+
+import psycopg
+from django.conf import settings
+
+from bench import value_checks
+
+
+def test_the_value_check_bench_runs_every_variant_and_each_wall_holds() -> None:
+    database = f"{settings.DATABASES['default']['TEST']['NAME']}_checks_bench"
+    url = urllib.parse.urlsplit(settings.DATABASE_URL)._replace(path=f"/{database}")
+    try:
+        result = value_checks.run(url.geturl(), inserts=50, rounds=1)
+    finally:
+        admin = psycopg.conninfo.make_conninfo(settings.DATABASE_URL, dbname="postgres")
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+
+    got = {(v["list"], v["kind"]): v for v in result["variants"]}
+    assert set(got) == {
+        (name, kind)
+        for name in ("event code", "reason code")
+        for kind in ("none", "table CHECK", "domain")
+    }
+    for (_, kind), variant in got.items():
+        assert variant["refuses"] is (kind != "none"), variant
+        assert variant["us_per_insert"] > 0
+    # The lists are the migrations' frozen copies, as long as the enums were then.
+    assert got["event code", "domain"]["size"] >= 61
+    assert got["reason code", "domain"]["size"] >= 20
+    # Every timed insert (and the floor's accepted made-up value) is in the tables.
+    assert result["rows_seen"] >= 6 * 50
+    assert "| event code | 61 |" in value_checks.table(result)
