@@ -26,7 +26,7 @@ from portal.exceptions import NotFound
 from portal.models import Tenant, TenantPerm
 from portal.roles import Person, require_tenant_perm
 
-from . import services
+from . import payloads, services
 from .exceptions import OutboxRowNotDead
 from .models import EventCode, Outbox, OutboxState
 
@@ -52,7 +52,7 @@ def _dead_row_for_update(*, tenant: Tenant, outbox_id: uuid.UUID) -> Outbox:
     return row
 
 
-def _facts(row: Outbox) -> dict[str, object]:
+def _facts(row: Outbox) -> payloads.OutboxRow:
     return {
         "outbox_id": str(row.pk),
         "event_id": str(row.event_id),

@@ -30,7 +30,7 @@ from portal.actors import Actor
 from portal.ids import new_id
 from portal.models import Tenant
 
-from . import services, verify
+from . import payloads, services, verify
 from .models import EventCode, RetentionAnchor, RetentionPurge
 
 ACTOR: Final = Actor.system("retention")
@@ -128,7 +128,9 @@ def tenant_payloads_drop(*, tenant_id: uuid.UUID) -> int:
             tenant_id=tenant_id,
             code=EventCode.AUDIT_PAYLOADS_DROPPED,
             actor=ACTOR,
-            data={"before_id": str(before_id), "events": dropped},
+            data=payloads.AuditPayloadsDropped(
+                {"before_id": str(before_id), "events": dropped}
+            ),
             publish=False,
         )
     return int(dropped)

@@ -48,7 +48,7 @@ from django.db import connection, transaction
 
 from portal import ids
 
-from . import chain
+from . import chain, payloads
 from .checkpoints import signature_valid
 from .models import ChainHead, Checkpoint, EventCode, RetentionAnchor, RetentionPurge
 from .tlog import IN_FLIGHT_GRACE  # older uncovered events are reported as inserted
@@ -308,7 +308,7 @@ def anchors_digest(anchors: Sequence[RetentionAnchor]) -> str:
 
 def tombstone_data(
     purge: RetentionPurge, anchors: Sequence[RetentionAnchor]
-) -> dict[str, Any]:
+) -> payloads.AuditPurged:
     """The payload of a purge's tombstone event: its record and its anchors' digest."""
     return {
         "purge_id": str(purge.pk),

@@ -26,6 +26,7 @@ from typing import Any, Final, cast
 from django.db import transaction
 from django.db.models import QuerySet
 
+from audit import payloads
 from audit import services as audit_services
 from audit.models import Event, EventCode
 from portal.actor_names import ActorNames
@@ -206,12 +207,14 @@ def export_record(
             tenant_id=tenant_id,
             code=EventCode.AUDIT_EXPORTED,
             actor=Actor.of_user(by),
-            data={
-                "format": fmt,
-                "rows": counts.get(tenant_id, 0),
-                "rows_total": total,
-                "tenants": sorted(tenants.values()),
-                "filters": dict(filters),
-                "complete": complete,
-            },
+            data=payloads.AuditExported(
+                {
+                    "format": fmt,
+                    "rows": counts.get(tenant_id, 0),
+                    "rows_total": total,
+                    "tenants": sorted(tenants.values()),
+                    "filters": dict(filters),
+                    "complete": complete,
+                }
+            ),
         )

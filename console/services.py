@@ -17,6 +17,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
+from audit import payloads
 from audit import services as audit_services
 from audit.models import EventCode, RetentionPolicy
 from portal import db as portal_db
@@ -43,7 +44,7 @@ def _manage(*, tenant: Tenant, by: Person) -> Actor:
     return Actor.of_user(by)
 
 
-def _event(*, tenant: Tenant, code: str, actor: Actor, data: dict[str, Any]) -> None:
+def _event(*, tenant: Tenant, code: str, actor: Actor, data: payloads.Payload) -> None:
     audit_services.event_append(tenant_id=tenant.pk, code=code, actor=actor, data=data)
 
 
@@ -66,7 +67,7 @@ def tenant_update(*, tenant: Tenant, by: Person, name: str) -> Tenant:
             tenant=tenant,
             code=EventCode.TENANT_CHANGED,
             actor=actor,
-            data={"changed": {"name": [current.name, name]}},
+            data=payloads.TenantChanged({"changed": {"name": [current.name, name]}}),
         )
     current.refresh_from_db()
     return current
@@ -123,7 +124,7 @@ def retention_policy_set(
             tenant=tenant,
             code=EventCode.TENANT_CHANGED,
             actor=actor,
-            data={"retention_policy": changed},
+            data=payloads.TenantChanged({"retention_policy": changed}),
         )
     return policy
 
@@ -142,7 +143,7 @@ def agent_create(*, tenant: Tenant, by: Person, name: str) -> Agent:
         tenant=tenant,
         code=EventCode.AGENT_CREATED,
         actor=actor,
-        data={"agent_id": str(agent.pk), "name": name},
+        data=payloads.AgentCreated({"agent_id": str(agent.pk), "name": name}),
     )
     return agent
 
@@ -152,11 +153,10 @@ def _agent_change(
     agent: Agent,
     actor: Actor,
     to: dict[str, Any],
-    said: dict[str, Any] | None = None,
+    said: payloads.AgentSet,
 ) -> None:
     """Set the agent's columns ``to``; when any changed, one ``agent.changed`` event
-    naming the agent and ``said`` (``to`` unless given). Nothing changed, nothing
-    written."""
+    naming the agent and ``said``. Nothing changed, nothing written."""
     moved = (
         Agent.objects.filter(tenant_id=agent.tenant_id, pk=agent.pk)
         .exclude(**to)
@@ -167,7 +167,9 @@ def _agent_change(
             tenant=agent.tenant,
             code=EventCode.AGENT_CHANGED,
             actor=actor,
-            data={"agent_id": str(agent.pk), "name": agent.name, **(said or to)},
+            data=payloads.AgentChanged(
+                {"agent_id": str(agent.pk), "name": agent.name, **said}
+            ),
         )
 
 
@@ -183,7 +185,7 @@ def agent_set_active(*, agent: Agent, by: Person, is_active: bool) -> Agent:
         agent=agent,
         actor=actor,
         to={"is_active": is_active},
-        said={"active": is_active},
+        said=payloads.AgentSet({"active": is_active}),
     )
     agent.refresh_from_db()
     return agent
@@ -208,7 +210,12 @@ def agent_set_sponsor(*, agent: Agent, by: Person, sponsor_id: int | None) -> Ag
         raise ValidationFailed(
             "The sponsor must be a member of the tenant.", field="sponsor"
         )
-    _agent_change(agent=agent, actor=actor, to={"sponsor_id": sponsor_id})
+    _agent_change(
+        agent=agent,
+        actor=actor,
+        to={"sponsor_id": sponsor_id},
+        said=payloads.AgentSet({"sponsor_id": sponsor_id}),
+    )
     agent.refresh_from_db()
     return agent
 
@@ -244,7 +251,10 @@ def agent_set_policy_attributes(
             field="tags",
         )
     _agent_change(
-        agent=agent, actor=actor, to={"trust_tier": trust_tier, "tags": cleaned}
+        agent=agent,
+        actor=actor,
+        to={"trust_tier": trust_tier, "tags": cleaned},
+        said=payloads.AgentSet({"trust_tier": trust_tier, "tags": cleaned}),
     )
     agent.refresh_from_db()
     return agent
@@ -263,11 +273,13 @@ def agent_key_issue(*, agent: Agent, by: Person) -> portal_services.IssuedKey:
         tenant=agent.tenant,
         code=EventCode.AGENT_KEY_ISSUED,
         actor=actor,
-        data={
-            "agent_id": str(agent.pk),
-            "agent": agent.name,
-            "key_prefix": issued.key.prefix,
-        },
+        data=payloads.AgentKeyIssued(
+            {
+                "agent_id": str(agent.pk),
+                "agent": agent.name,
+                "key_prefix": issued.key.prefix,
+            }
+        ),
     )
     return issued
 
@@ -338,12 +350,16 @@ def agent_key_rotate_as(
         tenant=key.tenant,
         code=EventCode.AGENT_KEY_ISSUED,
         actor=actor,
-        data={
-            "agent_id": str(key.agent_id),
-            "key_prefix": issued.key.prefix,
-            "rotated_from": key.prefix,
-            "old_valid_until": key.expires_at.isoformat() if key.expires_at else None,
-        },
+        data=payloads.AgentKeyIssued(
+            {
+                "agent_id": str(key.agent_id),
+                "key_prefix": issued.key.prefix,
+                "rotated_from": key.prefix,
+                "old_valid_until": (
+                    key.expires_at.isoformat() if key.expires_at else None
+                ),
+            }
+        ),
     )
     return issued
 
@@ -365,14 +381,16 @@ def agent_key_expire_as(
             tenant=key.tenant,
             code=EventCode.AGENT_CHANGED,
             actor=actor,
-            data={
-                "agent_id": str(key.agent_id),
-                "key_prefix": key.prefix,
-                "key_expires_at": [
-                    before.isoformat() if before else None,
-                    key.expires_at.isoformat() if key.expires_at else None,
-                ],
-            },
+            data=payloads.AgentChanged(
+                {
+                    "agent_id": str(key.agent_id),
+                    "key_prefix": key.prefix,
+                    "key_expires_at": [
+                        before.isoformat() if before else None,
+                        key.expires_at.isoformat() if key.expires_at else None,
+                    ],
+                }
+            ),
         )
     return key
 
@@ -391,7 +409,9 @@ def agent_key_revoke_as(*, key: AgentKey, actor: Actor) -> AgentKey:
             tenant=key.tenant,
             code=EventCode.AGENT_KEY_REVOKED,
             actor=actor,
-            data={"agent_id": str(key.agent_id), "key_prefix": key.prefix},
+            data=payloads.AgentKeyRevoked(
+                {"agent_id": str(key.agent_id), "key_prefix": key.prefix}
+            ),
         )
     return key
 
@@ -414,7 +434,9 @@ def agent_grant_add(
         tenant=agent.tenant,
         code=EventCode.AGENT_GRANT_ADDED,
         actor=actor,
-        data={"agent_id": str(agent.pk), "action": action, "target": target},
+        data=payloads.AgentGrantAdded(
+            {"agent_id": str(agent.pk), "action": action, "target": target}
+        ),
     )
     return grant
 
@@ -435,11 +457,13 @@ def agent_grant_revoke(*, grant: AgentGrant, by: Person) -> None:
             tenant=grant.tenant,
             code=EventCode.AGENT_GRANT_REVOKED,
             actor=actor,
-            data={
-                "agent_id": str(grant.agent_id),
-                "action": grant.action,
-                "target": grant.target,
-            },
+            data=payloads.AgentGrantRevoked(
+                {
+                    "agent_id": str(grant.agent_id),
+                    "action": grant.action,
+                    "target": grant.target,
+                }
+            ),
         )
 
 
@@ -491,12 +515,14 @@ def membership_set(
         tenant=tenant,
         code=EventCode.MEMBERSHIP_GRANTED,
         actor=actor,
-        data={
-            "user_id": user.pk,
-            "username": username,
-            "role": role,
-            "previous_role": before.role if before else None,
-        },
+        data=payloads.MembershipGranted(
+            {
+                "user_id": user.pk,
+                "username": username,
+                "role": role,
+                "previous_role": before.role if before else None,
+            }
+        ),
     )
     return membership
 
@@ -521,9 +547,11 @@ def membership_revoke(*, membership: Membership, by: Person) -> None:
         tenant=tenant,
         code=EventCode.MEMBERSHIP_REVOKED,
         actor=actor,
-        data={
-            "user_id": membership.user_id,
-            "username": membership.user.get_username(),
-            "role": membership.role,
-        },
+        data=payloads.MembershipRevoked(
+            {
+                "user_id": membership.user_id,
+                "username": membership.user.get_username(),
+                "role": membership.role,
+            }
+        ),
     )

@@ -21,6 +21,7 @@ from typing import Any, Final, ParamSpec, TypeVar
 
 from django.db import connection, transaction
 
+from audit import payloads
 from audit import services as audit_services
 from audit.models import EventCode
 from portal import db as portal_db
@@ -90,7 +91,7 @@ RETURNING c.id
 """
 
 
-def _revoke(*, tenant: Tenant, agent_id: uuid.UUID | None) -> dict[str, Any]:
+def _revoke(*, tenant: Tenant, agent_id: uuid.UUID | None) -> payloads.Revocation:
     """Expire the live leases and revoke the live credentials.
 
     An expired lease fences its holder out of every write (each compares the expiry
@@ -162,16 +163,18 @@ def agent_freeze(
         raise AgentNotFound(agent_id=str(agent_id))
     if (agent.frozen_at is not None) == frozen:
         return agent
-    facts: dict[str, Any] = {"frozen": frozen, "agent": agent.name}
+    facts = payloads.AgentChanged(
+        {"agent_id": str(agent.pk), "frozen": frozen, "agent": agent.name}
+    )
     if frozen:
-        facts |= _revoke(tenant=tenant, agent_id=agent.pk)
+        facts.update(_revoke(tenant=tenant, agent_id=agent.pk))
     _flag("portal_agent", tenant=tenant, row_id=agent.pk, on=frozen, by=by)
     audit_services.event_append(
         tenant_id=tenant.pk,
         code=EventCode.AGENT_CHANGED,
         actor=_actor(by, command),
         reason=ReasonCode.AGENT_FROZEN if frozen else None,
-        data={"agent_id": str(agent.pk), **facts},
+        data=facts,
     )
     agent.refresh_from_db()
     return agent
@@ -200,9 +203,9 @@ def tenant_freeze(
     locked = Tenant.objects.select_for_update().get(pk=tenant.pk)
     if (locked.frozen_at is not None) == frozen:
         return locked
-    facts: dict[str, Any] = {"frozen": frozen}
+    facts = payloads.TenantChanged({"frozen": frozen})
     if frozen:
-        facts |= _revoke(tenant=tenant, agent_id=None)
+        facts.update(_revoke(tenant=tenant, agent_id=None))
     _flag("portal_tenant", tenant=tenant, row_id=tenant.pk, on=frozen, by=by)
     audit_services.event_append(
         tenant_id=tenant.pk,
@@ -413,10 +416,12 @@ def denial_record(
             task_id=task_id,
             reason=str(error.code),
             trace=trace,
+            # The refusal's context and facts vary with the error, so they go in
+            # untyped, after (and over) the typed keys, as they always did.
             data={
-                "check": "limits",
-                "verdict": "refused",
-                "phase": phase,
+                **payloads.GatewayChecked(
+                    {"check": "limits", "verdict": "refused", "phase": phase}
+                ),
                 **error.context,
                 **facts,
             },
@@ -438,15 +443,17 @@ def key_refusal_record(
             tenant_id=key.tenant_id,
             code=EventCode.AGENT_KEY_REFUSED,
             actor=Actor(type=ActorType.AGENT, id=str(key.agent_id)),
-            data={
-                "code": f"API_KEY_{status.upper()}",  # the answer's problem code
-                "agent_id": str(key.agent_id),
-                "key_prefix": key.prefix,
-                "status": status,
-                "address": address[:90],
-                "method": method,
-                "path": path[:200],
-            },
+            data=payloads.AgentKeyRefused(
+                {
+                    "code": f"API_KEY_{status.upper()}",  # the answer's problem code
+                    "agent_id": str(key.agent_id),
+                    "key_prefix": key.prefix,
+                    "status": status,
+                    "address": address[:90],
+                    "method": method,
+                    "path": path[:200],
+                }
+            ),
             publish=False,
         )
 
@@ -492,13 +499,26 @@ def refusals_recorded(phase: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
 
 
 def _limit_event(
-    *, tenant: Tenant, agent_id: uuid.UUID, by: Person | None, **data: Any
+    *,
+    tenant: Tenant,
+    agent_id: uuid.UUID,
+    by: Person | None,
+    change: str,
+    before: dict[str, Any] | None,
+    after: dict[str, Any] | None,
 ) -> None:
     audit_services.event_append(
         tenant_id=tenant.pk,
         code=EventCode.AGENT_CHANGED,
         actor=_actor(by, "limits"),
-        data={"agent_id": str(agent_id), **data},
+        data=payloads.AgentChanged(
+            {
+                "agent_id": str(agent_id),
+                "change": change,
+                "before": before,
+                "after": after,
+            }
+        ),
     )
 
 

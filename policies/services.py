@@ -14,6 +14,7 @@ from django.db import transaction
 from django.db.models import Max
 from django.db.models.functions import Now
 
+from audit import payloads
 from audit import services as audit_services
 from audit.models import EventCode
 from portal import db as portal_db
@@ -39,18 +40,23 @@ def _require_manager(*, tenant: Tenant, by: Person | None) -> None:
         require_tenant_perm(user=by, perm=TenantPerm.MANAGE_TENANT, tenant=tenant)
 
 
-def _event(policy_set: PolicySet, code: str, *, by: Person | None, **data: Any) -> None:
+def _facts(policy_set: PolicySet) -> payloads.PolicySetFacts:
+    return {
+        "version": policy_set.version,
+        "state": policy_set.state,
+        # Which text: the trail names it by digest, the row holds it.
+        "digest": hashlib.sha256(policy_set.text.encode()).hexdigest(),
+    }
+
+
+def _event(
+    policy_set: PolicySet, code: str, *, by: Person | None, data: payloads.Payload
+) -> None:
     audit_services.event_append(
         tenant_id=policy_set.tenant_id,
         code=code,
         actor=Actor.of_user(by) if by is not None else Actor.system("portal"),
-        data={
-            "version": policy_set.version,
-            "state": policy_set.state,
-            # Which text: the trail names it by digest, the row holds it.
-            "digest": hashlib.sha256(policy_set.text.encode()).hexdigest(),
-            **data,
-        },
+        data=data,
     )
 
 
@@ -94,7 +100,12 @@ def policy_set_draft(
         created_by_id=by.pk if by is not None else None,
     )
     policy_set.refresh_from_db()
-    _event(policy_set, EventCode.POLICY_SET_CREATED, by=by, note=note)
+    _event(
+        policy_set,
+        EventCode.POLICY_SET_CREATED,
+        by=by,
+        data=payloads.PolicySetCreated({**_facts(policy_set), "note": note}),
+    )
     return policy_set
 
 
@@ -129,7 +140,7 @@ def policy_set_edit(
     if not moved:
         raise IllegalTransition(current=current.state, requested="edit")
     policy_set = selectors.policy_set_get(tenant=tenant, version=version)
-    _event(policy_set, EventCode.POLICY_SET_CHANGED, by=by)
+    _event(policy_set, EventCode.POLICY_SET_CHANGED, by=by, data=_facts(policy_set))
     return policy_set
 
 
@@ -193,7 +204,12 @@ def policy_set_publish(
         policy_set,
         EventCode.POLICY_SET_PUBLISHED,
         by=by,
-        retired_version=in_force.version if in_force is not None else None,
+        data=payloads.PolicySetPublished(
+            {
+                **_facts(policy_set),
+                "retired_version": in_force.version if in_force is not None else None,
+            }
+        ),
     )
     return policy_set
 
@@ -217,5 +233,5 @@ def policy_set_retire(
     policy_set = selectors.policy_set_get(tenant=tenant, version=version)
     if not moved:
         raise IllegalTransition(current=policy_set.state, requested="retired")
-    _event(policy_set, EventCode.POLICY_SET_RETIRED, by=by)
+    _event(policy_set, EventCode.POLICY_SET_RETIRED, by=by, data=_facts(policy_set))
     return policy_set

@@ -19,6 +19,7 @@ from django.core.exceptions import PermissionDenied
 from django.db import connection, transaction
 from django.db.models import ProtectedError
 
+from audit import payloads
 from audit import services as audit_services
 from audit.models import EventCode
 from portal import db as portal_db
@@ -177,7 +178,9 @@ def item_assign(
         actor=actor,
         task_id=task_id,
         reason=reason_code or None,
-        data=_event_data(assignment, told_group_ids=[str(g) for g in named[1:]]),
+        data=payloads.DeskItemAssigned(
+            {**_item(assignment), "told_group_ids": [str(g) for g in named[1:]]}
+        ),
     )
     _notify(
         tenant=tenant,
@@ -189,14 +192,13 @@ def item_assign(
     return assignment
 
 
-def _event_data(assignment: Assignment, **more: object) -> dict[str, object]:
+def _item(assignment: Assignment) -> payloads.DeskItem:
     return {
         "assignment_id": str(assignment.pk),
         "item_kind": assignment.item_kind,
         "item_id": str(assignment.item_id),
         "group_id": str(assignment.group_id),
         "person_id": assignment.person_id,
-        **more,
     }
 
 
@@ -271,10 +273,12 @@ def item_reassign(
         code=EventCode.DESK_ITEM_REASSIGNED,
         actor=Actor.of_user(user),
         task_id=assignment.task_id,
-        data=_event_data(
-            assignment,
-            from_group_id=str(before_group),
-            from_person_id=before_person,
+        data=payloads.DeskItemReassigned(
+            {
+                **_item(assignment),
+                "from_group_id": str(before_group),
+                "from_person_id": before_person,
+            }
         ),
     )
     _notify(
@@ -317,7 +321,9 @@ def item_take_over(
         code=EventCode.DESK_ITEM_REASSIGNED,
         actor=Actor.of_user(user),
         task_id=assignment.task_id,
-        data=_event_data(assignment, taken_over=True, from_person_id=before_person),
+        data=payloads.DeskItemReassigned(
+            {**_item(assignment), "taken_over": True, "from_person_id": before_person}
+        ),
     )
     return assignment
 
@@ -409,7 +415,7 @@ def _remind(*, assignment: Assignment, now: dt.datetime) -> None:
         actor=SLA,
         task_id=assignment.task_id,
         reason=assignment.reason_code or None,
-        data=_event_data(assignment),
+        data=_item(assignment),
     )
     _notify(
         tenant=tenant,
@@ -436,7 +442,9 @@ def _escalate(*, assignment: Assignment, now: dt.datetime) -> None:
         actor=SLA,
         task_id=assignment.task_id,
         reason=assignment.reason_code or None,
-        data=_event_data(assignment, from_group_id=str(before)),
+        data=payloads.DeskItemEscalated(
+            {**_item(assignment), "from_group_id": str(before)}
+        ),
     )
     _notify(
         tenant=tenant,
@@ -496,11 +504,13 @@ def member_email_choose(
         tenant_id=tenant.pk,
         code=EventCode.TENANT_CHANGED,
         actor=Actor.of_user(user),
-        data={
-            "routing": "groupmember",
-            "id": str(member.pk),
-            "change": "email_enabled" if email_enabled else "email_disabled",
-        },
+        data=payloads.TenantChanged(
+            {
+                "routing": "groupmember",
+                "id": str(member.pk),
+                "change": "email_enabled" if email_enabled else "email_disabled",
+            }
+        ),
     )
     return member
 
@@ -534,11 +544,13 @@ def setup_save(*, tenant: Tenant, row: SetupRow, user: Person) -> SetupRow:
         tenant_id=tenant.pk,
         code=EventCode.TENANT_CHANGED,
         actor=Actor.of_user(user),
-        data={
-            "routing": row._meta.model_name,
-            "id": str(row.pk),
-            "change": "created" if created else "changed",
-        },
+        data=payloads.TenantChanged(
+            {
+                "routing": row._meta.model_name,
+                "id": str(row.pk),
+                "change": "created" if created else "changed",
+            }
+        ),
     )
     return row
 
@@ -562,5 +574,5 @@ def setup_delete(*, tenant: Tenant, row: SetupRow, user: Person) -> None:
         tenant_id=tenant.pk,
         code=EventCode.TENANT_CHANGED,
         actor=Actor.of_user(user),
-        data={"routing": kind, "id": pk, "change": "deleted"},
+        data=payloads.TenantChanged({"routing": kind, "id": pk, "change": "deleted"}),
     )

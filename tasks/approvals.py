@@ -24,6 +24,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Count, Q, QuerySet
 
+from audit import payloads
 from audit import services as audit_services
 from audit.models import EventCode
 from portal import db as portal_db
@@ -82,14 +83,25 @@ def ttl_s() -> int:
     return int(getattr(settings, "PORTAL_APPROVAL_TTL_S", DEFAULT_TTL_S))
 
 
+def _facts(approval: Approval) -> payloads.ApprovalFacts:
+    return {
+        "approval_id": str(approval.pk),
+        "state": approval.state,
+        "input_hash": approval.input_hash,
+        "field_digest": approval.field_digest,
+        "quorum": approval.quorum,
+        "groups": list(approval.groups),
+    }
+
+
 def _event(
     approval: Approval,
     code: str,
     *,
     actor: Actor,
     trace: Trace,
+    data: payloads.Payload,
     operation: Operation | None = None,
-    **data: Any,
 ) -> None:
     task_id = (
         operation.task_id
@@ -105,15 +117,7 @@ def _event(
         task_id=task_id,
         operation_id=approval.operation_id,
         trace=trace,
-        data={
-            "approval_id": str(approval.pk),
-            "state": approval.state,
-            "input_hash": approval.input_hash,
-            "field_digest": approval.field_digest,
-            "quorum": approval.quorum,
-            "groups": list(approval.groups),
-            **data,
-        },
+        data=data,
     )
 
 
@@ -138,8 +142,15 @@ def _expire_due(
             EventCode.APPROVAL_EXPIRED,
             actor=EXPIRY,
             trace=NO_TRACE,
-            was=was,
-            expires_at=approval.expires_at.isoformat() if approval.expires_at else None,
+            data=payloads.ApprovalExpired(
+                {
+                    **_facts(approval),
+                    "was": was,
+                    "expires_at": approval.expires_at.isoformat()
+                    if approval.expires_at
+                    else None,
+                }
+            ),
         )
         expired.append(approval)
     return expired
@@ -242,8 +253,9 @@ def approval_for_execution(
             actor=actor,
             trace=trace,
             operation=operation,
-            was=superseded,
-            seen_field_digest=digest,
+            data=payloads.ApprovalSuperseded(
+                {**_facts(current), "was": superseded, "seen_field_digest": digest}
+            ),
         )
         why = "the approval was for other field values"
     groups = sorted(str(group) for group in requested.get("groups", []))
@@ -266,9 +278,16 @@ def approval_for_execution(
         actor=actor,
         trace=trace,
         operation=operation,
-        sponsor_excluded=approval.sponsor_excluded,
-        expires_at=approval.expires_at.isoformat() if approval.expires_at else None,
-        asked=approval.asked,
+        data=payloads.ApprovalRequested(
+            {
+                **_facts(approval),
+                "sponsor_excluded": approval.sponsor_excluded,
+                "expires_at": approval.expires_at.isoformat()
+                if approval.expires_at
+                else None,
+                "asked": approval.asked,
+            }
+        ),
     )
     # The approvers' group is told and the SLA clock runs (docs/routing.md); the
     # notification carries ids and codes, never what is asked.
@@ -320,7 +339,9 @@ def approval_consume(
         actor=actor,
         trace=trace,
         operation=operation,
-        idempotency_key=operation.idempotency_key,
+        data=payloads.ApprovalConsumed(
+            {**_facts(approval), "idempotency_key": operation.idempotency_key}
+        ),
     )
     return approval
 
@@ -406,10 +427,15 @@ def _decide(
         EventCode.APPROVAL_DECIDED,
         actor=actor,
         trace=trace,
-        verdict=verdict,
-        reason=reason,
-        saw=saw,
-        saw_digest=saw_digest,
+        data=payloads.ApprovalDecided(
+            {
+                **_facts(approval),
+                "verdict": verdict,
+                "reason": reason,
+                "saw": saw,
+                "saw_digest": saw_digest,
+            }
+        ),
     )
     approvals = approval.decisions.filter(verdict=ApprovalVerdict.APPROVE).count()
     if verdict == ApprovalVerdict.REJECT:
@@ -428,14 +454,19 @@ def _decide(
         code,
         actor=actor,
         trace=trace,
-        approvals=approvals,
-        approvers=sorted(
-            str(person)
-            for person in approval.decisions.filter(
-                verdict=ApprovalVerdict.APPROVE
-            ).values_list("person_id", flat=True)
+        data=payloads.ApprovalOutcome(
+            {
+                **_facts(approval),
+                "approvals": approvals,
+                "approvers": sorted(
+                    str(person)
+                    for person in approval.decisions.filter(
+                        verdict=ApprovalVerdict.APPROVE
+                    ).values_list("person_id", flat=True)
+                ),
+                "reason": reason,
+            }
         ),
-        reason=reason,
     )
     return approval
 
@@ -535,9 +566,14 @@ def approval_desk_decide(*, operation: Operation, user: Person, trace: Trace) ->
         actor=Actor.of_user(user),
         trace=trace,
         operation=operation,
-        approvals=1,
-        approvers=[str(user.pk)],
-        reason="",
+        data=payloads.ApprovalApproved(
+            {
+                **_facts(approval),
+                "approvals": 1,
+                "approvers": [str(user.pk)],
+                "reason": "",
+            }
+        ),
     )
 
 

@@ -25,6 +25,7 @@ from typing import Any, Literal, Protocol
 
 import httpx
 
+from audit import payloads
 from portal import db as portal_db
 from portal.codes import ReasonCode
 
@@ -59,7 +60,7 @@ class CallResult:
     retry_after_s: float | None = None
     duration_ms: int = 0
 
-    def as_event_data(self) -> dict[str, Any]:
+    def as_event_data(self) -> payloads.ConnectorResult:
         """Facts for the ``connector.called`` event (the body stays out: redaction)."""
         return {
             "outcome": self.kind,

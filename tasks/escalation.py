@@ -13,6 +13,7 @@ from typing import Any, Final
 
 from django.conf import settings
 
+from audit import payloads
 from audit import services as audit_services
 from audit.models import EventCode
 from audit.redaction import redact
@@ -111,12 +112,14 @@ def escalate(
         operation_id=operation.pk if operation else None,
         reason=reason,
         trace=trace,
-        data={
-            "escalation_id": str(record.pk),
-            "task_moved": moved is not None,
-            "lease_token": moved.lease_token if moved else None,
-            "evidence": record.evidence,
-        },
+        data=payloads.TaskEscalated(
+            {
+                "escalation_id": str(record.pk),
+                "task_moved": moved is not None,
+                "lease_token": moved.lease_token if moved else None,
+                "evidence": record.evidence,
+            }
+        ),
     )
     # Who works it and by when; notifications commit with the escalation.
     routing_services.item_assign(

@@ -30,6 +30,7 @@ from django.db import transaction
 
 from audit import chain as chain_rules
 from audit import evidence as audit_evidence
+from audit import payloads
 from audit import services as audit_services
 from audit.checkpoints import signed_at_text
 from audit.models import EventCode
@@ -502,15 +503,17 @@ def _export_record(
         tenant_id=task.tenant_id,
         code=EventCode.AUDIT_EXPORTED,
         actor=by,
-        data={
-            "format": "evidence-bundle",
-            "version": FORMAT_VERSION,
-            "task_id": str(task.pk),
-            "events": len(chain.events),
-            "checkpoint_id": chain.checkpoint["id"] if chain.checkpoint else None,
-            "complete": chain.complete,
-            "sections": sections,
-        },
+        data=payloads.AuditExported(
+            {
+                "format": "evidence-bundle",
+                "version": FORMAT_VERSION,
+                "task_id": str(task.pk),
+                "events": len(chain.events),
+                "checkpoint_id": chain.checkpoint["id"] if chain.checkpoint else None,
+                "complete": chain.complete,
+                "sections": sections,
+            }
+        ),
     )
 
 

@@ -22,6 +22,7 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.db.models.functions import Now
 
+from audit import payloads
 from audit import services as audit_services
 from audit.models import EventCode
 from portal import db as portal_db
@@ -247,11 +248,13 @@ def task_human_claim(*, task: Task, user: Person, trace: Trace = NO_TRACE) -> Ta
         task_id=task.pk,
         reason=claimed.reason_code,
         trace=trace,
-        data={
-            "lease_token": claimed.lease_token,
-            "from": "human_required",
-            "to": "human_claimed",
-        },
+        data=payloads.TaskHumanClaimed(
+            {
+                "lease_token": claimed.lease_token,
+                "from": "human_required",
+                "to": "human_claimed",
+            }
+        ),
     )
     return claimed
 
@@ -320,12 +323,14 @@ def task_human_release(
         task_id=task.pk,
         reason=released.reason_code,
         trace=trace,
-        data={
-            "from": "human_claimed",
-            "to": "human_required",
-            "released_for": released_for,
-            "note": note,
-        },
+        data=payloads.TaskHumanReleased(
+            {
+                "from": "human_claimed",
+                "to": "human_required",
+                "released_for": released_for,
+                "note": note,
+            }
+        ),
     )
     return released
 
@@ -465,13 +470,15 @@ def _resolve(
         operation_id=operation.pk if operation else None,
         reason=current.reason_code,
         trace=trace,
-        data={
-            "resolution": recorded,
-            "from": "human_claimed",
-            "to": resolved.state,
-            "provider_reference": provider_reference,
-            "note": note,
-        },
+        data=payloads.TaskResolved(
+            {
+                "resolution": recorded,
+                "from": "human_claimed",
+                "to": resolved.state,
+                "provider_reference": provider_reference,
+                "note": note,
+            }
+        ),
     )
     return ResolutionOutcome(task=resolved, operation=operation)
 
@@ -578,17 +585,19 @@ def _edit_record(
         operation_id=operation.pk,
         reason=current.reason_code,
         trace=_on_task_trace(task, trace),
-        data={
-            "fields": [
-                {
-                    "name": field.name,
-                    "source": field.source,
-                    "observed_at": field.observed_at.isoformat(),
-                }
-                for field in fields
-            ],
-            "note": note,
-        },
+        data=payloads.OperationFieldsEdited(
+            {
+                "fields": [
+                    {
+                        "name": field.name,
+                        "source": field.source,
+                        "observed_at": field.observed_at.isoformat(),
+                    }
+                    for field in fields
+                ],
+                "note": note,
+            }
+        ),
     )
     return current
 
@@ -610,12 +619,14 @@ def _approve(*, operation: Operation, user: Person, trace: Trace) -> None:
         task_id=operation.task_id,
         operation_id=operation.pk,
         trace=trace,
-        data={
-            "approval_id": str(current.pk),
-            "approval_state": current.state,
-            "input_hash": current.input_hash,
-            "idempotency_key": operation.idempotency_key,
-        },
+        data=payloads.OperationApproved(
+            {
+                "approval_id": str(current.pk),
+                "approval_state": current.state,
+                "input_hash": current.input_hash,
+                "idempotency_key": operation.idempotency_key,
+            }
+        ),
     )
 
 

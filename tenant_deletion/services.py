@@ -34,7 +34,7 @@ from django.db.backends.utils import CursorWrapper
 from django.db.models import Model
 from guardian.utils import get_group_obj_perms_model, get_user_obj_perms_model
 
-from audit import checkpoints, merkle, tlog, witness_client
+from audit import checkpoints, merkle, payloads, tlog, witness_client
 from audit import services as audit_services
 from audit.models import (
     ChainHead,
@@ -180,14 +180,14 @@ class TenantDeletionReport:
     kept: Mapping[str, int]
     event_id: uuid.UUID | None = None
 
-    def event_data(self) -> dict[str, Any]:
+    def event_data(self) -> payloads.TenantDeleted:
         """The counts as an event payload.
 
         Tables are values, not keys: the redaction policy blanks any value under a
         key that looks sensitive, and ``tasks_credential`` would be one.
         """
 
-        def rows(counts: Mapping[str, int]) -> list[dict[str, Any]]:
+        def rows(counts: Mapping[str, int]) -> list[payloads.TableRows]:
             return [{"table": table, "rows": n} for table, n in counts.items()]
 
         return {

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from django.db import transaction
 
+from audit import payloads
 from audit import services as audit_services
 from audit.models import EventCode
 from audit.redaction import keyed_hash
@@ -61,11 +62,13 @@ def desk_comment_add(*, task: Task, user: Person, body: str) -> DeskComment:
         code=EventCode.TASK_COMMENTED,
         actor=Actor.of_user(user),
         task_id=task.pk,
-        data={
-            "comment_id": str(comment.pk),
-            "chars": len(text),
-            "body_digest": keyed_hash(task.tenant_id, text),
-        },
+        data=payloads.TaskCommented(
+            {
+                "comment_id": str(comment.pk),
+                "chars": len(text),
+                "body_digest": keyed_hash(task.tenant_id, text),
+            }
+        ),
     )
     return comment
 

@@ -35,6 +35,7 @@ from typing import Any, Final
 
 from django.contrib.auth.models import User
 
+from audit import payloads
 from audit import services as audit_services
 from audit.models import EventCode
 from audit.redaction import redact
@@ -153,10 +154,9 @@ def checks_recorded(
     the check that refused (its evidence is in its entry).
     """
     refused_by = checks[-1]["check"] if reason else None
-    data: dict[str, Any] = {
-        "verdict": "refused" if reason else "passed",
-        "checks": list(checks),
-    }
+    data = payloads.GatewayChecked(
+        {"verdict": "refused" if reason else "passed", "checks": list(checks)}
+    )
     if refused_by is not None:
         data["check"] = refused_by
     audit_services.event_append(

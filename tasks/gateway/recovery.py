@@ -18,6 +18,7 @@ from typing import Any, Final
 from django.conf import settings
 from django.db import connection, transaction
 
+from audit import payloads
 from audit import services as audit_services
 from audit.models import EventCode
 from portal import db as portal_db
@@ -238,15 +239,17 @@ def recovery_decide(
         task_id=task.pk,
         operation_id=operation.pk,
         trace=trace,
-        data={
-            "outcome": lookup.kind,
-            "receipts": lookup.references[:10],
-            "count": len(lookup.references),
-            "status": lookup.status,
-            "error": lookup.error[:200],
-            "lookup": operation.lookups + 1,
-            "issued": [claim.credential] if claim.credential else [],
-        },
+        data=payloads.ReceiptQueried(
+            {
+                "outcome": lookup.kind,
+                "receipts": lookup.references[:10],
+                "count": len(lookup.references),
+                "status": lookup.status,
+                "error": lookup.error[:200],
+                "lookup": operation.lookups + 1,
+                "issued": [claim.credential] if claim.credential else [],
+            }
+        ),
     )
     common: dict[str, Any] = {
         "tenant": tenant,

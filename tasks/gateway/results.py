@@ -15,6 +15,7 @@ from typing import Any, Final, Literal
 from django.conf import settings
 from django.db import connection, transaction
 
+from audit import payloads
 from audit import services as audit_services
 from audit.models import EventCode
 from portal import db as portal_db
@@ -164,11 +165,13 @@ def record_call(
         task_id=operation.task_id,
         operation_id=operation.pk,
         trace=trace,
-        data={
-            "attempt": operation.attempts,
-            **result.as_event_data(),
-            "credentials_revoked": [str(pk) for pk in revoked],
-        },
+        data=payloads.ConnectorCalled(
+            {
+                "attempt": operation.attempts,
+                **result.as_event_data(),
+                "credentials_revoked": [str(pk) for pk in revoked],
+            }
+        ),
     )
     common: dict[str, Any] = {
         "tenant": tenant,
@@ -185,13 +188,15 @@ def record_call(
             task_id=operation.task_id,
             operation_id=operation.pk,
             trace=trace,
-            data={
-                "outcome": confirmation.kind,
-                "receipts": confirmation.references[:10],
-                "count": len(confirmation.references),
-                "purpose": "confirm",
-                "error": confirmation.error[:200],
-            },
+            data=payloads.ReceiptQueried(
+                {
+                    "outcome": confirmation.kind,
+                    "receipts": confirmation.references[:10],
+                    "count": len(confirmation.references),
+                    "purpose": "confirm",
+                    "error": confirmation.error[:200],
+                }
+            ),
         )
         references = confirmation.references
         if confirmation.kind == "found" and (

@@ -27,6 +27,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.core.validators import validate_email, validate_slug
 from django.db import IntegrityError, transaction
 
+from audit import payloads
 from audit import services as audit_services
 from audit.models import EventCode
 from portal import scope, services
@@ -73,12 +74,14 @@ def tenant_with_admin(
             tenant_id=tenant.pk,
             code=EventCode.MEMBERSHIP_GRANTED,
             actor=ACTOR,
-            data={
-                "user_id": user.pk,
-                "username": username,
-                "role": Role.ADMIN.value,
-                "previous_role": None,
-            },
+            data=payloads.MembershipGranted(
+                {
+                    "user_id": user.pk,
+                    "username": username,
+                    "role": Role.ADMIN.value,
+                    "previous_role": None,
+                }
+            ),
         )
     return tenant
 
