@@ -10,13 +10,10 @@ import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from email import message_from_bytes
-from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-from aiosmtpd.controller import Controller
 from django.contrib.auth.models import User
 from django.db import transaction
 
@@ -29,41 +26,12 @@ from tasks import escalation
 from tasks.models import Escalation, Task, TaskState
 from tests.support import broker
 from tests.support import outbound as outbound_support
-from tests.support.net import free_port
+from tests.support.smtp import Inbox, smtp  # noqa: F401 (the fixture, for routing's tests)
 
 # Planted in the task, its operation's arguments and the evidence: it must never
 # reach the SMTP server or the webhook receiver.
 CANARY = "canary-7f3a9c1e-do-not-leak"
 CUSTOMER_EMAIL = "ana.customer@example.com"
-
-
-@dataclass
-class Inbox:
-    """What the SMTP server received: (envelope recipients, parsed message, raw)."""
-
-    messages: list[tuple[list[str], Message, bytes]] = field(default_factory=list)
-
-    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
-        raw = envelope.original_content or envelope.content
-        self.messages.append(
-            (list(envelope.rcpt_tos), message_from_bytes(raw), bytes(raw))
-        )
-        return "250 Message accepted for delivery"
-
-
-@pytest.fixture
-def smtp(settings: Any) -> Iterator[Inbox]:
-    """aiosmtpd on a free port; Django's SMTP backend pointed at it."""
-    inbox = Inbox()
-    port = free_port()
-    controller = Controller(inbox, hostname="127.0.0.1", port=port)
-    controller.start()
-    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
-    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", port
-    try:
-        yield inbox
-    finally:
-        controller.stop()
 
 
 @dataclass
