@@ -101,6 +101,11 @@ class EventCode(models.TextChoices):
     APPROVAL_SUPERSEDED = "approval.superseded"
     # A person's comment on a desk item (console/takeover_desk/comments.py).
     TASK_COMMENTED = "task.commented"
+    # Invitations (console/invitations.py): an administrator sent one (the actor);
+    # the invited person took it up (the actor), next to the membership.granted
+    # event that names the administrator.
+    INVITATION_SENT = "invitation.sent"
+    INVITATION_ACCEPTED = "invitation.accepted"
 
 
 class Event(models.Model):

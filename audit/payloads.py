@@ -339,6 +339,27 @@ class MembershipRevoked(TypedDict):
 
 class MembershipGranted(MembershipRevoked):
     previous_role: str | None
+    # When the membership comes from an invitation (console/invitations.py).
+    invitation_id: NotRequired[str]
+
+
+# --- Invitations (console/invitations.py) --------------------------------------
+
+
+class InvitationSent(TypedDict):
+    invitation_id: str
+    email: str  # redacted to its keyed hash by event_append
+    role: str
+    replaced: bool
+    expires_at: str
+
+
+class InvitationAccepted(TypedDict):
+    invitation_id: str
+    user_id: int
+    role: str
+    new_account: bool
+    already_member: bool
 
 
 # --- Contracts and connectors --------------------------------------------------
@@ -549,6 +570,8 @@ Payload = (
     | ApprovalConsumed
     | ApprovalSuperseded
     | TaskCommented
+    | InvitationSent
+    | InvitationAccepted
 )
 """Any event's payload: what a writer that takes the code as an argument accepts."""
 
@@ -614,6 +637,8 @@ PAYLOADS: Final[dict[EventCode, type]] = {
     EventCode.APPROVAL_CONSUMED: ApprovalConsumed,
     EventCode.APPROVAL_SUPERSEDED: ApprovalSuperseded,
     EventCode.TASK_COMMENTED: TaskCommented,
+    EventCode.INVITATION_SENT: InvitationSent,
+    EventCode.INVITATION_ACCEPTED: InvitationAccepted,
 }
 """Every code written today to its payload's definition; ``credential.issued``,
 no longer written (audit/models.py), has none."""

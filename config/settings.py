@@ -379,6 +379,13 @@ CELERY_TASK_TIME_LIMIT = 90
 CELERY_TASK_IGNORE_RESULT = True
 # Routing and notifications (docs/routing.md). Mail goes through Django's SMTP
 # backend to PORTAL_EMAIL_HOST:PORTAL_EMAIL_PORT; links point at PORTAL_PUBLIC_URL.
+# Development without PORTAL_EMAIL_HOST prints mail (invitations' links) on the
+# console, so that manage.py up needs no SMTP server.
+EMAIL_BACKEND = (
+    "django.core.mail.backends.console.EmailBackend"
+    if DEV_MODE and "PORTAL_EMAIL_HOST" not in os.environ
+    else "django.core.mail.backends.smtp.EmailBackend"
+)
 EMAIL_HOST = os.environ.get("PORTAL_EMAIL_HOST", "127.0.0.1")
 EMAIL_PORT = int(os.environ.get("PORTAL_EMAIL_PORT", "25"))
 EMAIL_HOST_USER = os.environ.get("PORTAL_EMAIL_USER", "")

@@ -17,6 +17,7 @@ from audit.api import AuditPublicKeyApi
 from config import health
 from config.api_root import ApiRootApi
 from config.metrics_views import metrics_view
+from console.invitation_page import invitation_view
 from limits import api as limits_api
 from tasks.api import agent as agent_api
 from tasks.api import evidence as evidence_api
@@ -100,6 +101,8 @@ urlpatterns = [
     path("api/v1/", ApiRootApi.as_view(), name="api-root"),
     path("api/v1/audit/public-key", AuditPublicKeyApi.as_view(), name="audit-key"),
     path("admin/", admin.site.urls),
+    # An invitation's e-mailed link (console/invitation_page.py): before a tenant.
+    path("invite/<str:token>", invitation_view, name="invitation"),
     # Operations (docs/observability.md): probes without authentication, and the
     # Prometheus exposition behind PORTAL_METRICS_TOKEN.
     path("healthz", health.healthz, name="healthz"),

@@ -47,6 +47,7 @@ DISCOVERY_FUNCTIONS: Final = (
     "audit_tenants_with_due_outbox()",
     "audit_tenants_with_log()",
     "portal_agent_key_tenant(text,text)",
+    "portal_invitation_tenant(text)",
     "portal_person_tenants(integer)",
     "portal_tenants_with_expired_idempotency()",
     "routing_tenants_with_due_work()",

@@ -11,7 +11,7 @@ from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Q
-from django.db.models.functions import Now
+from django.db.models.functions import Lower, Now
 
 from .ids import new_id
 
@@ -220,6 +220,61 @@ class Membership(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} · {self.role} · {self.tenant}"
+
+
+class Invitation(models.Model):
+    """An e-mailed offer of a role in one tenant, taken up once through its link.
+
+    Only the SHA-256 hash of the link's token is stored (a 256-bit random secret, as
+    for agent keys). At most one open invitation per tenant and address: inviting
+    the address again gives the open one a new token, role and expiry, so the older
+    link stops working (console/invitations.py, docs/portal.md).
+    """
+
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.PROTECT, related_name="invitations"
+    )
+    email = models.EmailField(max_length=254)  # lower-cased
+    role = models.CharField(max_length=20, choices=Role)
+    token_hash = models.CharField(max_length=64, unique=True, editable=False)
+    invited_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+    )
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+    # On the database clock (app_now()), like every expiry.
+    expires_at = models.DateTimeField()
+    accepted_at = models.DateTimeField(null=True, blank=True, editable=False)
+    accepted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "id"], name="portal_invitation_tenant_id_uniq"
+            ),
+            # One open invitation per address: a second invite replaces the first.
+            models.UniqueConstraint(
+                fields=["tenant", "email"],
+                condition=Q(accepted_at__isnull=True),
+                name="portal_invitation_open_uniq",
+            ),
+            models.CheckConstraint(
+                condition=Q(role__in=Role.values), name="portal_invitation_role_check"
+            ),
+            models.CheckConstraint(
+                condition=Q(email=Lower("email")),
+                name="portal_invitation_email_lower_check",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.email} · {self.role} · {self.tenant}"
 
 
 class AgentGrant(models.Model):

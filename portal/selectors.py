@@ -10,11 +10,13 @@ from typing import Literal
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import connection
+from django.db.models import BooleanField
+from django.db.models.expressions import RawSQL
 
 from . import db as portal_db
 from . import scope
 from .exceptions import TenantNotFound
-from .models import Agent, AgentGrant, AgentKey, Tenant
+from .models import Agent, AgentGrant, AgentKey, Invitation, Tenant
 from .roles import tenant_ids_with_perm
 
 
@@ -162,3 +164,61 @@ def tenant_for_person(
     if tenant is None:
         raise TenantNotFound(slug=slug)
     return tenant
+
+
+# A minted invitation token is 43 characters (services.invitation_token_new); a
+# longer one is no invitation's, and is not hashed or looked up.
+INVITATION_TOKEN_MAX = 64
+
+InvitationStatus = Literal["open", "used", "expired"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class InvitationCheck:
+    """The invitation a link names, and whether it can still be taken up."""
+
+    invitation: Invitation
+    status: InvitationStatus
+
+
+def invitation_token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def invitation_tenant_ids(*, token: str) -> list[str]:
+    """The tenant of the invitation this link's token names ([] if none).
+
+    Asked of the discovery function ``portal_invitation_tenant`` by the token's
+    hash, before any scope exists: only the holder of the link learns the tenant.
+    The invitation itself is then read in that tenant's scope.
+    """
+    if not token or len(token) > INVITATION_TOKEN_MAX:
+        return []
+    return scope.discover("portal_invitation_tenant", invitation_token_hash(token))
+
+
+def invitation_check(*, token: str, lock: bool = False) -> InvitationCheck | None:
+    """The invitation this token names, read in the current scope (the tenant
+    ``invitation_tenant_ids`` found); None for an unknown or altered token or a
+    deleted tenant's invitation. ``expired`` is read on the database clock.
+
+    ``lock`` takes the row ``FOR UPDATE`` (the caller's transaction), so that of
+    two acceptances of one link the second sees it ``used``.
+    """
+    if not token or len(token) > INVITATION_TOKEN_MAX:
+        return None
+    rows = Invitation.objects.select_related("tenant", "invited_by").annotate(
+        expired=RawSQL(
+            "portal_invitation.expires_at <= app_now()", [], output_field=BooleanField()
+        )
+    )
+    if lock:
+        rows = rows.select_for_update(of=("self",))
+    invitation = rows.filter(token_hash=invitation_token_hash(token)).first()
+    if invitation is None or invitation.tenant.deleted_at is not None:
+        return None
+    if invitation.accepted_at is not None:
+        return InvitationCheck(invitation=invitation, status="used")
+    if invitation.expired:
+        return InvitationCheck(invitation=invitation, status="expired")
+    return InvitationCheck(invitation=invitation, status="open")

@@ -20,6 +20,7 @@ from .models import (
     AgentGrant,
     AgentKey,
     EventsOnDelete,
+    Invitation,
     Membership,
     Role,
     Tenant,
@@ -200,6 +201,65 @@ def membership_write(*, tenant: Tenant, user_id: int, role: str) -> Membership:
     )
     roles.role_permissions_set(user_id=user_id, tenant=tenant, role=role)
     return membership
+
+
+@dataclass(frozen=True, kw_only=True)
+class IssuedInvitation:
+    invitation: Invitation
+    token: str  # goes into the e-mailed link once; only its hash is stored
+    replaced: bool  # an open invitation to the address got this new token
+
+
+def invitation_write(
+    *, tenant: Tenant, invited_by_id: int, email: str, role: str, valid_s: int
+) -> IssuedInvitation:
+    """Store an invitation with a fresh token, in the caller's transaction.
+
+    The address's open invitation in the tenant, if any, is given the new token,
+    role, inviter and expiry (``valid_s`` from now on the database clock): its old
+    link finds nothing from then on. The caller holds the tenant row's lock, so two
+    invitations of one address cannot race to the partial unique index.
+
+    Raises:
+        TransactionRequired: called outside a transaction.
+    """
+    portal_db.require_transaction()
+    token = secrets.token_urlsafe(32)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT app_now() + make_interval(secs => %s)", [valid_s])
+        (expires_at,) = cursor.fetchone()
+    values = {
+        "role": role,
+        "token_hash": selectors.invitation_token_hash(token),
+        "invited_by_id": invited_by_id,
+        "expires_at": expires_at,
+    }
+    email = email.lower()
+    invitation = (
+        Invitation.objects.select_for_update()
+        .filter(tenant=tenant, email=email, accepted_at__isnull=True)
+        .first()
+    )
+    if invitation is None:
+        invitation = Invitation.objects.create(tenant=tenant, email=email, **values)
+        return IssuedInvitation(invitation=invitation, token=token, replaced=False)
+    Invitation.objects.filter(tenant=tenant, pk=invitation.pk).update(**values)
+    invitation.refresh_from_db()
+    return IssuedInvitation(invitation=invitation, token=token, replaced=True)
+
+
+def invitation_consume_write(*, invitation: Invitation, user_id: int) -> Invitation:
+    """Mark an open invitation taken up by the user, in the caller's transaction.
+
+    Raises:
+        TransactionRequired: called outside a transaction.
+    """
+    portal_db.require_transaction()
+    Invitation.objects.filter(
+        tenant_id=invitation.tenant_id, pk=invitation.pk, accepted_at__isnull=True
+    ).update(accepted_at=Now(), accepted_by_id=user_id)
+    invitation.refresh_from_db()
+    return invitation
 
 
 def membership_delete(*, membership: Membership) -> None:

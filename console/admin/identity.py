@@ -15,7 +15,7 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
-from console import services
+from console import invitations, services
 from console.once import ONCE_FIELD, once_spend, once_token
 from limits import services as limits_services
 from portal import services as portal_services
@@ -24,6 +24,7 @@ from portal.models import (
     Agent,
     AgentGrant,
     AgentKey,
+    Invitation,
     Membership,
     Role,
     Tenant,
@@ -486,8 +487,9 @@ class MembershipForm(forms.ModelForm):
             "The person's portal username. They need an account first: accounts "
             "are made by the platform operator (Users → Add user in this admin; "
             "manage.py tenant_create for a tenant's first administrator), because "
-            "one account may belong to several tenants. Ask the operator for a new "
-            "colleague's account, then add it here with its role."
+            "one account may belong to several tenants. For a new colleague "
+            "without an account, send an invitation instead (Invitations → Add): "
+            "they choose their username and password from the e-mailed link."
         ),
     )
 
@@ -551,4 +553,73 @@ class MembershipAdmin(TenantScopedAdmin):
                 membership=member, by=request.user
             ),
             "removed",
+        )
+
+
+class InvitationForm(forms.ModelForm):
+    class Meta:
+        model = Invitation
+        fields = ["tenant", "email", "role"]
+        help_texts = {
+            "email": (
+                "The link goes to this address and works once, for 7 days. The "
+                "person chooses a username and password there, or signs in with "
+                "the account they have. Inviting an address again sends a new link "
+                "and the older one stops working."
+            ),
+        }
+
+    def clean_email(self) -> str:
+        return str(self.cleaned_data["email"]).strip().lower()  # stored lower-cased
+
+
+@admin.register(Invitation)
+class InvitationAdmin(TenantScopedAdmin):
+    """Invite a person by e-mail to a role (console/invitations.py)."""
+
+    view_perm = TenantPerm.MANAGE_TENANT
+    manage_perm = TenantPerm.MANAGE_TENANT
+    allow_add = True
+    form = InvitationForm
+    list_display = [
+        "email",
+        "tenant",
+        "role",
+        "invited_by",
+        "created_at",
+        "expires_at",
+        "accepted_at",
+        "accepted_by",
+    ]
+    list_filter = ["role", "tenant"]
+    search_fields = ["email"]
+    list_select_related = ["tenant", "invited_by", "accepted_by"]
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        if obj is None:
+            return ["tenant", "email", "role"]
+        return self.list_display
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return [] if obj is None else self.list_display
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # a new invitation replaces an open one: invite again
+
+    def save_model(
+        self, request: HttpRequest, obj: Invitation, form: Any, change: bool
+    ) -> None:
+        issued = invitations.invitation_send(
+            tenant=form.cleaned_data["tenant"],
+            by=request.user,
+            email=form.cleaned_data["email"],
+            role=form.cleaned_data["role"],
+        )
+        self.adopt(obj, issued.invitation)
+        self.message_user(
+            request,
+            f"Invitation e-mailed to {issued.invitation.email}"
+            + (" (it replaces the earlier link)" if issued.replaced else "")
+            + f"; the link works once, until "
+            f"{issued.invitation.expires_at:%Y-%m-%d %H:%M} UTC.",
         )

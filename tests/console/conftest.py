@@ -23,7 +23,15 @@ from policies.models import PolicySet
 from portal import services as portal_services
 from portal.actors import Actor
 from portal.db import db_now
-from portal.models import Agent, AgentGrant, AgentKey, Membership, Role, Tenant
+from portal.models import (
+    Agent,
+    AgentGrant,
+    AgentKey,
+    Invitation,
+    Membership,
+    Role,
+    Tenant,
+)
 from portal.roles import ROLE_PERMISSIONS
 from routing.models import Group, GroupMember, RoutingRule, Webhook
 from tasks import services as task_services
@@ -125,6 +133,14 @@ def fill(make_task: Callable[..., Task]) -> Callable[[Tenant], dict[type[Model],
         membership = portal_services.membership_grant(
             tenant=tenant, user=owner, role=Role.ADMIN
         )
+        with transaction.atomic():
+            invitation = portal_services.invitation_write(
+                tenant=tenant,
+                invited_by_id=owner.pk,
+                email=f"invitee-{n}@example.com",
+                role=Role.SUPPORT,
+                valid_s=3600,
+            ).invitation
         contract = task_services.contract_create(
             tenant=tenant, key=f"issue-{n}", spec=SPEC, publish=True
         )
@@ -207,6 +223,7 @@ def fill(make_task: Callable[..., Task]) -> Callable[[Tenant], dict[type[Model],
             AgentKey: key,
             AgentGrant: grant,
             Membership: membership,
+            Invitation: invitation,
             Contract: contract,
             Task: task,
             Operation: operation,

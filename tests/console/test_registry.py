@@ -27,6 +27,7 @@ POLICY = {
     "portal.agentkey": (M, M),
     "portal.agentgrant": (V, M),
     "portal.membership": (M, M),
+    "portal.invitation": (M, M),
     "tasks.task": (V, None),
     "tasks.operation": (V, None),
     "tasks.contract": (V, M),

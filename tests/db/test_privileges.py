@@ -216,6 +216,7 @@ def test_the_privileged_functions_are_not_executable_by_public(db):
         ("audit_tenants_with_due_outbox", discovery, False),
         ("audit_tenants_with_log", discovery, False),
         ("portal_agent_key_tenant", discovery, False),
+        ("portal_invitation_tenant", discovery, False),
         ("portal_person_tenants", discovery, False),
         ("portal_reset_clock_offset", OWNER, False),
         ("portal_set_clock_offset", OWNER, False),

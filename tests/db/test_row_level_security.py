@@ -521,6 +521,7 @@ def test_the_discovery_role_can_do_nothing_but_own_them(db):
             "audit_treehead",
             "portal_agentkey",
             "portal_idempotentrequest",
+            "portal_invitation",
             "portal_membership",
             "portal_test_clock",
             "routing_assignment",
