@@ -5,15 +5,19 @@ Each is a ``TypedDict`` named after its code: a writer builds the payload by
 calling it on a dict literal (``payloads.TaskCommented({...})``), so mypy checks
 the keys and the value types, and at run time the call is a plain ``dict``: the
 stored JSON, and so the chain's hashes, are what the literal alone would give.
+The task transition's hot path annotates its literal instead (no call at all).
 A key that is a Python keyword (``from``) needs the functional form.
 
 A family of codes whose events one writer writes with one shape shares one
 definition under each code's name (``OperationExecuting`` is ``OperationMoved``).
-Keys that only some writers of a code put in are ``NotRequired``; a definition
-with ``total=False`` is one whose writers share no key. Nested values the
-payload copies from elsewhere (a policy decision, a check's evidence, a
-transition's caller-given ``data``) stay ``Any``: their shape belongs to their
-source. ``tests/unit/audit/test_payloads.py`` holds every writer to this module.
+Keys that only some writers of a code put in are ``NotRequired``;
+``TenantChanged``, with ``total=False``, is a code whose writers share no key
+(``AgentSet`` and ``OperationExtra``, also ``total=False``, are what a writer
+adds to a payload). Nested values the payload copies from elsewhere (a policy
+decision, a check's evidence, a transition's caller-given ``data``) stay
+``Any``: their shape belongs to their source.
+``tests/unit/audit/test_payloads.py`` holds every writer outside tests and
+benchmarks to this module.
 """
 
 from __future__ import annotations

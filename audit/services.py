@@ -215,6 +215,10 @@ def event_append(
 ) -> uuid.UUID:
     """Append one event and, when ``publish``, its outbox row, in the caller's txn.
 
+    ``data``: the payload, built with its code's definition in ``audit.payloads``
+    (``payloads.TaskWoken({...})``), so that mypy checks it; outside tests and
+    benchmarks, ``tests/unit/audit/test_payloads.py`` refuses a bare dict literal.
+
     Guarantee: the payload is redacted (``audit.redaction.redact``: value detectors,
     sensitive key names, docs/redaction.md) and bounded before it is written, and
     the outbox row carries the same redacted payload; the event and

@@ -9,6 +9,7 @@ from django.db import transaction
 from django.db.models import Max
 from django.db.models.functions import Now
 
+from audit import payloads
 from audit import services as audit_services
 from audit.models import EventCode
 from portal import db as portal_db
@@ -87,7 +88,9 @@ def _contract_event(contract: Contract, code: str, *, by: Person | None) -> None
         code=code,
         actor=_person_or_portal(by),
         contract=(contract.key, contract.version),
-        data={"key": contract.key, "version": contract.version, "to": contract.status},
+        data=payloads.ContractMoved(
+            {"key": contract.key, "version": contract.version, "to": contract.status}
+        ),
     )
 
 
@@ -215,11 +218,13 @@ def connector_save(
         tenant_id=tenant.pk,
         code=EventCode.CONNECTOR_CREATED if created else EventCode.CONNECTOR_CHANGED,
         actor=_person_or_portal(by),
-        data={
-            "target": target,
-            "changed": changed,
-            "signing_key_replaced": key_replaced,
-        },
+        data=payloads.ConnectorSaved(
+            {
+                "target": target,
+                "changed": changed,
+                "signing_key_replaced": key_replaced,
+            }
+        ),
     )
     return connector
 

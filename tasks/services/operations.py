@@ -11,6 +11,7 @@ from typing import Any, Final
 
 from django.db import transaction
 
+from audit import payloads
 from audit import services as audit_services
 from audit.models import EventCode
 from audit.redaction import redact, refuse_sensitive
@@ -252,6 +253,19 @@ def operation_reserve(
         if actor.type == ActorType.AGENT
         else []
     )
+    reserved = payloads.OperationReserved(
+        {
+            "idempotency_key": idempotency_key,
+            "action": action,
+            "target": target,
+            "input_hash": digest,
+            "lease_token": lease_token,
+        }
+    )
+    if policy:
+        reserved["policy"] = policy.as_evidence()
+    if charges:
+        reserved["limits"] = charges
     audit_services.event_append(
         tenant_id=tenant.pk,
         code=EventCode.OPERATION_RESERVED,
@@ -259,15 +273,7 @@ def operation_reserve(
         task_id=task_id,
         operation_id=operation.pk,
         trace=trace,
-        data={
-            "idempotency_key": idempotency_key,
-            "action": action,
-            "target": target,
-            "input_hash": digest,
-            "lease_token": lease_token,
-            **({"policy": policy.as_evidence()} if policy else {}),
-            **({"limits": charges} if charges else {}),
-        },
+        data=reserved,
     )
     return Reservation(operation=operation, created=True)
 
@@ -385,7 +391,7 @@ def operation_move(
     result: Mapping[str, Any] | None = None,
     check_in: dt.timedelta | None = None,
     lookup: bool = False,
-    data: Mapping[str, Any] | None = None,
+    data: payloads.OperationExtra | None = None,
     sources: tuple[str, ...] | None = None,
     self_reported: bool = False,
 ) -> Operation:
@@ -472,15 +478,17 @@ def operation_move(
         operation_id=operation.pk,
         reason=reason,
         trace=trace,
-        data={
-            "from": previous_state,
-            "to": to,
-            "attempts": operation.attempts,
-            "idempotency_key": operation.idempotency_key,
-            "provider_reference": provider_reference,
-            "lease_token": lease_token,
-            **(data or {}),
-        },
+        data=payloads.OperationMoved(
+            {
+                "from": previous_state,
+                "to": to,
+                "attempts": operation.attempts,
+                "idempotency_key": operation.idempotency_key,
+                "provider_reference": provider_reference,
+                "lease_token": lease_token,
+                **(data or {}),
+            }
+        ),
     )
     return operation
 

@@ -16,6 +16,7 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.models.functions import Now
 
+from audit import payloads
 from audit import services as audit_services
 from audit.models import EventCode
 from audit.redaction import redact, refuse_sensitive
@@ -191,11 +192,17 @@ def task_register(
         task_id=task.pk,
         trace=trace,
         contract=pinned,
-        data={
-            "client_task_id": client_task_id,
-            "workflow": {"key": workflow_key, "version": workflow_version},
-            "object": {"type": object_type, "id": object_id, "version": object_version},
-        },
+        data=payloads.TaskRegistered(
+            {
+                "client_task_id": client_task_id,
+                "workflow": {"key": workflow_key, "version": workflow_version},
+                "object": {
+                    "type": object_type,
+                    "id": object_id,
+                    "version": object_version,
+                },
+            }
+        ),
     )
     if claim_owner is not None:
         rows = task_state_write(
@@ -397,13 +404,14 @@ def _task_transition_rows(
     known: dict[str, Any] = {}
     event = None
     if one_statement:
+        fields: payloads.TaskTransitioned = {
+            "to": to,
+            "state_version": expected_version + 1,
+            "lease_token": lease_token,
+            "data": data,
+        }
         known = redact(
-            {
-                "to": to,
-                "state_version": expected_version + 1,
-                "lease_token": lease_token,
-                "data": data,
-            },
+            fields,
             tenant_id=tenant.pk,
             max_bytes=_PAYLOAD_MAX_BYTES,
         )
@@ -457,7 +465,7 @@ def _task_transition_rows(
     if event is not None:
         written, row = row[0], row[1:]
     previous_state, task = row[0], task_from_row(row[1:])
-    payload = {
+    payload: payloads.TaskTransitioned = {
         "from": previous_state,
         "to": to,
         "state_version": task.state_version,
@@ -568,12 +576,14 @@ def task_lease_acquire(
         actor=actor,
         task_id=task.pk,
         trace=trace,
-        data={
-            "owner": owner,
-            "lease_token": task.lease_token,
-            "expires_at": task.lease_expires_at,
-            "taken_over_from": previous_owner,
-        },
+        data=payloads.TaskLeaseAcquired(
+            {
+                "owner": owner,
+                "lease_token": task.lease_token,
+                "expires_at": task.lease_expires_at,
+                "taken_over_from": previous_owner,
+            }
+        ),
     )
     return task
 
@@ -667,12 +677,14 @@ def task_lease_release(
         actor=actor,
         task_id=task.pk,
         trace=trace,
-        data={
-            "owner": previous_owner,
-            "lease_token": lease_token,
-            "from": previous_state,
-            "to": task.state,
-        },
+        data=payloads.TaskLeaseReleased(
+            {
+                "owner": previous_owner,
+                "lease_token": lease_token,
+                "from": previous_state,
+                "to": task.state,
+            }
+        ),
     )
     return task
 
@@ -767,13 +779,15 @@ def _claimed_event(
         actor=actor,
         task_id=task.pk,
         trace=trace,
-        data={
-            "from": TaskState.PENDING,
-            "to": TaskState.RUNNING,
-            "owner": owner,
-            "lease_token": task.lease_token,
-            "state_version": task.state_version,
-        },
+        data=payloads.TaskClaimed(
+            {
+                "from": TaskState.PENDING,
+                "to": TaskState.RUNNING,
+                "owner": owner,
+                "lease_token": task.lease_token,
+                "state_version": task.state_version,
+            }
+        ),
     )
 
 
@@ -832,12 +846,14 @@ def unscoped_leases_reap(*, limit: int = 200) -> int:
             actor=actor,
             task_id=task.pk,
             reason=ReasonCode.LEASE_EXPIRED,
-            data={
-                "from": previous_state,
-                "to": task.state,
-                "owner": previous_owner,
-                "lease_token": task.lease_token,
-            },
+            data=payloads.TaskLeaseExpired(
+                {
+                    "from": previous_state,
+                    "to": task.state,
+                    "owner": previous_owner,
+                    "lease_token": task.lease_token,
+                }
+            ),
         )
     metrics.lease_expiries_counted(states=[row[0] for row in rows])
     return len(rows)
@@ -875,10 +891,12 @@ def unscoped_waiting_tasks_wake(*, limit: int = 200) -> int:
             code=EventCode.TASK_WOKEN,
             actor=actor,
             task_id=task.pk,
-            data={
-                "from": "waiting",
-                "to": "pending",
-                "state_version": task.state_version,
-            },
+            data=payloads.TaskWoken(
+                {
+                    "from": "waiting",
+                    "to": "pending",
+                    "state_version": task.state_version,
+                }
+            ),
         )
     return len(rows)
