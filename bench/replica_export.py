@@ -23,9 +23,9 @@ two phases, their order swapped every round:
 - ``with``: the tenant's reviewer exports all its events as JSON Lines through the
   portal's export page (``/admin/audit/event/export/jsonl/``), export after export,
   and pairs of slices (one of each flavour) run while an export is streaming: as
-  many as ``--duration`` makes (or as the phase before ran), and on until one export
-  has finished; then no new export starts and the one in flight is read to its
-  end, with no slice running;
+  many as ``--duration`` makes (or as the phase before ran); then no new export
+  starts, and pairs go on until the one in flight has ended (the last pair may
+  outlast it);
 - ``without``: no export; as many pairs as the ``with`` phase before it ran, or as
   ``--duration`` makes when it comes first (then the ``with`` phase may run more,
   waiting for an export to finish).
@@ -334,8 +334,9 @@ class Export:
 
 
 class ExportLoop(threading.Thread):
-    """The reviewer's exports, one after the other, until ``stop`` is set; each
-    one read to its end. ``streaming`` is set once the first one answers."""
+    """The reviewer's exports, one after the other, each read to its end; after
+    ``enough`` is set, the one in flight is the last. ``streaming`` is set once the
+    first one answers."""
 
     def __init__(self, base_url: str) -> None:
         super().__init__(name="replica-export", daemon=True)
@@ -343,14 +344,14 @@ class ExportLoop(threading.Thread):
 
         self.session = log_in(base_url, REVIEWER, PASSWORD)
         self.url = base_url + EXPORT_PATH
-        self.stop = threading.Event()
+        self.enough = threading.Event()
         self.streaming = threading.Event()
         self.done: list[Export] = []
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
-            while not self.stop.is_set():
+            while True:
                 began = time.perf_counter()
                 with self.session.get(self.url, stream=True, timeout=3600) as answer:
                     self.streaming.set()
@@ -365,6 +366,10 @@ class ExportLoop(threading.Thread):
                         status=answer.status_code,
                     )
                 )
+                # Checked after an export, never before the next: a flag set
+                # during one ends the loop with it, not after another one.
+                if self.enough.is_set():
+                    return
         except BaseException as exc:  # noqa: BLE001 (reported by the coordinator)
             self.error = exc
         finally:
@@ -447,15 +452,15 @@ def run_phases(
                 loop.start()
                 loop.streaming.wait(600)
                 count = 0
-                # As many pairs as the phase before, and on until an export has
-                # finished: every pair runs while one streams.
-                while loop.error is None and (
-                    count < (pairs or planned) or not loop.done
-                ):
+                # As many pairs as the phase before, then on until the export in
+                # flight ends: every pair starts while one streams (the last may
+                # outlast it by a pair).
+                while loop.error is None and loop.is_alive():
                     line = phases[phase].pair(clients, specs, slices)
                     count += 1
                     say(f"round {number + 1} with export, pair {count}: {line}")
-                loop.stop.set()
+                    if count >= (pairs or planned):
+                        loop.enough.set()
                 loop.join()
                 if loop.error is not None:
                     raise RuntimeError(f"the export failed: {loop.error!r}")

@@ -20,6 +20,9 @@ EVENTS = 2000
 
 
 @pytest.mark.slow
+# Two nodes, a migration, a load and gunicorn: a minute or two on a quiet machine,
+# several on a loaded 2-core one.
+@pytest.mark.timeout(900)
 def test_the_bench_exports_every_event_from_the_standby_while_agents_reserve(
     tmp_path: Path,
 ) -> None:
