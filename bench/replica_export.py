@@ -692,7 +692,7 @@ load average {meta["load_average_1m"][0]} before, {meta["load_average_1m"][1]} a
 {HEADER.format(clients=meta["clients"])}
 {chr(10).join(rows)}
 
-Exports on the standby while the "with" slices ran: {shown}. Rows of `audit_event`
+Exports on the standby in the "with" phase: {shown}. Rows of `audit_event`
 read during the run: standby {read["standby"]:,}, primary {read["primary"]:,}.
 """
 
