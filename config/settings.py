@@ -313,6 +313,9 @@ SPECTACULAR_SETTINGS: dict[str, Any] = {
         "with a stable `code`. See docs/api.md."
     ),
     "VERSION": "1.0.0",
+    # OpenAPI 3.1 (JSON Schema 2020-12): ``propertyNames`` states what an object's
+    # keys may be (no NUL), which 3.0 cannot.
+    "OAS_VERSION": "3.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
     "SCHEMA_PATH_PREFIX": r"/api/v1",

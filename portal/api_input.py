@@ -9,7 +9,9 @@ the schema, and the schema states what the server checks:
 - a JSON body is a ``StrictInput``: every member is documented
   (``additionalProperties: false``) and has the JSON type its field documents;
 - text may not contain NUL (PostgreSQL cannot store it): every request string the
-  schema documents carries ``pattern: ^[^\\u0000]*$`` (``api_schema_hook``);
+  schema documents carries ``pattern: ^[^\\u0000]*$``, and every free-form request
+  object ``propertyNames`` with that pattern, for its keys (``api_schema_hook``;
+  OpenAPI 3.1, whose JSON Schema has ``propertyNames``);
 - free-form JSON (an operation's input, event payload facts, field values) is a
   ``JsonValue``: any JSON without NUL, and the operation input's numbers within the
   IEEE 754 safe range, as RFC 8785 hashing needs (``CanonicalJsonValue``).
@@ -33,6 +35,7 @@ from rest_framework import serializers
 # Integers an IEEE 754 double holds exactly: what RFC 8785 (I-JSON) allows.
 SAFE_INTEGER: Final = 2**53 - 1
 NO_NUL_PATTERN: Final = "^[^\\u0000]*$"
+NO_NUL_KEYS: Final[dict[str, Any]] = {"pattern": NO_NUL_PATTERN}
 NO_NUL_NOTE: Final = "Text may not contain NUL (U+0000) or lone surrogates."
 
 # The JSON type a body member must have, by field class (first match wins).
@@ -158,14 +161,15 @@ def _json_value_problem(value: Any, *, safe_numbers: bool, path: str) -> str | N
 
 JSON_VALUE_SCHEMA: Final[dict[str, Any]] = {
     "description": f"Any JSON value. {NO_NUL_NOTE}",
-    "nullable": True,
     "anyOf": [
+        {"type": "null"},
         {"type": "string", "pattern": NO_NUL_PATTERN},
         {"type": "number"},
         {"type": "boolean"},
         {"type": "array", "items": {"$ref": "#/components/schemas/JsonValue"}},
         {
             "type": "object",
+            "propertyNames": NO_NUL_KEYS,
             "additionalProperties": {"$ref": "#/components/schemas/JsonValue"},
         },
     ],
@@ -173,8 +177,8 @@ JSON_VALUE_SCHEMA: Final[dict[str, Any]] = {
 CANONICAL_JSON_VALUE_SCHEMA: Final[dict[str, Any]] = {
     "description": "Any JSON value that RFC 8785 can hash: every number within "
     f"±(2^53-1) (I-JSON). {NO_NUL_NOTE}",
-    "nullable": True,
     "anyOf": [
+        {"type": "null"},
         {"type": "string", "pattern": NO_NUL_PATTERN},
         {"type": "number", "minimum": -SAFE_INTEGER, "maximum": SAFE_INTEGER},
         {"type": "boolean"},
@@ -184,6 +188,7 @@ CANONICAL_JSON_VALUE_SCHEMA: Final[dict[str, Any]] = {
         },
         {
             "type": "object",
+            "propertyNames": NO_NUL_KEYS,
             "additionalProperties": {"$ref": "#/components/schemas/CanonicalJsonValue"},
         },
     ],
@@ -217,6 +222,7 @@ class CanonicalJsonValueField(serializers.JSONField):
 @extend_schema_field(
     {
         "type": "object",
+        "propertyNames": NO_NUL_KEYS,
         "additionalProperties": {"$ref": "#/components/schemas/JsonValue"},
     }
 )
@@ -236,23 +242,46 @@ def query_data(params: Any) -> dict[str, Any]:
     return dict(params)
 
 
-def _string_schemas(schema: Any) -> Any:
-    """Every string schema in a (request) schema, for ``api_schema_hook``."""
+def _schemas(schema: Any) -> Any:
+    """Every schema object in a schema (its own, and all nested), for
+    ``api_schema_hook``."""
     if isinstance(schema, dict):
-        if schema.get("type") == "string":
-            yield schema
+        yield schema
         for value in schema.values():
-            yield from _string_schemas(value)
+            yield from _schemas(value)
     elif isinstance(schema, list):
         for item in schema:
-            yield from _string_schemas(item)
+            yield from _schemas(item)
+
+
+def _of_type(schema: dict[str, Any], name: str) -> bool:
+    kind = schema.get("type")
+    return kind == name or (isinstance(kind, list) and name in kind)
+
+
+def _as_oas_3_1(schema: dict[str, Any]) -> None:
+    """One schema in OpenAPI 3.1's words: ``nullable`` (3.0; DRF's paginators
+    still write it) becomes a ``null`` type, and drf-spectacular's ``oneOf: [X,
+    {type: null}]`` for a nullable field becomes ``anyOf``: ``oneOf`` would refuse
+    ``null`` where X admits it too (a free-form ``{}``, ``JsonValue``)."""
+    if schema.pop("nullable", False):
+        kind = schema.get("type")
+        if isinstance(kind, str):
+            schema["type"] = [kind, "null"]
+        elif isinstance(kind, list) and "null" not in kind:
+            kind.append("null")
+    variants = schema.get("oneOf")
+    if isinstance(variants, list) and {"type": "null"} in variants:
+        schema["anyOf"] = schema.pop("oneOf")
 
 
 def api_schema_hook(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
-    """drf-spectacular postprocessing: the JSON value components, and the NUL rule.
+    """drf-spectacular postprocessing: the JSON value components, the NUL rule, and
+    OpenAPI 3.1's words for null.
 
     Free text (no format, enum or pattern of its own) gets ``pattern:
-    ^[^\\u0000]*$``: in request components (``…Request``, split by
+    ^[^\\u0000]*$``, and an object that admits members beyond its properties
+    ``propertyNames`` with it: in request components (``…Request``, split by
     ``COMPONENT_SPLIT_REQUEST``) and in query and path parameters.
     """
     components = result.setdefault("components", {}).setdefault("schemas", {})
@@ -268,9 +297,19 @@ def api_schema_hook(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
         if parameter.get("in") in {"query", "path"}
     )
     for target in targets:
-        for schema in _string_schemas(target):
-            if not {"format", "enum", "pattern"} & set(schema):
-                schema["pattern"] = NO_NUL_PATTERN
+        for schema in _schemas(target):
+            if _of_type(schema, "string"):
+                if not {"format", "enum", "pattern"} & set(schema):
+                    schema["pattern"] = NO_NUL_PATTERN
+            elif (
+                _of_type(schema, "object")
+                and schema.get("additionalProperties", True) is not False
+            ):  # keys beyond its properties: no NUL in them either
+                schema.setdefault("propertyNames", NO_NUL_KEYS)
+    for schema in _schemas(result.get("paths", {})):
+        _as_oas_3_1(schema)
+    for schema in _schemas(components):
+        _as_oas_3_1(schema)
     # drf-spectacular cannot tell that a oneOf of bodies (PolymorphicProxySerializer)
     # with required members needs a body at all; say so.
     for item in result.get("paths", {}).values():

@@ -12,7 +12,6 @@ validator.
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 import jsonschema
 import pytest
@@ -28,28 +27,18 @@ def lease(task: dict) -> dict[str, str]:
     return {"Lease-Token": str(task["lease"]["token"])}
 
 
-def _with_nulls(schema: Any) -> Any:
-    """OpenAPI 3.0's ``nullable`` in plain JSON Schema terms."""
-    if isinstance(schema, list):
-        return [_with_nulls(item) for item in schema]
-    if not isinstance(schema, dict):
-        return schema
-    schema = {key: _with_nulls(value) for key, value in schema.items()}
-    if schema.pop("nullable", False):
-        return {"anyOf": [{"type": "null"}, schema]}
-    return schema
-
-
 def body_validator(api: AgentClient, operation_id: str) -> jsonschema.Validator:
-    """A validator for one operation's request body, from the served schema."""
+    """A validator for one operation's request body, from the served schema
+    (OpenAPI 3.1: its schemas are JSON Schema 2020-12)."""
     document = api.get("/api/schema/?format=json").json()
+    assert document["openapi"].startswith("3.1")
     for item in document["paths"].values():
         for operation in item.values():
             if operation.get("operationId") == operation_id:
                 content = operation["requestBody"]["content"]["application/json"]
-                root = _with_nulls(copy.deepcopy(document))
+                root = copy.deepcopy(document)
                 root["$ref"] = content["schema"]["$ref"]
-                return jsonschema.Draft7Validator(root)
+                return jsonschema.Draft202012Validator(root)
     raise AssertionError(f"no operation {operation_id}")
 
 
@@ -249,6 +238,29 @@ def test_the_schema_states_that_text_may_not_hold_nul(api):
     answer = api.post("/api/v1/tasks", {**REGISTRATION, "object_id": "10\u000042"})
     assert answer.status_code == 400
     assert answer.json()["field"] == "/object_id"
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["n\u0000", "\u0000"],
+    ids=["inside", "alone"],
+)
+@pytest.mark.parametrize("depth", ["top", "nested"])
+def test_the_schema_states_that_object_keys_may_not_hold_nul(api, key, depth):
+    """A free-form object's keys are text too: the schema says so
+    (``propertyNames``), and the server refuses the key, naming where it is."""
+    task = register_and_claim(api)
+    value = {key: 1} if depth == "top" else {"a": [{key: 1}]}
+    body = {"idempotency_key": "k", "action": "a", "target": "t", "input": value}
+    assert not body_validator(api, "operations_reserve").is_valid(body)
+    assert body_validator(api, "operations_reserve").is_valid(
+        {**body, "input": {"n": 1} if depth == "top" else {"a": [{"n": 1}]}}
+    )
+    answer = api.post(f"/api/v1/tasks/{task['id']}/operations", body, **lease(task))
+    assert answer.status_code == 400, answer.json()
+    assert answer.json()["code"] == "VALIDATION_FAILED"
+    assert answer.json()["field"] == ("/input" if depth == "top" else "/input/a/0")
+    assert not Operation.objects.exists()
 
 
 def test_text_is_kept_as_sent_not_trimmed(api):
