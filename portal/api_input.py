@@ -7,7 +7,8 @@ request the schema calls invalid but the server accepts. Here the server keeps t
 the schema, and the schema states what the server checks:
 
 - a JSON body is a ``StrictInput``: every member is documented
-  (``additionalProperties: false``) and has the JSON type its field documents;
+  (``additionalProperties: false``) and has the JSON type its field documents (an
+  integer written ``7.0`` is the integer 7, as JSON Schema says);
 - text may not contain NUL (PostgreSQL cannot store it): every request string the
   schema documents carries ``pattern: ^[^\\u0000]*$``, and every free-form request
   object ``propertyNames`` with that pattern, for its keys (``api_schema_hook``;
@@ -108,6 +109,7 @@ class StrictInput(_Untrimmed):
 
     def to_internal_value(self, data: Any) -> Any:
         if isinstance(data, Mapping):
+            data = _integral_numbers_as_integers(self, data)
             errors = _unknown_members(self, data)
             for name, field in self.fields.items():
                 if name in data and (problem := _type_error(field, data[name])):
@@ -115,6 +117,21 @@ class StrictInput(_Untrimmed):
             if errors:
                 raise serializers.ValidationError(errors)
         return super().to_internal_value(data)
+
+
+def _integral_numbers_as_integers(
+    serializer: serializers.Serializer, data: Mapping[str, Any]
+) -> Mapping[str, Any]:
+    """``7.0`` for an integer member is the integer 7, as JSON Schema (2020-12,
+    OpenAPI 3.1) counts it: "a number with a zero fractional part is an integer"."""
+    integral = {
+        name: int(value)
+        for name, field in serializer.fields.items()
+        if isinstance(field, serializers.IntegerField)
+        and isinstance(value := data.get(name), float)
+        and value.is_integer()
+    }
+    return {**data, **integral} if integral else data
 
 
 _STRICT_INPUT_DOC: Final = inspect.cleandoc(StrictInput.__doc__ or "")

@@ -12,6 +12,7 @@ validator.
 from __future__ import annotations
 
 import copy
+import datetime as dt
 
 import jsonschema
 import pytest
@@ -130,6 +131,26 @@ def test_an_input_number_beyond_the_safe_range_is_stated_and_refused(api, number
 
 
 # --- Valid requests that were refused -------------------------------------------------
+
+
+def test_an_integer_written_with_a_zero_fraction_is_an_integer(api):
+    # JSON Schema 2020-12 (OpenAPI 3.1): 30.0 is an integer; so it is to the server.
+    assert body_validator(api, "tasks_lease_acquire").is_valid(
+        {"owner": "w", "ttl_s": 30.0}
+    )
+    assert not body_validator(api, "tasks_lease_acquire").is_valid(
+        {"owner": "w", "ttl_s": 30.5}
+    )
+    task = api.post("/api/v1/tasks", REGISTRATION).json()
+    answer = api.post(
+        f"/api/v1/tasks/{task['id']}/lease", {"owner": "w", "ttl_s": 30.0}
+    )
+    assert answer.status_code == 200, answer.json()
+    lease_ = answer.json()["lease"]
+    held = dt.datetime.fromisoformat(lease_["expires_at"]) - dt.datetime.fromisoformat(
+        lease_["acquired_at"]
+    )
+    assert held == dt.timedelta(seconds=30)
 
 
 def test_a_null_input_is_accepted(api):
