@@ -49,20 +49,21 @@ def replace_domain_values_sql(
     constraint: str,
     values: Sequence[str],
     previous: Sequence[str],
-) -> tuple[list[str], list[str]]:
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Swap a domain's list for ``values`` (reverse: back to ``previous``).
 
     The new check is added NOT VALID and then validated, so the scan of the rows
     already written does not hold the lock that blocks writers.
     """
 
-    def swap(to: Sequence[str]) -> list[str]:
-        return [
+    # Tuples, not lists: RunSQL's statement lists are typed covariantly only so.
+    def swap(to: Sequence[str]) -> tuple[str, ...]:
+        return (
             f"ALTER DOMAIN {domain} DROP CONSTRAINT {constraint}",
             f"ALTER DOMAIN {domain} ADD CONSTRAINT {constraint} "
             f"CHECK ({_values_check(to)}) NOT VALID",
             f"ALTER DOMAIN {domain} VALIDATE CONSTRAINT {constraint}",
-        ]
+        )
 
     return swap(values), swap(previous)
 
