@@ -321,6 +321,17 @@ def connection_lost(exc: BaseException) -> bool:
     return sqlstate is None or sqlstate.startswith("08") or sqlstate in _SHUTDOWN
 
 
+def database_unavailable(request: Any = None) -> HttpResponse:
+    """The retryable 503 of a lost database connection, for an answer made outside
+    DRF's handler (a middleware that met the loss before the view)."""
+    error = DatabaseUnavailable(retry_after_s=DATABASE_RETRY_AFTER_S)
+    response = problem(
+        status=error.status, code=str(error.code), detail=error.detail, request=request
+    )
+    response["Retry-After"] = str(DATABASE_RETRY_AFTER_S)
+    return response
+
+
 _DRF_CODES: dict[type[drf_exceptions.APIException], tuple[str, str]] = {
     drf_exceptions.ParseError: (
         "MALFORMED_REQUEST",

@@ -11,9 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponseBase, StreamingHttpResponse
 
 from . import scope
+from .api import connection_lost, database_unavailable
 from .models import Tenant
 
 
@@ -40,8 +42,16 @@ class TenantScopeMiddleware:
     def __call__(self, request: HttpRequest) -> HttpResponseBase:
         with scope.unit_of_work():
             user = getattr(request, "user", None)
-            if user is not None and user.is_authenticated:
-                scope.enter(person_tenant_ids(user))
+            try:
+                if user is not None and user.is_authenticated:
+                    scope.enter(person_tenant_ids(user))
+            except DatabaseError as error:
+                # A signed-in request's first statements (its session, user and
+                # tenants) run here, before any view: a lost connection is the
+                # retryable 503 a view's would be, on every page, not a 500.
+                if not connection_lost(error):
+                    raise
+                return database_unavailable(request)
             response = self.get_response(request)
             if isinstance(response, StreamingHttpResponse) and not response.is_async:
                 response.streaming_content = _streamed_in_scope(

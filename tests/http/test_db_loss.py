@@ -19,10 +19,12 @@ import httpx
 import psycopg
 import pytest
 from django.conf import settings
+from django.contrib.auth.models import User
 from django.db import connection
+from django.test import Client
 
 from portal import services as portal_services
-from portal.models import Agent, AgentRequestWindow, Tenant
+from portal.models import Agent, AgentRequestWindow, Membership, Role, Tenant
 from tasks.models import Task, TaskState
 
 from .conftest import Server, start, stop
@@ -131,3 +133,48 @@ def test_a_lost_connection_is_a_503_and_each_tenant_keeps_its_scope(
             probe = _list(one_worker, secret)
             assert probe.status_code == 200, probe.text
             assert [t["id"] for t in probe.json()["results"]] == [task_id]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lost_connection_before_the_view_is_a_503_for_a_signed_in_person(
+    one_worker: Server,
+) -> None:
+    """A person's request loads its session, user and tenants in the middleware,
+    before any view: a connection lost there is the same retryable 503."""
+    # Given a support member of one tenant, signed in (a real session row)
+    tenant = Tenant.objects.create(slug=f"desk-{uuid.uuid4().hex[:8]}", name="Desk")
+    person = User.objects.create_user(f"sam-{uuid.uuid4().hex[:6]}", password="x-pw-1")
+    Membership.objects.create(tenant=tenant, user=person, role=Role.SUPPORT)
+    browser = Client()
+    browser.force_login(person)
+    cookies = {"sessionid": browser.cookies["sessionid"].value}
+    queue = f"{one_worker.base_url}/api/v1/takeover/queue"
+
+    holder, killer = _admin(), _admin()
+    try:
+        # When the worker's session is terminated while the session row is read
+        holder.execute("BEGIN")
+        holder.execute("LOCK TABLE django_session IN ACCESS EXCLUSIVE MODE")
+        answers: list[httpx.Response] = []
+        request = threading.Thread(
+            target=lambda: answers.append(
+                httpx.get(queue, cookies=cookies, timeout=WAIT_S)
+            )
+        )
+        request.start()
+        _kill_the_waiting_request(killer)
+        holder.execute("ROLLBACK")
+        request.join(timeout=WAIT_S)
+    finally:
+        holder.close()
+        killer.close()
+
+    # Then it is a retryable 503 problem, not a 500
+    (lost,) = answers
+    assert lost.status_code == 503, lost.text
+    assert lost.headers["content-type"] == "application/problem+json"
+    assert lost.json()["code"] == "DATABASE_UNAVAILABLE"
+    assert int(lost.headers["retry-after"]) >= 1
+    # And the next request, on a new connection, is the person's queue
+    again = httpx.get(queue, cookies=cookies, timeout=WAIT_S)
+    assert again.status_code == 200, again.text
