@@ -52,7 +52,7 @@ from .exceptions import (
     TenantFrozen,
     ValidationFailed,
 )
-from .models import Agent, AgentKey, AgentRequestWindow, AuthFailureWindow, Tenant
+from .models import Agent, AgentKey, AuthFailureWindow, Tenant
 from .problems import PROBLEM_CONTENT_TYPE, encode, problem_body
 from .tracing import Trace, traceparent_of
 
@@ -192,7 +192,9 @@ class AgentKeyAuthentication(BaseAuthentication):
     refused until its window ends, a right key included (docs/limits.md).
     """
 
-    def authenticate(self, request: Request) -> tuple[Agent, None] | None:
+    def authenticate(
+        self, request: Request
+    ) -> tuple[Agent, selectors.RateWindow | None] | None:
         header = get_authorization_header(request).decode("latin-1")
         if not header:
             return None
@@ -207,13 +209,21 @@ class AgentKeyAuthentication(BaseAuthentication):
             auth_failure_record(buckets=buckets, reason=type(failed).__name__)
             raise
 
-    def _authenticate(self, request: Request, header: str) -> tuple[Agent, None]:
+    def _authenticate(
+        self, request: Request, header: str
+    ) -> tuple[Agent, selectors.RateWindow | None]:
         scheme, _, secret = header.partition(" ")
         if scheme.lower() != "bearer" or not secret.strip():
             raise drf_exceptions.AuthenticationFailed(
                 "Use 'Authorization: Bearer <key>'."
             )
-        check = selectors.agent_key_authenticate(secret=secret.strip())
+        # The lookup also counts the request for the view's AgentRateThrottle, in
+        # the same round trip; the throttle reads the count from ``request.auth``.
+        view = (request.parser_context or {}).get("view")
+        check = selectors.agent_key_authenticate(
+            secret=secret.strip(),
+            count_in_window_s=AgentRateThrottle.window_s_of(view),
+        )
         if check is None:
             raise drf_exceptions.AuthenticationFailed("Invalid or revoked API key.")
         if check.status == "revoked":
@@ -227,7 +237,7 @@ class AgentKeyAuthentication(BaseAuthentication):
         # handler (limits.api).
         caller_refuse_frozen(agent=agent)
         services.agent_key_mark_used(key=check.key)
-        return agent, None
+        return agent, check.window
 
     def authenticate_header(self, request: Request) -> str:
         return 'Bearer realm="agent-api"'
@@ -246,36 +256,27 @@ class IsAgent(BasePermission):
         return isinstance(request.user, Agent)
 
 
-# One row per agent, counted and moved to the next window by one statement on the
-# database clock: every web process counts against the same number.
-_REQUEST_WINDOW = f"""
-INSERT INTO {AgentRequestWindow._meta.db_table} AS w (
-    id, agent_id, tenant_id, window_start, requests
-)
-VALUES (
-    gen_random_uuid(), %(agent_id)s, %(tenant_id)s,
-    to_timestamp(floor(extract(epoch FROM app_now()) / %(window_s)s) * %(window_s)s),
-    1
-)
-ON CONFLICT (tenant_id, agent_id) DO UPDATE SET
-    requests = CASE WHEN w.window_start = EXCLUDED.window_start
-                    THEN w.requests + 1 ELSE 1 END,
-    window_start = EXCLUDED.window_start
-RETURNING w.requests,
-    extract(epoch FROM w.window_start + make_interval(secs => %(window_s)s) - app_now())
-"""
-
-
 class AgentRateThrottle(SimpleRateThrottle):
     """Per-agent request rate (``PORTAL_AGENT_RATE_LIMIT``); 429 with Retry-After.
 
     Counted in PostgreSQL (``AgentRequestWindow``), a fixed window on the database
     clock, shared by every process: with the limit N, exactly N requests of a window
-    pass however many gunicorn workers serve them (docs/limits.md).
+    pass however many gunicorn workers serve them (docs/limits.md). The count is
+    made by ``AgentKeyAuthentication``'s key lookup, in its one statement
+    (``selectors.agent_key_authenticate``); this throttle decides by it.
     """
 
     scope = "agent"
     wait_s: float | None = None
+
+    @classmethod
+    def window_s_of(cls, view: APIView | None) -> int | None:
+        """The window, in seconds, to count a request to ``view`` in; None when the
+        view does not throttle with this class or no rate is set."""
+        if view is None or cls not in getattr(view, "throttle_classes", ()):
+            return None
+        throttle = cls()
+        return throttle.parse_rate(throttle.rate)[1]
 
     def get_cache_key(self, request: Request, view: APIView) -> str | None:
         return None  # no cache: the counter is in PostgreSQL
@@ -283,18 +284,14 @@ class AgentRateThrottle(SimpleRateThrottle):
     def allow_request(self, request: Request, view: APIView) -> bool:
         if self.rate is None or not isinstance(request.user, Agent):
             return True
-        with connection.cursor() as cursor:
-            cursor.execute(
-                _REQUEST_WINDOW,
-                {
-                    "agent_id": request.user.pk,
-                    "tenant_id": request.user.tenant_id,
-                    "window_s": self.duration,
-                },
+        window = request.auth
+        if not isinstance(window, selectors.RateWindow):
+            raise TypeError(
+                "AgentRateThrottle decides by the count AgentKeyAuthentication "
+                "makes; this agent was authenticated by something else."
             )
-            requests, left_s = cursor.fetchone()
-        self.wait_s = float(left_s)
-        return bool(requests <= self.num_requests)
+        self.wait_s = window.left_s
+        return window.requests <= self.num_requests
 
     def wait(self) -> float | None:
         return self.wait_s

@@ -380,7 +380,8 @@ class AgentRequestWindow(models.Model):
     """An agent's API requests in the current fixed window: the shared throttle.
 
     One row per agent, moved to the next window by the same statement that counts
-    (``portal.api.AgentRateThrottle``), so every web process counts against one
+    (the key lookup's ``portal_agent_key_authenticate``, for
+    ``portal.api.AgentRateThrottle``), so every web process counts against one
     number. The table is ``UNLOGGED`` (migration 0010): a crash empties it, which
     at worst restarts the window; nothing else depends on it.
     """

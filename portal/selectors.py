@@ -40,68 +40,49 @@ KeyStatus = Literal["live", "revoked", "expired"]
 
 
 @dataclass(frozen=True, kw_only=True)
+class RateWindow:
+    """An agent's request count in its current fixed window, with this request, and
+    the seconds until the window ends (``AgentRateThrottle`` decides by them)."""
+
+    requests: int
+    left_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
 class KeyCheck:
     """A genuine key (its secret matched) and whether it authenticates now."""
 
     key: AgentKey
     status: KeyStatus
+    # Set when the lookup was asked to count the request and the key authenticates.
+    window: RateWindow | None = None
 
 
-def agent_key_authenticate(*, secret: str) -> KeyCheck | None:
+def agent_key_authenticate(
+    *, secret: str, count_in_window_s: int | None = None
+) -> KeyCheck | None:
     """The key a presented secret belongs to, with its status; None if no key matches.
 
-    The prefix finds the row; the hash is compared in constant time. Only a ``live``
-    key authenticates: a revoked one, one past its ``expires_at`` (database clock),
-    an inactive agent or a deleted tenant do not (``revoked``/``expired`` are told to
-    the holder of the exact secret only; anyone else learns nothing).
+    The prefix and the hash find the row; the hash is compared again in constant
+    time. Only a ``live`` key authenticates: a revoked one, one past its
+    ``expires_at`` (database clock), an inactive agent or a deleted tenant do not
+    (``revoked``/``expired`` are told to the holder of the exact secret only; anyone
+    else learns nothing).
+
+    With ``count_in_window_s``, a key that authenticates and whose agent and tenant
+    are not frozen also counts the request in the agent's fixed window of that many
+    seconds (``AgentRequestWindow``), and ``window`` says where the count stands.
+    One statement, one round trip, outside any transaction: the database function
+    ``portal_agent_key_authenticate`` (portal migration 0015) discovers the key's
+    tenant, reads the key in that tenant's scope under row-level security, counts,
+    and leaves the scope as it was.
     """
     prefix, dot, _ = secret.partition(".")
     if not dot or len(prefix) > 16:
         return None
-    # Row-level security: the key's tenant first (prefix and hash must match), then
-    # the key is read in that tenant's scope.
     key_hash = agent_key_hash(secret)
-    tenant_ids = scope.discover("portal_agent_key_tenant", prefix, key_hash)
-    if not tenant_ids:
-        return None
-    with scope.tenant_scope(tenant_ids):
-        found = _agent_key_by_prefix(prefix)
-    if found is None:
-        return None
-    key, expired = found
-    if not hmac.compare_digest(key.key_hash, key_hash):
-        return None
-    if key.revoked_at is not None:
-        return KeyCheck(key=key, status="revoked")
-    if not key.agent.is_active or key.agent.tenant.deleted_at is not None:
-        return None
-    if expired:
-        return KeyCheck(key=key, status="expired")
-    return KeyCheck(key=key, status="live")
-
-
-_KEY_FIELDS, _KEY_COLUMNS = portal_db.returning_columns(AgentKey, "k")
-_AGENT_FIELDS, _AGENT_COLUMNS = portal_db.returning_columns(Agent, "a")
-_TENANT_FIELDS, _TENANT_COLUMNS = portal_db.returning_columns(Tenant, "t")
-# The key, its agent and the agent's tenant in one fixed statement: it runs on every
-# API request, and building the equal ORM query (two joins and an annotation) cost
-# about as much client CPU as the rest of the authentication
-# (docs/performance-log.md, "One round trip for BEGIN and the scope").
-_KEY_BY_PREFIX = f"""
-SELECT {_KEY_COLUMNS}, {_AGENT_COLUMNS}, {_TENANT_COLUMNS},
-       k.expires_at IS NOT NULL AND k.expires_at <= app_now()
-FROM {AgentKey._meta.db_table} k
-JOIN {Agent._meta.db_table} a ON a.id = k.agent_id AND a.tenant_id = k.tenant_id
-JOIN {Tenant._meta.db_table} t ON t.id = a.tenant_id
-WHERE k.prefix = %s
-"""
-
-
-def _agent_key_by_prefix(prefix: str) -> tuple[AgentKey, bool] | None:
-    """The key with this prefix, its ``agent`` and ``agent.tenant`` loaded, and
-    whether it has expired (database clock); None if there is none in scope."""
     with connection.cursor() as cursor:
-        cursor.execute(_KEY_BY_PREFIX, [prefix])
+        cursor.execute(_AUTHENTICATE, [prefix, key_hash, count_in_window_s])
         row = cursor.fetchone()
     if row is None:
         return None
@@ -109,9 +90,37 @@ def _agent_key_by_prefix(prefix: str) -> tuple[AgentKey, bool] | None:
     tenant_at = agent_at + len(_AGENT_FIELDS)
     key = portal_db.model_from_row(AgentKey, _KEY_FIELDS, row[:agent_at])
     agent = portal_db.model_from_row(Agent, _AGENT_FIELDS, row[agent_at:tenant_at])
-    agent.tenant = portal_db.model_from_row(Tenant, _TENANT_FIELDS, row[tenant_at:-1])
+    agent.tenant = portal_db.model_from_row(Tenant, _TENANT_FIELDS, row[tenant_at:-3])
     key.agent = agent
-    return key, bool(row[-1])
+    expired, requests, left_s = row[-3:]
+    if not hmac.compare_digest(key.key_hash, key_hash):
+        return None
+    if key.revoked_at is not None:
+        return KeyCheck(key=key, status="revoked")
+    if not agent.is_active or agent.tenant.deleted_at is not None:
+        return None
+    if expired:
+        return KeyCheck(key=key, status="expired")
+    window = None
+    if requests is not None:
+        window = RateWindow(requests=int(requests), left_s=float(left_s))
+    return KeyCheck(key=key, status="live", window=window)
+
+
+# Each row type's columns, read out of the function's composite values.
+_KEY_FIELDS, _KEY_COLUMNS = portal_db.returning_columns(AgentKey, "(r.o_key)")
+_AGENT_FIELDS, _AGENT_COLUMNS = portal_db.returning_columns(Agent, "(r.o_agent)")
+_TENANT_FIELDS, _TENANT_COLUMNS = portal_db.returning_columns(Tenant, "(r.o_tenant)")
+# The key, its agent and the agent's tenant in one fixed statement: it runs on every
+# API request. Building the equal ORM query cost about as much client CPU as the
+# rest of the authentication (docs/performance-log.md, "One round trip for BEGIN and
+# the scope"); the function saves the discovery, the scoped read's BEGIN and COMMIT
+# and the rate window's three round trips (issue 23).
+_AUTHENTICATE = f"""
+SELECT {_KEY_COLUMNS}, {_AGENT_COLUMNS}, {_TENANT_COLUMNS},
+       r.o_expired, r.o_requests, r.o_left_s
+FROM portal_agent_key_authenticate(%s, %s, %s) r
+"""
 
 
 # One fixed statement rather than an ORM query: it runs on every reservation and

@@ -609,3 +609,45 @@ def test_the_tenant_purge_refuses_a_tenant_outside_the_scope(tenant, other_tenan
                 "SELECT * FROM tenant_deletion_purge(%s)", [other_tenant.pk]
             )
     assert "not in scope" in str(caught.value)
+
+
+def test_the_key_lookup_counts_a_key_that_authenticates_and_keeps_the_callers_scope(
+    tenant, other_tenant, make_agent
+):
+    """``portal_agent_key_authenticate``: discovery, the key read in its own tenant's
+    scope, the request counted, in one statement; the caller's scope comes back."""
+    from portal.models import AgentRequestWindow
+    from portal.selectors import agent_key_authenticate
+
+    # Given a live and a revoked key of tenant B
+    live_agent, revoked_agent = (
+        make_agent(tenant=other_tenant),
+        make_agent(tenant=other_tenant),
+    )
+    live = portal_services.agent_key_issue(agent=live_agent).secret
+    revoked = portal_services.agent_key_issue(agent=revoked_agent)
+    portal_services.agent_key_revoke(key=revoked.key)
+    # When they are looked up inside a transaction scoped to tenant A
+    with scope.tenant_scope([tenant.pk]), connection.cursor() as cursor:
+        first = agent_key_authenticate(secret=live, count_in_window_s=60)
+        second = agent_key_authenticate(secret=live, count_in_window_s=60)
+        uncounted = agent_key_authenticate(secret=live)
+        refused = agent_key_authenticate(secret=revoked.secret, count_in_window_s=60)
+        cursor.execute("SELECT current_setting('portal.tenant_ids', true)")
+        setting = cursor.fetchone()[0]
+    # Then the live key is found with its agent and counted once per counted lookup
+    assert first is not None and first.key.agent.pk == live_agent.pk
+    assert first.key.agent.tenant.pk == other_tenant.pk
+    assert first.window is not None and first.window.requests == 1
+    assert 0 < first.window.left_s <= 60
+    assert second is not None and second.window is not None
+    assert second.window.requests == 2
+    assert uncounted is not None and uncounted.window is None
+    # the revoked one is told apart for its holder and not counted
+    assert refused is not None and refused.status == "revoked"
+    assert refused.window is None
+    # and tenant A's scope is what it was, not B's
+    assert setting == str(tenant.pk)
+    with scope.tenant_scope([other_tenant.pk]):
+        counted = dict(AgentRequestWindow.objects.values_list("agent_id", "requests"))
+    assert counted == {live_agent.pk: 2}
