@@ -17,9 +17,11 @@ itself. The portal never manages transactions by hand; ``atomic`` is the one way
 
 from __future__ import annotations
 
+import select
 from typing import Any
 
 from django.db.backends.postgresql import base
+from psycopg.pq import TransactionStatus
 
 from portal import scope
 
@@ -38,6 +40,30 @@ class DatabaseWrapper(base.DatabaseWrapper):
             if not raw.autocommit:  # left so by an unscoped transaction
                 raw.autocommit = True
             raw.execute(scope.begin_statement(raw), prepare=False)
+
+    def is_usable(self) -> bool:
+        """Whether the kept connection can serve the next request, without a round
+        trip when it is idle.
+
+        ``CONN_HEALTH_CHECKS`` asks this at the first query of every request;
+        Django's answer sends ``SELECT 1``, one more round trip per request (issue
+        23). An idle connection has nothing to read unless the server ended it: a
+        terminated backend, a restart or a shutdown sends its FATAL message and
+        closes the socket, which then reads as ready. So an idle connection is
+        usable when psycopg holds it open and its socket has nothing waiting;
+        anything else asks the server as Django does.
+        """
+        raw = self.connection
+        if raw is None or raw.closed or raw.broken:
+            return False
+        if raw.info.transaction_status != TransactionStatus.IDLE:
+            usable: bool = super().is_usable()
+            return usable
+        try:
+            waiting, _, _ = select.select([raw.fileno()], [], [], 0)
+        except (OSError, ValueError):
+            return False
+        return not waiting
 
     def create_cursor(self, name: str | None = None) -> Any:
         # Django gives a named (server-side) cursor WITH HOLD when psycopg is in

@@ -4,18 +4,23 @@
 simple query and leaves psycopg in its autocommit mode for the transaction. These
 tests read the wire protocol (libpq's trace) for the round trips, and check with the
 server that commit, rollback, savepoints, server-side cursors and a transaction begun
-without a scope all still behave.
+without a scope all still behave. The health check of a kept connection (Django's
+``CONN_HEALTH_CHECKS``, at the first query of every request) sends nothing while the
+connection is idle, and still notices a connection the server ended.
 """
 
 from __future__ import annotations
 
+import select
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
 import pytest
+from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 
 from portal import scope
@@ -137,3 +142,45 @@ def test_a_server_side_cursor_in_a_scoped_transaction_is_not_held(tenant, make_a
             )
             assert cursor.fetchall() == [(False,)]
         assert len(list(rows)) == total - 1 >= 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_health_check_of_an_idle_connection_sends_nothing(tenant):
+    # Given a kept connection, idle between two requests
+    connection.ensure_connection()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    # When the next request's health check asks whether it is usable
+    with wire() as messages:
+        usable = connection.is_usable()
+    # Then it is, and no message went to the server (Django's own check is a
+    # SELECT 1, a round trip)
+    assert usable
+    assert messages == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_health_check_notices_a_connection_the_server_ended(tenant):
+    # Given a kept, idle connection whose backend the server then terminates
+    connection.ensure_connection()
+    raw = connection.connection
+    pid = raw.info.backend_pid
+    with psycopg.connect(
+        settings.DATABASE_URL, dbname=connection.settings_dict["NAME"], autocommit=True
+    ) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+    try:
+        # (the server's FATAL message and the close reach the socket)
+        deadline = time.monotonic() + 10
+        while not select.select([raw.fileno()], [], [], 0.05)[0]:
+            assert time.monotonic() < deadline, "the server did not end the session"
+        # When the next request's health check runs, as Django runs it
+        connection.health_check_done = False
+        connection.close_if_health_check_failed()
+        # Then the dead connection was dropped, and the next query gets a new one
+        assert connection.connection is None
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            assert cursor.fetchone()[0] != pid
+    finally:
+        connection.close()
