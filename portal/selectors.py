@@ -73,7 +73,7 @@ def agent_key_authenticate(
     are not frozen also counts the request in the agent's fixed window of that many
     seconds (``AgentRequestWindow``), and ``window`` says where the count stands.
     One statement, one round trip, outside any transaction: the database function
-    ``portal_agent_key_authenticate`` (portal migration 0015) discovers the key's
+    ``portal_agent_key_authenticate`` (portal migration 0016) discovers the key's
     tenant, reads the key in that tenant's scope under row-level security, counts,
     and leaves the scope as it was.
     """

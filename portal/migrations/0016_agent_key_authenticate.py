@@ -87,7 +87,7 @@ DROP FUNCTION portal_agent_key_authenticate(text, text, integer);
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("portal", "0014_reason_code_domain"),
+        ("portal", "0015_invitation"),
         # portal_agent_key_tenant(), the discovery function it calls.
         ("tasks", "0017_row_level_security_everywhere"),
     ]
