@@ -10,10 +10,11 @@ restarted (it is shared); the restart variant is the fault tier's.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 import psycopg
@@ -86,6 +87,35 @@ def _kill_the_waiting_request(admin: psycopg.Connection) -> int:
     raise AssertionError("no request waited for the lock")
 
 
+def _answer_when_terminated(
+    lock: str, send: Callable[[], httpx.Response]
+) -> httpx.Response:
+    """``send``'s answer when its first statement waits behind ``lock`` (taken by
+    an administrator's transaction) and its backend is terminated meanwhile."""
+    holder, killer = _admin(), _admin()
+    answers: list[httpx.Response] = []
+    try:
+        holder.execute("BEGIN")
+        holder.execute(lock)
+        request = threading.Thread(target=lambda: answers.append(send()))
+        request.start()
+        _kill_the_waiting_request(killer)
+        holder.execute("ROLLBACK")
+        request.join(timeout=WAIT_S)
+    finally:
+        holder.close()
+        killer.close()
+    (answer,) = answers
+    return answer
+
+
+def _assert_retryable_503(answer: httpx.Response) -> None:
+    assert answer.status_code == 503, answer.text
+    assert answer.headers["content-type"] == "application/problem+json"
+    assert answer.json()["code"] == "DATABASE_UNAVAILABLE"
+    assert int(answer.headers["retry-after"]) >= 1
+
+
 def _list(server: Server, secret: str) -> httpx.Response:
     return httpx.get(
         f"{server.base_url}/api/v1/tasks",
@@ -103,31 +133,13 @@ def test_a_lost_connection_is_a_503_and_each_tenant_keeps_its_scope(
     table = AgentRequestWindow._meta.db_table
     for round_ in range(4):
         victim_secret, _ = tenants[round_ % 2]
-        holder, killer = _admin(), _admin()
-        try:
-            # When the worker's session is terminated while a request waits in it
-            holder.execute("BEGIN")
-            holder.execute(f"LOCK TABLE {table} IN EXCLUSIVE MODE")
-            answers: list[httpx.Response] = []
-            request = threading.Thread(
-                target=lambda out=answers, key=victim_secret: out.append(
-                    _list(one_worker, key)
-                )
-            )
-            request.start()
-            _kill_the_waiting_request(killer)
-            holder.execute("ROLLBACK")
-            request.join(timeout=WAIT_S)
-        finally:
-            holder.close()
-            killer.close()
-
+        # When the worker's session is terminated while a request waits in it
+        lost = _answer_when_terminated(
+            f"LOCK TABLE {table} IN EXCLUSIVE MODE",
+            functools.partial(_list, one_worker, victim_secret),
+        )
         # Then that request is a retryable 503 problem, not a 500
-        (lost,) = answers
-        assert lost.status_code == 503, lost.text
-        assert lost.headers["content-type"] == "application/problem+json"
-        assert lost.json()["code"] == "DATABASE_UNAVAILABLE"
-        assert int(lost.headers["retry-after"]) >= 1
+        _assert_retryable_503(lost)
         # And after reconnecting each tenant sees its own task and nothing else
         for secret, task_id in tenants:
             probe = _list(one_worker, secret)
@@ -150,31 +162,13 @@ def test_a_lost_connection_before_the_view_is_a_503_for_a_signed_in_person(
     cookies = {"sessionid": browser.cookies["sessionid"].value}
     queue = f"{one_worker.base_url}/api/v1/takeover/queue"
 
-    holder, killer = _admin(), _admin()
-    try:
-        # When the worker's session is terminated while the session row is read
-        holder.execute("BEGIN")
-        holder.execute("LOCK TABLE django_session IN ACCESS EXCLUSIVE MODE")
-        answers: list[httpx.Response] = []
-        request = threading.Thread(
-            target=lambda: answers.append(
-                httpx.get(queue, cookies=cookies, timeout=WAIT_S)
-            )
-        )
-        request.start()
-        _kill_the_waiting_request(killer)
-        holder.execute("ROLLBACK")
-        request.join(timeout=WAIT_S)
-    finally:
-        holder.close()
-        killer.close()
-
+    # When the worker's session is terminated while the session row is read
+    lost = _answer_when_terminated(
+        "LOCK TABLE django_session IN ACCESS EXCLUSIVE MODE",
+        lambda: httpx.get(queue, cookies=cookies, timeout=WAIT_S),
+    )
     # Then it is a retryable 503 problem, not a 500
-    (lost,) = answers
-    assert lost.status_code == 503, lost.text
-    assert lost.headers["content-type"] == "application/problem+json"
-    assert lost.json()["code"] == "DATABASE_UNAVAILABLE"
-    assert int(lost.headers["retry-after"]) >= 1
+    _assert_retryable_503(lost)
     # And the next request, on a new connection, is the person's queue
     again = httpx.get(queue, cookies=cookies, timeout=WAIT_S)
     assert again.status_code == 200, again.text
