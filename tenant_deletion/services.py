@@ -61,6 +61,7 @@ from portal.models import (
     AgentRequestWindow,
     EventsOnDelete,
     IdempotentRequest,
+    Invitation,
     Membership,
     Tenant,
 )
@@ -125,6 +126,7 @@ DELETION_ORDER: Final[tuple[type[Model], ...]] = (
     Connector,  # holds the tenant's signing keys: gone with the tenant
     Contract,  # published and retired versions: the purge function deletes them
     PolicySet,  # published ones too: their trigger lets the operator delete
+    Invitation,  # open ones too: a link of a deleted tenant opens nothing
     Membership,
     AgentGrant,  # -> agent
     IdempotentRequest,  # -> agent; stored API answers of the tenant's agents

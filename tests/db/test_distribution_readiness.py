@@ -46,6 +46,7 @@ DISTRIBUTED = frozenset(
         "portal_agentkey",
         "portal_agentrequestwindow",  # UNLOGGED (portal migration 0010)
         "portal_idempotentrequest",
+        "portal_invitation",
         "portal_membership",
         "routing_assignment",
         "routing_group",
@@ -154,6 +155,7 @@ KNOWN_BLOCKERS = frozenset(
         B("portal_agentkey", _PK, "portal_agentkey_pkey", "(id)"),
         B("portal_agentrequestwindow", _PK, "portal_agentrequestwindow_pkey", "(id)"),
         B("portal_idempotentrequest", _PK, "portal_idempotentrequest_pkey", "(id)"),
+        B("portal_invitation", _PK, "portal_invitation_pkey", "(id)"),
         B("portal_membership", _PK, "portal_membership_pkey", "(id)"),
         B("routing_assignment", _PK, "routing_assignment_pkey", "(id)"),
         B("routing_group", _PK, "routing_group_pkey", "(id)"),
@@ -179,6 +181,14 @@ KNOWN_BLOCKERS = frozenset(
         # An API key is looked up by its prefix before the tenant is known: globally
         # unique by design. Needs a global lookup (a reference table of prefixes).
         B("portal_agentkey", _UNIQUE, "portal_agentkey_prefix_key", "(prefix)"),
+        # An invitation's link is looked up by its token's hash before the person has
+        # a tenant: the same kind of global lookup as the key prefix.
+        B(
+            "portal_invitation",
+            _UNIQUE,
+            "portal_invitation_token_hash_key",
+            "(token_hash)",
+        ),
     }
 )
 

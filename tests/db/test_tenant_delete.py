@@ -20,7 +20,7 @@ from django.apps import apps
 from django.contrib.auth.models import Group, User
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import ProgrammingError, connection
+from django.db import ProgrammingError, connection, transaction
 from django.db.models import Model
 from guardian.shortcuts import assign_perm
 
@@ -141,6 +141,14 @@ def populate(
         portal_services.agent_key_issue(agent=agent)
         user = User.objects.create_user(username=f"person-{n}")
         portal_services.membership_grant(tenant=tenant, user=user, role=Role.SUPPORT)
+        with transaction.atomic():  # an open invitation, made as the console makes it
+            portal_services.invitation_write(
+                tenant=tenant,
+                invited_by_id=user.pk,
+                email=f"new-{n}@example.com",
+                role=Role.REVIEWER,
+                valid_s=3600,
+            )
         AgentGrant.objects.create(
             tenant=tenant, agent=agent, action="create_ticket", target="desk"
         )
