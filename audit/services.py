@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Mapping
 from typing import Any, Final
@@ -17,6 +16,7 @@ from portal.ids import new_id
 from portal.tracing import NO_TRACE, Trace
 
 from . import chain, relay
+from .redaction import json_dumps as json_text  # for ::jsonb parameters, as stored
 from .redaction import redact
 
 ENVELOPE_SCHEMA_VERSION: Final = 1
@@ -193,11 +193,6 @@ def event_params(
         "content_after": after,
         **columns,
     }
-
-
-def json_text(value: Any) -> str:
-    """Compact JSON text for a ``::jsonb`` parameter of a hand-written statement."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
 def event_append(

@@ -28,7 +28,7 @@ from django.db.models.functions import Now
 
 from audit import services as audit_services
 from audit.models import EventCode, Outbox
-from audit.redaction import redact
+from audit.redaction import json_dumps, redact
 from limits import services as limits_services
 from portal import scope
 from portal import selectors as portal_selectors
@@ -145,10 +145,6 @@ def process_cpu_s(pid: int) -> float:
     except (OSError, IndexError):
         return 0.0
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
-
-
-def _json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
 # --- Setup ---------------------------------------------------------------------------
@@ -275,7 +271,7 @@ def _event_params(
 ) -> dict[str, Any]:
     """Parameters of ``EVENT_AND_OUTBOX``, shaped as ``event_append`` shapes them."""
     event_id = new_id()
-    payload_json = _json(payload)
+    payload_json = json_dumps(payload)
     envelope = {
         "schema_version": audit_services.ENVELOPE_SCHEMA_VERSION,
         "event_id": str(event_id),
@@ -305,7 +301,7 @@ def _event_params(
         ),
         "outbox_id": new_id(),
         "key": str(event_id),
-        "envelope": _json(envelope),
+        "envelope": json_dumps(envelope),
     }
 
 
@@ -411,7 +407,7 @@ def raw_reserve(
             "action": action,
             "target": target,
             "input_hash": digest,
-            "input": _json(input),
+            "input": json_dumps(input),
             # The row stores what the service stores; encrypting it is the service's
             # CPU, not the database's, so raw writes a sealed value of the same size.
             "sealed": _RAW_SEALED,
