@@ -17,7 +17,6 @@ import hmac
 import json
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -32,26 +31,17 @@ from tasks.credentials import credential_mint
 from tasks.exceptions import ConnectorKeyUnsealable
 from tasks.models import Connector
 from tests.support.connectors import desk_connector
-from tests.support.outbound import allow as outbound_allow
 from ticketdesk.credentials import mint
-from ticketdesk.harness import TicketDesk, start_ticketdesk
+from ticketdesk.harness import TicketDesk
 
 from .conftest import execute, refused_by
 
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture(scope="module")
-def desk() -> Iterator[TicketDesk]:
-    with start_ticketdesk() as running:
-        yield running
-
-
 @pytest.fixture
-def connector(
-    tenant: Tenant, desk: TicketDesk, settings: Any, monkeypatch: pytest.MonkeyPatch
-) -> Connector:
-    outbound_allow(settings, monkeypatch, desk.url)
+def connector(tenant: Tenant, desk: TicketDesk) -> Connector:
+    """A connector to the session's desk (tests/support/desk.py), in the allow-list."""
     return desk_connector(tenant=tenant, desk=desk)
 
 
