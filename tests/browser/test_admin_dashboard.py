@@ -12,6 +12,7 @@ from django.db import connection
 
 from audit.models import Event, EventCode, Outbox, OutboxState
 from config.management.commands.seed_demo import seed
+from console import site as console_site
 from portal.codes import ReasonCode
 from portal.db import db_now
 from portal.models import Tenant
@@ -143,3 +144,28 @@ def test_staff_without_a_tenant_is_told_whom_to_ask(page, live_server, demo):
     assert page.locator("#dashboard").count() == 0
     page.set_viewport_size({"width": 1366, "height": 600})
     page.screenshot(path=str(REPORTS / "admin-dashboard-no-tenant.png"))
+
+
+def test_the_dashboard_updates_itself_while_it_is_open(
+    page, live_server, demo, make_task, monkeypatch
+):
+    """console/live.js fetches the page again and swaps the dashboard in: tasks
+    that finish while a reviewer looks at it show without a reload."""
+    monkeypatch.setattr(console_site, "DASHBOARD_REFRESH_S", 2)  # refreshes soon
+    log_in(page, live_server, "reviewer", "reviewer-demo-password")
+    page.locator("#dashboard").wait_for()
+    succeeded = "#dash-tasks td[data-state=succeeded]"
+    assert page.inner_text(succeeded) == "9"
+    assert page.locator("#dashboard[data-refreshed-at]").count() == 0
+
+    for _ in range(2):
+        make_task(tenant=demo, state=TaskState.SUCCEEDED)
+
+    page.wait_for_function(
+        "s => document.querySelector(s).innerText.trim() === '11'",
+        arg=succeeded,
+        timeout=20_000,
+    )
+    assert page.locator("#dashboard[data-refreshed-at]").count() == 1
+    assert page.locator("#dashboard.refresh-failed").count() == 0
+    assert "hidden-co" not in page.content()  # the fresh copy is as scoped
