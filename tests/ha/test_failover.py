@@ -217,6 +217,16 @@ def test_killing_the_primary_under_load_loses_no_acknowledged_action(
         each_agent_verified,
         timeout=AGENTS_START_TIMEOUT_S,
     )
+    # The relay (beat's job on the worker) is at work before the kill: at CI's load
+    # its first pass can come after the agents' first actions.
+    cluster.wait_for(
+        "the relay's first sent outbox row",
+        lambda: any(
+            sent is not None
+            for _, _, sent, _ in _outbox(old_node.conninfo(dbname=DBNAME))
+        ),
+        timeout=AGENTS_START_TIMEOUT_S,
+    )
     time.sleep(WARMUP_S)
     before = _records(tmp_path)
     probe_before = _probe(
