@@ -139,3 +139,44 @@ def test_portal_is_the_ground_floor() -> None:
     for name in ("settings", "urls", "wsgi", "celery", "metrics_views", "health"):
         assert not (ROOT / "portal" / f"{name}.py").exists(), f"portal/{name}.py"
         assert (ROOT / "config" / f"{name}.py").exists(), f"config/{name}.py"
+
+
+def _absolute_imports(path: Path, root: Path = ROOT) -> set[str]:
+    """``imported_modules`` with relative imports resolved against ``path``'s package
+    (``path`` a file under ``root``)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = path.relative_to(root).with_suffix("").parts[:-1]
+    names = imported_modules(path)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level > 0:
+            base = package[: len(package) - (node.level - 1)]
+            module = ".".join((*base, node.module) if node.module else base)
+            names.add(module)
+            names.update(f"{module}.{alias.name}" for alias in node.names)
+    return names
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted((ROOT / "tasks" / "gateway").rglob("*.py")),
+    ids=lambda p: p.name,
+)
+def test_the_gateway_never_imports_the_takeover_desk(path: Path) -> None:
+    """One direction: the takeover desk uses the gateway (a person's edit runs
+    through it); the gateway hands uncertainty to tasks/escalation.py, never to
+    tasks/takeover.py."""
+    assert not any(
+        name == "tasks.takeover" or name.startswith("tasks.takeover.")
+        for name in _absolute_imports(path)
+    )
+
+
+def test_the_relative_import_reader_resolves_parents(tmp_path: Path) -> None:
+    """The check above would pass vacuously if ``from ..takeover import x`` were
+    not read as tasks.takeover."""
+    module = tmp_path / "tasks" / "gateway" / "probe.py"
+    module.parent.mkdir(parents=True)
+    module.write_text("from ..takeover import task_human_edit\nfrom . import checks\n")
+    names = _absolute_imports(module, root=tmp_path)
+    assert "tasks.takeover" in names
+    assert "tasks.gateway" in names
