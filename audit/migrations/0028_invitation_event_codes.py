@@ -3,74 +3,17 @@ invitation.accepted, added to the audit_event_code domain (portal/domains.py).""
 
 from __future__ import annotations
 
+import importlib
+
 from django.db import migrations
 
 import portal.domains
 from portal.domains import replace_domain_values_sql
 
-PREVIOUS = (
-    "task.registered",
-    "task.transitioned",
-    "task.claimed",
-    "task.lease_acquired",
-    "task.lease_released",
-    "operation.reserved",
-    "operation.executing",
-    "operation.verified",
-    "operation.failed",
-    "operation.unknown",
-    "tenant.deleted",
-    "gateway.checked",
-    "credential.issued",
-    "connector.called",
-    "receipt.queried",
-    "operation.conflicted",
-    "operation.escalated",
-    "operation.approved",
-    "task.escalated",
-    "task.human_claimed",
-    "task.human_released",
-    "task.resolved",
-    "task.lease_expired",
-    "task.woken",
-    "tenant.changed",
-    "agent.created",
-    "agent.changed",
-    "agent_key.issued",
-    "agent_key.revoked",
-    "agent_key.refused",
-    "agent_grant.added",
-    "agent_grant.revoked",
-    "membership.granted",
-    "membership.revoked",
-    "contract.created",
-    "contract.published",
-    "contract.retired",
-    "connector.created",
-    "connector.changed",
-    "audit.exported",
-    "outbox.retried",
-    "outbox.dismissed",
-    "operation.fields_edited",
-    "audit.purged",
-    "audit.payloads_dropped",
-    "policy_set.created",
-    "policy_set.changed",
-    "policy_set.published",
-    "policy_set.retired",
-    "desk.item_assigned",
-    "desk.item_reassigned",
-    "desk.item_reminded",
-    "desk.item_escalated",
-    "approval.requested",
-    "approval.decided",
-    "approval.approved",
-    "approval.rejected",
-    "approval.expired",
-    "approval.consumed",
-    "approval.superseded",
-    "task.commented",
-)
+# The list as the previous migration froze it.
+PREVIOUS: tuple[str, ...] = importlib.import_module(
+    "audit.migrations.0027_reason_and_event_code_domains"
+).EVENT_CODES
 EVENT_CODES = (*PREVIOUS, "invitation.sent", "invitation.accepted")
 
 
