@@ -21,7 +21,10 @@ What it makes:
   waiting: a week; escalations: two weeks).
 - The gateway's events as it writes them now: one ``gateway.checked`` per check
   pass (every check that ran, a refusal last), and a call's credentials (execute
-  and lookup) listed in its ``operation.executing`` event.
+  and lookup) listed in its ``operation.executing`` event and revoked by its
+  ``connector.called`` (``credentials_revoked``). Every payload is its code's live
+  shape, the ``TypedDict`` of ``audit/payloads.py``
+  (``tests/console/test_scale_loader_shapes.py`` checks each story and a tiny load).
 - One outbox row per published event, as ``event_append`` writes them
   (``gateway.checked`` is not published), mostly sent, a few pending or dead;
   ``--outbox N`` keeps only about N of them.

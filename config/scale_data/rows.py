@@ -98,7 +98,7 @@ OPERATION_COLUMNS: Final = (
 )  # fmt: skip
 CREDENTIAL_COLUMNS: Final = (
     "id", "tenant_id", "operation_id", "object_type", "object_id", "fields",
-    "action", "target", "secret_hash", "issued_at", "expires_at",
+    "action", "target", "secret_hash", "issued_at", "expires_at", "revoked_at",
 )  # fmt: skip
 ESCALATION_COLUMNS: Final = (
     "id", "tenant_id", "task_id", "operation_id", "reason_code", "evidence",

@@ -251,7 +251,12 @@ def task_story(
         story.tick(60_000, 120_000)
         story.event(
             "task.lease_expired",
-            {"from": "running", "to": "pending", "lease_token": story.lease_token},
+            {
+                "from": "running",
+                "to": "pending",
+                "owner": owner,
+                "lease_token": story.lease_token,
+            },
             actor=("system", "lease-reaper"),
             reason="LEASE_EXPIRED",
             operation=False,
@@ -281,7 +286,11 @@ def task_story(
             story.tick(30_000, 600_000)
             story.event(
                 "task.woken",
-                {"from": "waiting", "to": "pending"},
+                {
+                    "from": "waiting",
+                    "to": "pending",
+                    "state_version": story.state_version + 1,
+                },
                 actor=("system", "wake-up"),
                 operation=False,
                 moves_task=True,
@@ -366,6 +375,7 @@ def task_story(
                 "error": "read timeout" if via_person else "",
                 "provider_reference": None if via_person else provider_reference,
                 "retry_after_s": None, "duration_ms": rng.randint(40, 900),
+                "credentials_revoked": _spent(story, issued),
             },
         )  # fmt: skip
         if "receipt.queried" in extras:
@@ -374,10 +384,11 @@ def task_story(
                 "receipt.queried",
                 {
                     "outcome": "found", "receipts": [provider_reference], "count": 1,
-                    "purpose": "confirm",
+                    "purpose": "confirm", "error": "",
                 },
             )  # fmt: skip
         if via_person:
+            lookups = 1  # the recovery's receipt lookup
             _via_person(story, reason="RESULT_UNKNOWN", idempotency_key=idempotency_key,
                         provider_reference=provider_reference, owner=owner)  # fmt: skip
         else:
@@ -487,7 +498,7 @@ def _credentials(
             (
                 credential_id, story.tenant.id, story.operation_id, "customer_issue",
                 object_id, dumps(fields), ACTION, TARGET, story.ids.hex(64), at,
-                expires_at,
+                expires_at, None,
             ),
         )  # fmt: skip
         issued.append(
@@ -499,6 +510,18 @@ def _credentials(
         )  # fmt: skip
     story.at -= dt.timedelta(milliseconds=5)  # the event lands on the issue time
     return issued
+
+
+def _spent(story: _Story, issued: list[dict[str, Any]]) -> list[str]:
+    """The call's credentials, revoked as it is recorded (``tasks.gateway.results``
+    ``credentials_spend``: each was good for one request): their rows get the
+    ``connector.called`` event's time, which is the next tick."""
+    spent = sorted(credential["credential_id"] for credential in issued)
+    rows = story.chunk.rows["tasks_credential"]
+    revoked_at = story.at + dt.timedelta(milliseconds=5)  # at or before the event
+    for i in range(len(rows) - len(issued), len(rows)):
+        rows[i] = (*rows[i][:-1], revoked_at)
+    return spent
 
 
 def _evidence(story: _Story, *, reason: str, digest: str, owner: str) -> dict[str, Any]:
@@ -596,7 +619,17 @@ def _via_person(
     )  # fmt: skip
     story.event(
         "receipt.queried",
-        {"outcome": "none", "receipts": [], "count": 0, "purpose": "recover"},
+        # as tasks.gateway.recovery writes it: the lookup's status and number, the
+        # credential it was issued (none here: the call's lookup one was spent)
+        {
+            "outcome": "none",
+            "receipts": [],
+            "count": 0,
+            "status": 200,
+            "error": "",
+            "lookup": 1,
+            "issued": [],
+        },
         actor=("system", "gateway"),
     )
     _escalate(story, reason=reason, idempotency_key=idempotency_key, owner=owner,
