@@ -19,6 +19,13 @@ A revoked or expired key's exact secret is written in its tenant as
 writes it: over HTTP with the request's source address, method and path (set per
 request by ``RequestFacts``), over stdio with the address ``stdio`` and the
 JSON-RPC method.
+
+Failed authentications over HTTP are throttled per source address and per key
+prefix by the REST API's throttle (``portal.api``'s ``auth_failure_*``: the same
+counters in PostgreSQL, the same limit ``PORTAL_AUTH_FAILURE_LIMIT``), in
+``FailedAuthThrottle``: past the limit a failure is ``429`` problem+json
+``RATE_LIMITED`` with ``Retry-After``, and the address is refused until its window
+ends, a right key included (docs/limits.md).
 """
 
 from __future__ import annotations
@@ -29,12 +36,19 @@ from typing import Final
 
 from mcp.server.auth.provider import AccessToken
 from pydantic import PrivateAttr
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from limits import services as limits_services
-from portal import scope, selectors, services
-from portal.api import ApiKeyExpired, ApiKeyRevoked, caller_refuse_frozen
-from portal.exceptions import CallerFrozen
+from portal import problems, scope, selectors, services
+from portal.api import (
+    ApiKeyExpired,
+    ApiKeyRevoked,
+    auth_failure_buckets,
+    auth_failure_record,
+    auth_failure_refuse_blocked,
+    caller_refuse_frozen,
+)
+from portal.exceptions import AuthFailuresThrottled, CallerFrozen
 from portal.models import Agent, AgentKey
 
 from .threads import in_worker_thread
@@ -104,6 +118,87 @@ class RequestFacts:
             await self.app(scope, receive, send)
         finally:
             _request.reset(reset)
+
+
+def _bearer(scope: Scope) -> str | None:
+    """The Authorization header's credentials (after the scheme); None without one."""
+    for name, value in scope.get("headers", ()):
+        if name == b"authorization":
+            return value.decode("latin-1").partition(" ")[2].strip()
+    return None
+
+
+async def _throttled(send: Send, refused: AuthFailuresThrottled) -> None:
+    """The REST API's answer to a throttled failure: 429 problem+json, Retry-After."""
+    retry_after = int(refused.context["retry_after_s"])
+    body = problems.encode(
+        problems.problem_body(
+            status=refused.status,
+            code=str(refused.code),
+            detail=refused.detail,
+            retry_after_s=retry_after,
+        )
+    )
+    await send({
+        "type": "http.response.start",
+        "status": refused.status,
+        "headers": [
+            (b"content-type", problems.PROBLEM_CONTENT_TYPE.encode()),
+            (b"content-length", str(len(body)).encode()),
+            (b"retry-after", str(retry_after).encode()),
+        ],
+    })  # fmt: skip
+    await send({"type": "http.response.body", "body": body})
+
+
+class FailedAuthThrottle:
+    """ASGI middleware: failed authentications throttled as on the REST API.
+
+    A request that sends an Authorization header is put in the REST API's buckets
+    (``auth_failure_buckets``: its source address and the key prefix it names). A
+    bucket this process knows is blocked is refused at once, before any query
+    (``auth_failure_refuse_blocked``). When the SDK's bearer check answers 401, the
+    failure is counted in PostgreSQL and logged (``auth_failure_record``, in a
+    worker thread); the failure that goes over the limit is answered 429 instead of
+    the 401. A request without the header is the SDK's to refuse, uncounted, as the
+    REST API leaves it uncounted.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        secret = _bearer(scope) if scope["type"] == "http" else None
+        if secret is None:
+            await self.app(scope, receive, send)
+            return
+        client = scope.get("client")
+        buckets = auth_failure_buckets(
+            address=client[0] if client else "", secret=secret
+        )
+        try:
+            auth_failure_refuse_blocked(buckets)
+        except AuthFailuresThrottled as refused:
+            await _throttled(send, refused)
+            return
+        replaced = False
+
+        async def watched(message: Message) -> None:
+            nonlocal replaced
+            if replaced:
+                return  # the 401's body: the client got the 429 instead
+            if message["type"] == "http.response.start" and message["status"] == 401:
+                try:
+                    await in_worker_thread(
+                        auth_failure_record, buckets=buckets, reason="invalid_token"
+                    )
+                except AuthFailuresThrottled as refused:
+                    replaced = True
+                    await _throttled(send, refused)
+                    return
+            await send(message)
+
+        await self.app(scope, receive, watched)
 
 
 def _live_key(secret: str, *, method: str = "") -> AgentKey:

@@ -297,6 +297,7 @@ def http_app(*, public_url: str, issuer_url: str) -> Starlette:
         token_verifier=auth.AgentKeyVerifier(),
     )
     app.add_middleware(deep.MarkTooDeep)
+    app.add_middleware(auth.FailedAuthThrottle)
     app.add_middleware(auth.RequestFacts)
     return app
 

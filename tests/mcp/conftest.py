@@ -177,11 +177,17 @@ def arguments(
 
 
 @contextlib.asynccontextmanager
-async def http_session(url: str, secret: str) -> AsyncIterator[ClientSession]:
-    """The SDK's own client over streamable HTTP, the key as Bearer token."""
+async def http_session(
+    url: str, secret: str, *, source: str | None = None
+) -> AsyncIterator[ClientSession]:
+    """The SDK's own client over streamable HTTP, the key as Bearer token;
+    ``source``: the local address it connects from (any of 127.0.0.0/8)."""
+    transport = httpx2.AsyncHTTPTransport(local_address=source) if source else None
     async with (
         httpx2.AsyncClient(
-            headers={"Authorization": f"Bearer {secret}"}, timeout=60
+            headers={"Authorization": f"Bearer {secret}"},
+            timeout=60,
+            transport=transport,
         ) as client,
         streamable_http_client(url, http_client=client) as (read, write),
         ClientSession(read, write) as session,
@@ -207,9 +213,21 @@ async def stdio_session(secret: str) -> AsyncIterator[ClientSession]:
         yield session
 
 
-def raw_post(url: str, secret: str | None, body: Any) -> httpx.Response:
-    """One JSON-RPC POST, as no SDK would send it (headers, body of our choosing)."""
-    headers = {"Accept": "application/json, text/event-stream"}
+def raw_post(
+    url: str,
+    secret: str | None,
+    body: Any,
+    *,
+    source: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> httpx.Response:
+    """One JSON-RPC POST, as no SDK would send it (headers, body of our choosing);
+    ``source``: the local address it connects from (any of 127.0.0.0/8)."""
+    headers = {"Accept": "application/json, text/event-stream", **(headers or {})}
     if secret is not None:
         headers["Authorization"] = f"Bearer {secret}"
-    return httpx.post(url, json=body, headers=headers, timeout=30)
+    if source is None:
+        return httpx.post(url, json=body, headers=headers, timeout=30)
+    transport = httpx.HTTPTransport(local_address=source)
+    with httpx.Client(transport=transport, timeout=30) as client:
+        return client.post(url, json=body, headers=headers)

@@ -103,6 +103,11 @@ class Command(BaseCommand):
             # The portal's level (manage.py up: WARNING unless PORTAL_LOG_LEVEL).
             log_level=os.environ.get("PORTAL_LOG_LEVEL", "INFO").lower(),
             access_log=False,
+            # The source address is the socket's peer, as the REST API's
+            # REMOTE_ADDR (behind a proxy, the proxy's): uvicorn would otherwise
+            # take X-Forwarded-For from a client on 127.0.0.1, and a client there
+            # could name a new address for each failed authentication.
+            proxy_headers=False,
         )
         # Bound and listening before the announcement: a client that connects at
         # once waits in the backlog until a process accepts, never refused.
