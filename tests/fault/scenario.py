@@ -42,6 +42,8 @@ from .harness import (
 _JOB_FAILED = re.compile(r"run_operation_job\[[0-9a-f-]{36}\] raised unexpected")
 # A pool child died under its job (the main process logs it; its own death is silent).
 _WORKER_LOST = re.compile(r"Task handler raised error: WorkerLostError")
+# A resumed (or late) run whose record of its call was refused: someone moved first.
+_STALE = re.compile(r"StaleState")
 
 
 class Submitter(threading.Thread):
@@ -201,6 +203,7 @@ class Run:
             "messages_never_logged": self.ops - len(deliveries),
             "job_failures_logged": len(_JOB_FAILED.findall(logs)),
             "jobs_killed_with_their_child": len(_WORKER_LOST.findall(logs)),
+            "stale_state_refusals_logged": len(_STALE.findall(logs)),
             "attempts_histogram": {str(k): v for k, v in sorted(attempts.items())},
             "calls_made_but_unrecorded": sum(
                 view.attempts - view.count("connector.called")
@@ -225,6 +228,9 @@ def nemesis_figures(nemesis: Nemesis, clock: Clock) -> dict[str, Any]:
     return {
         "kills": {"child": nemesis.kills["child"], "main": nemesis.kills["main"]},
         "kills_total": sum(nemesis.kills.values()),
+        "pauses": nemesis.pauses,
+        "strikes_held_back_half_out": nemesis.held_back,
+        "paused_s_total": round(nemesis.paused_s, 1),
         "worker_restarts": nemesis.restarts,
         # Mains that exited on their own (see WorkerPool.supervise), restarted.
         "worker_self_exits": len(nemesis.self_exits),

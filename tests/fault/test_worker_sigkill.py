@@ -1,16 +1,23 @@
-"""R12 WORKER-SIGKILL: random SIGKILLs of pool children and worker main processes.
+"""R12 WORKER-SIGKILL: random SIGKILLs of pool children and worker main processes,
+and SIGSTOP pauses of whole worker nodes.
 
 Each operation is queued through the gateway (every check commits), its
 ``run_operation_job`` goes to real prefork workers (``acks_late``,
-``reject_on_worker_lost``, prefetch 1), and a nemesis SIGKILLs a pool child or a
-worker main process every U(0.2, 1.0) s until every operation has settled. The
-redeliveries and half-done runs this causes must be harmless: the ticket desk counts
-exactly one ticket per key, every operation ends ``verified``, and each operation's
-events replay to its final state.
+``reject_on_worker_lost``, prefetch 1), and every U(0.2, 1.0) s until every
+operation has settled a nemesis strikes a ready node: it SIGKILLs a pool child or
+the worker main process, or (a share of the strikes) pauses the node's process group
+with SIGSTOP for U(4, 8) s, past the 3 s execution deadline, then SIGCONTs it. While a
+node is paused the settle job settles its calls in flight by the desk's receipt; when
+it resumes, its record of the call is refused (``StaleState``). The redeliveries,
+half-done runs and late resumptions this causes must be harmless: the ticket desk
+counts exactly one ticket per key, every operation ends ``verified``, and each
+operation's events replay to its final state.
 
 Sizes (docs/chaos.md): ``PORTAL_CHAOS_OPS`` (300 in CI; 1,000 by hand), ``PORTAL_CHAOS_WORKERS``
 (4), ``PORTAL_CHAOS_SEED`` (random, reported), ``PORTAL_CHAOS_MAIN_SHARE`` (the share
-of kills aimed at a main process, 0.3), ``PORTAL_CHAOS_RATE`` (submissions per
+of kills aimed at a main process, 0.3), ``PORTAL_CHAOS_PAUSE_SHARE`` (the share of
+strikes that pause a node instead of killing, 0.1; 0 turns pauses off),
+``PORTAL_CHAOS_RATE`` (submissions per
 second; 0, the default, submits as fast as the test process can),
 ``PORTAL_CHAOS_DRAIN_S`` (how long the operations may take to settle, counted from
 the first submission).
@@ -23,7 +30,7 @@ from collections.abc import Callable
 
 import pytest
 
-from .conftest import World
+from .conftest import EXECUTION_DEADLINE_S, World
 from .harness import (
     Nemesis,
     WorkerPool,
@@ -40,6 +47,7 @@ OPS = env_int("PORTAL_CHAOS_OPS", 300)
 WORKERS = env_int("PORTAL_CHAOS_WORKERS", 4)
 SEED = env_int("PORTAL_CHAOS_SEED", random.SystemRandom().randrange(2**32))
 MAIN_SHARE = env_float("PORTAL_CHAOS_MAIN_SHARE", 0.3)
+PAUSE_SHARE = env_float("PORTAL_CHAOS_PAUSE_SHARE", 0.1)
 DRAIN_S = env_float("PORTAL_CHAOS_DRAIN_S", 120 + OPS * 0.6)
 RATE = env_float("PORTAL_CHAOS_RATE", 0.0)
 
@@ -68,7 +76,14 @@ def test_sigkilled_workers_duplicate_nothing_and_lose_nothing(
     )
     run.plan()
     run.start_workers()
-    nemesis = Nemesis(run.pool, random.Random(SEED), main_share=MAIN_SHARE)
+    nemesis = Nemesis(
+        run.pool,
+        random.Random(SEED),
+        main_share=MAIN_SHARE,
+        pause_share=PAUSE_SHARE,
+        # Past the execution deadline: the settle job acts while the node sleeps.
+        pause_for=(EXECUTION_DEADLINE_S + 1.0, EXECUTION_DEADLINE_S + 5.0),
+    )
     with running(nemesis):
         run.submit()
         run.settle()
@@ -78,10 +93,13 @@ def test_sigkilled_workers_duplicate_nothing_and_lose_nothing(
         "test": request.node.name,
         "seed": SEED,
         "main_share": MAIN_SHARE,
+        "pause_share": PAUSE_SHARE,
         "submit_rate": RATE or "as fast as possible",
         **nemesis_figures(nemesis, run.clock),
         **figures,
     }
     write_report(request.node.name, figures)
     assert figures["kills_total"] > 0, "the nemesis never struck"
+    if PAUSE_SHARE > 0:
+        assert figures["pauses"] > 0, "the nemesis never paused a node"
     assert verdict.problems() == {}
