@@ -161,6 +161,7 @@ class BrokerPublisher:
         self._answers: dict[int, bool] = {}  # delivery tag -> acked (False: nacked)
         self._floor = 1  # every tag below it is answered
         self._channel_id = 0
+        self._blocked: str | None = None  # the broker's connection.blocked reason
 
     def _open(self) -> Producer:
         if self._producer is not None:
@@ -179,15 +180,22 @@ class BrokerPublisher:
                 channel.confirm_select()  # delivery tags count from 1 on this channel
                 channel.events["basic_ack"].add(self._on_ack)
                 channel.events["basic_nack"].add(self._on_nack)
+                # A resource alarm: RabbitMQ says connection.blocked once this
+                # connection publishes (py-amqp advertises the capability).
+                broker.connection.on_blocked = self._on_blocked
             producer = Producer(channel, exchange=self.exchange)
             self._channel_id = int(getattr(channel, "channel_id", 0) or 0)
         except BaseException:
             broker.release()
             raise
         self._connection, self._producer = broker, producer
+        self._blocked = None
         self._last_tag, self._floor = 0, 1
         self._unanswered, self._answers = set(), {}
         return producer
+
+    def _on_blocked(self, reason: str) -> None:
+        self._blocked = reason
 
     def _on_ack(self, delivery_tag: int, multiple: bool) -> None:
         self._answer(delivery_tag, multiple, acked=True)
@@ -235,9 +243,10 @@ class BrokerPublisher:
 
         Returns one outcome per message: ``None`` when the broker acked it; a
         ``PublishFailed`` when it nacked it (``connection_lost`` False), when the
-        channel failed (False) or the link failed or no answer came within
-        ``timeout_s`` (True) before its ack. After any failure but a nack the
-        connection is dropped.
+        channel failed (False) or the link failed, the broker blocked the
+        connection (a memory or disk alarm: at once, not after the timeout) or no
+        answer came within ``timeout_s`` (True) before its ack. After any failure but
+        a nack the connection is dropped.
         """
         outcomes: list[PublishFailed | None] = [None] * len(messages)
         tags: list[int] = []
@@ -285,10 +294,18 @@ class BrokerPublisher:
 
         Raises:
             TimeoutError: no full answer within ``timeout_s``.
+            ConnectionError: the broker blocked this connection (connection.blocked:
+                a memory or disk alarm). The unanswered rest of the wave would wait
+                for the alarm's end, and the relay's job with it; it backs off
+                instead (tests/worker/test_broker_durability.py).
         """
         assert self._connection is not None
         deadline = time.monotonic() + self.timeout_s
         while self._unanswered:
+            if self._blocked is not None:
+                raise ConnectionError(
+                    f"the broker blocked publishers (a resource alarm): {self._blocked}"
+                )
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError(f"no publisher confirm within {self.timeout_s} s")
