@@ -190,6 +190,7 @@ def _enqueued(node: PrivateNode, queue: str) -> int:
     return int(counts.get(queue, 0))
 
 
+@pytest.mark.timeout(600)  # the node's start alone took over 300 s at load 39
 def test_a_memory_alarm_stalls_the_relay_boundedly_and_loses_nothing(
     tenant: Tenant, private_node: PrivateNode, settings: Any, caplog: Any
 ) -> None:
