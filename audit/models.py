@@ -590,7 +590,12 @@ class Outbox(models.Model):
         max_length=10, choices=OutboxState, default=OutboxState.PENDING
     )
     attempts = models.PositiveIntegerField(default=0)
+    # Due from (a back-off pushes it out). Indexed (audit_outbox_due_idx): only the
+    # rare failure path moves it.
     available_at = models.DateTimeField(db_default=Now())
+    # A relay's claim: no other relay takes the row before then. In no index, so
+    # the claim's update is HOT (migration 0029, docs/outbox.md "Row updates").
+    leased_until = models.DateTimeField(null=True, blank=True)
     sent_at = models.DateTimeField(null=True, blank=True)
     last_error = models.CharField(max_length=500, blank=True, default="")
     created_at = models.DateTimeField(db_default=Now(), editable=False)

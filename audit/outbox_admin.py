@@ -78,7 +78,7 @@ def outbox_retry(*, tenant: Tenant, by: Person, outbox_id: uuid.UUID) -> Outbox:
     require_tenant_perm(user=by, perm=TenantPerm.MANAGE_OUTBOX, tenant=tenant)
     row = _dead_row_for_update(tenant=tenant, outbox_id=outbox_id)
     Outbox.objects.filter(tenant=tenant, pk=row.pk).update(
-        state=OutboxState.PENDING, available_at=_AppNow()
+        state=OutboxState.PENDING, available_at=_AppNow(), leased_until=None
     )
     services.event_append(
         tenant_id=tenant.pk,

@@ -3,10 +3,12 @@
 docs/style.md R9, and docs/outbox.md for the operator's view. One relay pass:
 
 1. **Claim** (one short durable transaction): lock due ``pending`` rows with
-   ``FOR UPDATE SKIP LOCKED``, lease them by pushing ``available_at`` out by
-   ``PORTAL_OUTBOX_CLAIM_LEASE_S`` and count the attempt, commit. Other relays skip
-   locked rows and ignore leased ones, so in the normal path no two relays ever hold
-   the same row.
+   ``FOR UPDATE SKIP LOCKED``, lease them by setting ``leased_until`` to
+   ``PORTAL_OUTBOX_CLAIM_LEASE_S`` ahead and count the attempt, commit. Other relays
+   skip locked rows and ignore leased ones, so in the normal path no two relays ever
+   hold the same row. ``leased_until`` is in no index, so this update is HOT when the
+   page has room (migration 0029: ``fillfactor = 45``); the ``sent`` mark, which
+   changes ``state``, is the one update per row that writes index entries.
 2. **Publish in waves** with no transaction open. Wave *k* holds the *k*-th claimed
    row of every task (the first wave also holds the rows without a task). A wave is
    published whole on one channel in publisher-confirm mode, then the relay waits
@@ -139,13 +141,17 @@ class Publisher(Protocol):
 # ``task_id`` is generated from the envelope (migration 0016). Rows without a task
 # (NULL) never match ``=``, so each is a head of its own.
 # Followers: the task's next pending rows, as long as each is due (the running
-# bool_and stops at the first leased, backing-off or dead row). The window and the
-# lock sit in different CTEs because PostgreSQL refuses FOR UPDATE beside a window.
+# bool_and stops at the first leased, backing-off or dead row). Due: available_at
+# has come and no lease runs (leased_until is in no index, so the lease is a HOT
+# update; leased rows stay in audit_outbox_due_idx and the scan steps over them).
+# The window and the lock sit in different CTEs because PostgreSQL refuses FOR
+# UPDATE beside a window.
 _CLAIM = """
 WITH heads AS (
     SELECT o.id, o.tenant_id, o.task_id
     FROM audit_outbox AS o
     WHERE o.state = 'pending' AND o.available_at <= app_now()
+      AND (o.leased_until IS NULL OR o.leased_until <= app_now())
       AND NOT EXISTS (
           SELECT 1 FROM audit_outbox AS older
           WHERE older.tenant_id = o.tenant_id
@@ -158,9 +164,10 @@ WITH heads AS (
     FOR UPDATE OF o SKIP LOCKED
 ),
 followers AS (
-    SELECT f.id, bool_and(f.state = 'pending' AND f.available_at <= app_now()) OVER (
-        PARTITION BY f.tenant_id, f.task_id ORDER BY f.id
-    ) AS due_so_far
+    SELECT f.id, bool_and(
+        f.state = 'pending' AND f.available_at <= app_now()
+        AND (f.leased_until IS NULL OR f.leased_until <= app_now())
+    ) OVER (PARTITION BY f.tenant_id, f.task_id ORDER BY f.id) AS due_so_far
     FROM audit_outbox AS f
     JOIN heads AS h
       ON f.tenant_id = h.tenant_id AND f.task_id = h.task_id
@@ -175,7 +182,7 @@ claimable AS (
 )
 UPDATE audit_outbox AS o
 SET attempts = o.attempts + 1,
-    available_at = app_now() + make_interval(secs => %(lease_s)s)
+    leased_until = app_now() + make_interval(secs => %(lease_s)s)
 FROM claimable AS c
 WHERE o.id = c.id AND o.state = 'pending'
   AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
@@ -199,34 +206,41 @@ BACKOFF_UNTIL_SQL: Final = """app_now() + make_interval(secs => LEAST(
     %(cap)s, %(base)s * power(2, LEAST(GREATEST(attempts - 1, 0), 60))
 ))"""
 
+# A failure ends the lease: the back-off (available_at) alone decides when it is due.
 _MARK_FAILED = f"""
 UPDATE audit_outbox SET
     state = CASE WHEN attempts >= %(max_attempts)s THEN 'dead' ELSE 'pending' END,
     available_at = {BACKOFF_UNTIL_SQL},
+    leased_until = NULL,
     last_error = left(%(error)s, 500)
 WHERE id = %(id)s AND state = 'pending'
 RETURNING state
 """
 
+# Back in line where it was (its available_at unchanged), due at once: the lease
+# ends and the attempt is not counted. Touches no indexed column (HOT).
 _RELEASE = """
-UPDATE audit_outbox SET attempts = GREATEST(attempts - 1, 0), available_at = app_now()
+UPDATE audit_outbox SET attempts = GREATEST(attempts - 1, 0), leased_until = NULL
 WHERE id = ANY(%s) AND state = 'pending'
 """
 
 _RETRY_DEAD = """
-UPDATE audit_outbox SET state = 'pending', attempts = 0, available_at = app_now()
+UPDATE audit_outbox SET state = 'pending', attempts = 0, available_at = app_now(),
+    leased_until = NULL
 WHERE tenant_id = %s AND id = ANY(%s) AND state = 'dead'
 """
 
 _RETRY_ALL_DEAD = """
-UPDATE audit_outbox SET state = 'pending', attempts = 0, available_at = app_now()
+UPDATE audit_outbox SET state = 'pending', attempts = 0, available_at = app_now(),
+    leased_until = NULL
 WHERE tenant_id = %s AND state = 'dead'
 """
 
 _BACKLOG = """
 SELECT
     count(*) FILTER (WHERE state = 'pending'),
-    count(*) FILTER (WHERE state = 'pending' AND available_at <= app_now()),
+    count(*) FILTER (WHERE state = 'pending' AND available_at <= app_now()
+        AND (leased_until IS NULL OR leased_until <= app_now())),
     count(*) FILTER (WHERE state = 'dead'),
     EXTRACT(EPOCH FROM app_now() - min(created_at) FILTER (WHERE state = 'pending'))
 FROM audit_outbox
