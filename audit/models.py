@@ -577,7 +577,8 @@ class Outbox(models.Model):
         related_name="+",
     )
     topic = models.CharField(max_length=100)
-    # Goes out as the message id / Idempotency-Key: consumers dedupe on it.
+    # Goes out as the message id / Idempotency-Key: consumers dedupe on it. Always
+    # the event id (audit_outbox_key_is_event_check).
     key = models.CharField(max_length=200)
     payload = models.JSONField()
     # The envelope's task id, typed: the relay's per-task order key (migration 0016).
@@ -606,8 +607,12 @@ class Outbox(models.Model):
             models.UniqueConstraint(
                 fields=["tenant", "id"], name="audit_outbox_tenant_id_uniq"
             ),
-            models.UniqueConstraint(
-                fields=["tenant", "key"], name="audit_outbox_key_uniq"
+            # The key is the event id, so (tenant_id, event_id) being unique makes
+            # the consumers' dedupe key unique; no index of its own (each index
+            # costs every append and every sent mark; migration 0030).
+            models.CheckConstraint(
+                condition=Q(key=Cast("event_id", models.CharField())),
+                name="audit_outbox_key_is_event_check",
             ),
             models.CheckConstraint(
                 condition=Q(state__in=OutboxState.values),

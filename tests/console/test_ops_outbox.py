@@ -170,6 +170,29 @@ def test_the_monitor_page_runs_a_bounded_number_of_queries(tenant, make_tenant):
     assert queries(admin) == queries(busy) <= 18
 
 
+@pytest.mark.django_db
+def test_the_search_finds_a_message_by_its_event_id_in_the_persons_tenants(
+    tenant, other_tenant
+):
+    # given: two rows here and one in a tenant the admin does not hold
+    wanted, _ = make_row(tenant), make_row(tenant)
+    elsewhere = make_row(other_tenant)
+    client = logged_in(person("admin", tenant))
+
+    def found(term: str) -> list[str]:
+        response = client.get(CHANGELIST, {"q": term})
+        assert response.status_code == 200
+        return [str(row.pk) for row in response.context["cl"].result_list]
+
+    # then: the key (the event id) finds its row, in either case; anything else,
+    # or another tenant's event id, finds nothing
+    assert wanted.key == str(wanted.event_id)
+    assert found(wanted.key) == found(wanted.key.upper()) == [str(wanted.pk)]
+    assert found(elsewhere.key) == []
+    assert found("not-an-id") == []
+    assert len(found("")) == 2
+
+
 # --- Retry and dismiss -------------------------------------------------------------
 
 

@@ -250,6 +250,23 @@ def test_event_append_bounds_and_redacts_before_the_database_sees_it(tenant):
     assert event.payload["nested"] == {"password": "[REDACTED]", "ok": 1}
 
 
+# --- The outbox key is the event id (audit migration 0030) ----------------------------
+
+
+def test_an_outbox_key_other_than_its_event_id_is_refused(tenant):
+    """Consumers dedupe on the key; it is unique because the event id is."""
+    event = _event(tenant)
+    execute("DELETE FROM audit_outbox WHERE event_id = %s", [event.pk])
+    insert = """
+        INSERT INTO audit_outbox (id, tenant_id, event_id, topic, key, payload, state,
+            attempts, last_error)
+        VALUES (gen_random_uuid(), %s, %s, 't', %s, '{}', 'pending', 0, '')
+    """
+    with refused_by("audit_outbox_key_is_event_check"):
+        execute(insert, [tenant.pk, event.pk, "another-key"])
+    execute(insert, [tenant.pk, event.pk, str(event.pk)])  # the event id: accepted
+
+
 # --- Invariant 8: published contract versions are immutable ---------------------------
 
 

@@ -554,8 +554,8 @@ def test_undelivered_messages_hold_their_events(two_tenants):
         cursor.execute(
             "INSERT INTO audit_outbox (id, tenant_id, event_id, topic, key, payload,"
             " state, attempts, available_at, last_error, created_at)"
-            " VALUES (%s, %s, %s, 't', 'k', '{}', 'pending', 0, now(), '', now())",
-            [ids.new_id(), b.pk, first.pk],
+            " VALUES (%s, %s, %s, 't', %s, '{}', 'pending', 0, now(), '', now())",
+            [ids.new_id(), b.pk, first.pk, str(first.pk)],
         )
 
     report = retention.unscoped_retention_run()
