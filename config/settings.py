@@ -174,9 +174,60 @@ def _prepare_threshold(server_side_binding: bool) -> int | None:
     return threshold
 
 
+# A link that goes silent under an OPEN connection (a partition, a dead host, a
+# failover's lost address) while a query waits: libpq has no timeout for a reply, so
+# the wait lasted until gunicorn killed the worker (30 s). Keepalive probes after
+# ``KEEPALIVES_IDLE_S`` of silence, one each ``INTERVAL_S``, and ``TCP_USER_TIMEOUT_S``
+# for unanswered probes or unacknowledged data end it: an OperationalError, a 503.
+# A slow query on a healthy link is not cut: the server's kernel answers the probes
+# while the statement runs (statement_timeout, 60 s, bounds the statement; this bounds
+# the silence of the peer). Under gunicorn's 30 s so the client gets the 503, over a
+# few seconds of packet loss. The same values go to the server for its side of the
+# connection, so a backend whose client vanished mid-transaction rolls back and
+# frees its locks instead of waiting for the kernel's 2-hour keepalive.
+# docs/reliability.md "Network faults (R15)", tests/http/test_db_partition.py.
+
+
+def _env_count(name: str, default: int) -> int:
+    """A whole number >= 0 from the environment (0: the system's default)."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    if not value.isdigit():
+        raise ImproperlyConfigured(f"{name}={value!r}: a whole number >= 0")
+    return int(value)
+
+
+_DB_TCP_USER_TIMEOUT_S = _env_count("PORTAL_DB_TCP_USER_TIMEOUT_S", 10)
+_DB_KEEPALIVES_IDLE_S = _env_count("PORTAL_DB_KEEPALIVES_IDLE_S", 5)
+_DB_KEEPALIVES_INTERVAL_S = _env_count("PORTAL_DB_KEEPALIVES_INTERVAL_S", 1)
+# Probes before giving up where TCP_USER_TIMEOUT is unknown (Linux lets it decide).
+_DB_KEEPALIVES_COUNT = _env_count("PORTAL_DB_KEEPALIVES_COUNT", 5)
+# 0 leaves an option out, to the kernel's default (libpq would pass 0 to setsockopt,
+# which refuses it for the keepalive knobs: every connection would fail).
+_db_tcp_values = {
+    "keepalives_idle": _DB_KEEPALIVES_IDLE_S,
+    "keepalives_interval": _DB_KEEPALIVES_INTERVAL_S,
+    "keepalives_count": _DB_KEEPALIVES_COUNT,
+    "tcp_user_timeout": _DB_TCP_USER_TIMEOUT_S * 1000,  # libpq: milliseconds
+}
+_db_tcp_options: dict[str, int] = {
+    "keepalives": 1,
+    **{name: value for name, value in _db_tcp_values.items() if value > 0},
+}
+# The server's names for the same (tcp_user_timeout in ms there too); 0 is its
+# "the kernel's default", so every value may be said.
+_db_server_tcp = (
+    f"-c tcp_keepalives_idle={_DB_KEEPALIVES_IDLE_S}"
+    f" -c tcp_keepalives_interval={_DB_KEEPALIVES_INTERVAL_S}"
+    f" -c tcp_keepalives_count={_DB_KEEPALIVES_COUNT}"
+    f" -c tcp_user_timeout={_DB_TCP_USER_TIMEOUT_S * 1000}"
+)
+
 _portal_options: dict[str, Any] = {
     # Fail fast rather than queue behind a stuck lock; services retry where it is safe.
-    "options": "-c lock_timeout=10000 -c statement_timeout=60000",
+    "options": f"-c lock_timeout=10000 -c statement_timeout=60000 {_db_server_tcp}",
+    **_db_tcp_options,
     # A database that cannot be reached makes the request a 503 within this many
     # seconds (libpq waits forever by default, so a partitioned link held a web
     # worker until gunicorn killed it). tests/http/test_db_link.py.

@@ -80,6 +80,6 @@ def settings_variables() -> set[str]:
         text = path.read_text()
         names |= set(re.findall(r"os\.environ(?:\.get)?\(\s*\"([A-Z0-9_]+)\"", text))
         names |= set(re.findall(r"os\.environ\[\"([A-Z0-9_]+)\"\]", text))
-        names |= set(re.findall(r"_env_(?:bool|list)\(\s*\"([A-Z0-9_]+)\"", text))
+        names |= set(re.findall(r"_env_(?:bool|list|count)\(\s*\"([A-Z0-9_]+)\"", text))
         names |= set(re.findall(r"\"([A-Z0-9_]+)\" (?:not )?in os\.environ", text))
     return names
