@@ -18,7 +18,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
-from .server import DEFAULT_AUDIENCE, TicketDeskServer, is_loopback
+from .server import (
+    DEFAULT_AUDIENCE,
+    TicketDeskServer,
+    in_network_namespace,
+    is_loopback,
+)
 
 KEYS_ENV: Final = "TICKETDESK_KEYS"
 _STOP_SIGNALS: Final = {signal.SIGTERM, signal.SIGINT}
@@ -40,6 +45,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--port", type=int, required=True, help="the port; 0 picks a free one"
+    )
+    parser.add_argument(
+        "--netns",
+        default=None,
+        help="the network namespace (ip netns) this desk runs in: then --host may be "
+        "that namespace's address, not only loopback (tests/support/netns.py)",
     )
     parser.add_argument(
         "--keys",
@@ -118,8 +129,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     _export_spans()
     if not args.keys:
         _parser().error(f"give --keys or set ${KEYS_ENV}")
-    if not is_loopback(args.host):
-        _parser().error(f"--host must be a loopback address, not {args.host!r}")
+    if args.netns is not None and not in_network_namespace(args.netns):
+        _parser().error(f"--netns {args.netns!r}: not the namespace this runs in")
+    if not is_loopback(args.host) and args.netns is None:
+        _parser().error(
+            f"--host must be a loopback address, not {args.host!r} (any address"
+            " only with --netns, inside that network namespace)"
+        )
     if (args.tls_cert is None) != (args.tls_key is None):
         _parser().error("--tls-cert and --tls-key go together")
     tls = None
@@ -141,6 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             keys_path=Path(args.keys),
             audience=args.audience,
             tls=tls,
+            netns=args.netns,
         )
     except ValueError as error:
         print(f"ticketdesk: {error}", file=sys.stderr)

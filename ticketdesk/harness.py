@@ -243,6 +243,7 @@ def start_ticketdesk(
     audience: str | None = None,
     tls: tuple[Path, Path] | None = None,
     ca_file: Path | None = None,
+    netns: str | None = None,
 ) -> TicketDesk:
     """Start ``python -m ticketdesk`` and return it once it accepts connections.
 
@@ -250,7 +251,8 @@ def start_ticketdesk(
         port: the port to listen on; None picks a free one.
         keys_path: the JWKS file of trusted public keys (``trust`` adds to it);
             by default an empty temporary file, removed by ``stop()``.
-        host: a loopback address.
+        host: a loopback address; inside a network namespace of its own, that
+            namespace's address (tests/support/netns.py).
         timeout: seconds to wait for the "listening" line.
         log_path: where the child's stderr (request log) goes; by default a
             temporary file, removed by ``stop()``.
@@ -260,6 +262,8 @@ def start_ticketdesk(
             (``--tls-cert``, ``--tls-key``) and its URL is ``https://``.
         ca_file: the PEM file of the CA the control calls trust for an https desk;
             by default the system's trust store.
+        netns: a network namespace to start the desk in (``ip netns exec``; root
+            only): ``host`` is then that namespace's address.
 
     Raises:
         TicketDeskError: the child exited or stayed silent past ``timeout``; the
@@ -286,6 +290,8 @@ def start_ticketdesk(
     ]  # fmt: skip
     if audience is not None:
         command += ["--audience", audience]
+    if netns is not None:
+        command = ["ip", "netns", "exec", netns, *command, "--netns", netns]
     ssl_context = None
     if tls is not None:
         command += ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])]

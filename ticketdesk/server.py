@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import re
 import socket
 import ssl
@@ -88,6 +89,19 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def in_network_namespace(name: str) -> bool:
+    """True when this process runs in the named network namespace (``ip netns
+    add NAME``, bound at /run/netns/NAME): a test's private network
+    (tests/support/netns.py), reached only over the veth pair root made for it,
+    where the desk may listen on that namespace's address instead of loopback."""
+    try:
+        here = os.stat("/proc/self/ns/net")
+        named = os.stat(f"/run/netns/{name}")
+    except (OSError, ValueError):
+        return False
+    return (here.st_dev, here.st_ino) == (named.st_dev, named.st_ino)
+
+
 class TicketDeskServer(ThreadingHTTPServer):
     """A threaded HTTP server holding the desk's state and trusted public keys;
     https when given ``tls``, a server-side context holding the certificate chain."""
@@ -105,8 +119,11 @@ class TicketDeskServer(ThreadingHTTPServer):
         keys_path: Path,
         audience: str = DEFAULT_AUDIENCE,
         tls: ssl.SSLContext | None = None,
+        netns: str | None = None,
     ) -> None:
-        if not is_loopback(host):
+        # Any address of a test's private network namespace is as closed as
+        # loopback: only the veth pair root made for it reaches it.
+        if not is_loopback(host) and not (netns and in_network_namespace(netns)):
             raise ValueError(f"the ticket desk binds loopback only, not {host!r}")
         if host == "localhost":
             host = "127.0.0.1"

@@ -79,6 +79,19 @@ def test_non_loopback_host_is_refused(host: str) -> None:
     assert result.stdout == ""
 
 
+def test_a_namespace_it_does_not_run_in_is_refused() -> None:
+    """``--netns`` lets the desk bind beyond loopback only inside that namespace:
+    named from the machine's own network, it is refused before binding."""
+    result = subprocess.run(
+        [sys.executable, "-m", "ticketdesk", "--host", "192.0.2.1", "--port", "0",
+         "--keys", "keys.json", "--netns", "portal-nf-not-this-one"],
+        cwd=REPO, capture_output=True, text=True, timeout=10, check=False,
+    )  # fmt: skip
+
+    assert result.returncode == 2
+    assert "not the namespace this runs in" in result.stderr
+
+
 def test_missing_key_file_is_refused() -> None:
     env = {"PATH": "/usr/bin:/bin"}
     result = subprocess.run(
