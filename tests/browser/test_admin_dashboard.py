@@ -4,7 +4,6 @@ tenant. (The API docs offline: tests/browser/test_api_docs_offline.py.)"""
 from __future__ import annotations
 
 import datetime as dt
-from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import User
@@ -18,10 +17,9 @@ from portal.db import db_now
 from portal.models import Tenant
 from tasks.models import TaskState
 from tests.browser.conftest import log_in
+from tests.browser.shots import docs_shot, report_shot
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-REPORTS = Path(__file__).resolve().parents[2] / "reports"
 
 
 def add_events(tenant: Tenant, *, per_hour: list[int]) -> None:
@@ -99,9 +97,8 @@ def test_the_demo_reviewer_reads_their_dashboard(page, live_server, demo):
     assert "hidden-co" not in page.content()
     # The app list is still there, under the dashboard.
     assert page.locator("#content-main .app-tasks").count() == 1
-    REPORTS.mkdir(exist_ok=True)
     page.set_viewport_size({"width": 1366, "height": 900})
-    page.screenshot(path=str(REPORTS / "admin-dashboard-reviewer.png"), full_page=True)
+    docs_shot(page, "admin-dashboard-reviewer.png", full_page=True)
 
 
 def test_the_demo_admin_sees_the_relay_and_retries_a_dead_row(page, live_server, demo):
@@ -115,13 +112,13 @@ def test_the_demo_admin_sees_the_relay_and_retries_a_dead_row(page, live_server,
     outbox = page.inner_text("#dash-outbox")
     assert "demo" in outbox and "hidden-co" not in outbox
     page.set_viewport_size({"width": 1366, "height": 900})
-    page.screenshot(path=str(REPORTS / "admin-dashboard-admin.png"), full_page=True)
+    report_shot(page, "admin-dashboard-admin.png", full_page=True)
 
     page.click("#dash-outbox td.alert a")  # the dead count links to the dead rows
     page.wait_for_selector("#outbox-monitor")
     assert page.inner_text("#outbox-monitor [data-figure=dead]") == "1"
     assert page.locator("#result_list tbody tr").count() == 1
-    page.screenshot(path=str(REPORTS / "admin-outbox-monitor.png"), full_page=True)
+    report_shot(page, "admin-outbox-monitor.png", full_page=True)
     page.check(f"input[name=_selected_action][value='{dead.pk}']")
     page.select_option("select[name=action]", "retry_dead")
     page.click("button[name=index]")
@@ -143,7 +140,7 @@ def test_staff_without_a_tenant_is_told_whom_to_ask(page, live_server, demo):
     assert "permission to view or edit anything" not in page.content()
     assert page.locator("#dashboard").count() == 0
     page.set_viewport_size({"width": 1366, "height": 600})
-    page.screenshot(path=str(REPORTS / "admin-dashboard-no-tenant.png"))
+    report_shot(page, "admin-dashboard-no-tenant.png")
 
 
 def test_the_dashboard_updates_itself_while_it_is_open(

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from django.contrib.auth.models import User
 from django.db import transaction
@@ -13,10 +11,9 @@ from portal import services as portal_services
 from portal.actors import Actor
 from portal.models import Role
 from tests.browser.conftest import PASSWORD, log_in
+from tests.browser.shots import report_shot
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-REPORTS = Path(__file__).resolve().parents[2] / "reports"
 
 
 def log_in_as_member(page, live_server, tenant, role: Role = Role.REVIEWER) -> None:
@@ -46,8 +43,7 @@ def test_a_reviewer_reads_an_event_and_cannot_change_or_delete_it(
     assert "agp_0123456789ab" not in page.content()  # redacted before it was stored
     assert page.locator("input[name=_save]").count() == 0
     assert page.locator("a.deletelink").count() == 0
-    REPORTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(REPORTS / "admin-event.png"), full_page=True)
+    report_shot(page, "admin-event.png", full_page=True)
     response = page.goto(f"{live_server.url}/admin/audit/event/{event_id}/delete/")
     assert response is not None and response.status == 403
 

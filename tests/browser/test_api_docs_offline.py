@@ -11,15 +11,14 @@ Redoc ask Redocly's CDN for its logo.)"""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 
-pytestmark = pytest.mark.django_db(transaction=True)
+from tests.browser.shots import report_shot
 
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "reports"
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
@@ -65,8 +64,7 @@ def test_redoc_asks_no_other_host(page, live_server):
     page.get_by_text("API docs by Redocly").wait_for()
     page.wait_for_load_state("networkidle")
     assert outside == []
-    SCREENSHOTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(SCREENSHOTS / "api-redoc-offline.png"))
+    report_shot(page, "api-redoc-offline.png")
 
 
 def test_swagger_ui_asks_no_other_host(page, live_server):
@@ -82,5 +80,4 @@ def test_swagger_ui_asks_no_other_host(page, live_server):
     page.locator(".swagger-ui .opblock-body").first.wait_for()
     page.wait_for_load_state("networkidle")
     assert outside == []
-    SCREENSHOTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(SCREENSHOTS / "api-docs-offline.png"))
+    report_shot(page, "api-docs-offline.png")

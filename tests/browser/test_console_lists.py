@@ -8,7 +8,6 @@ none of these rows."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
@@ -18,14 +17,13 @@ from portal.models import AgentKey, Role
 from tasks import services as task_services
 from tasks.models import Contract
 from tests.browser.conftest import PASSWORD, log_in
+from tests.browser.shots import docs_shot, report_shot
 from tests.console.test_desk import make_person
 from tests.support.contracts import SPEC
 from tests.support.outbound import allow as outbound_allow
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-ROOT = Path(__file__).resolve().parents[2]
-REPORTS = ROOT / "reports"
 SECONDS = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC")
 LONG_ERROR = "broker unreachable: amqp://" + "x" * 400 + "/vhost"
 
@@ -67,7 +65,7 @@ def test_a_tenant_admin_reads_messages_times_the_outbox_and_connectors(
         shown = page.inner_text(f"#result_list tbody tr td.field-{column}")
         assert SECONDS.fullmatch(shown.strip()), (column, shown)
     assert not re.search(r"[ap]\.m\.", page.inner_text("#result_list"))
-    page.locator("#changelist").screenshot(path=str(REPORTS / "agent-keys-times.png"))
+    report_shot(page.locator("#changelist"), "agent-keys-times.png")
 
     # The contract form explains the spec with an example, and says where it breaks
     page.goto(f"{live_server.url}/admin/tasks/contract/add/")
@@ -78,9 +76,7 @@ def test_a_tenant_admin_reads_messages_times_the_outbox_and_connectors(
     page.click("input[name=_save]")
     errors = page.inner_text(".field-spec ul.errorlist")
     assert "not JSON: Expecting value at line 2, column 12" in errors, errors
-    page.locator("#contract_form").screenshot(
-        path=str(ROOT / "docs" / "screenshots" / "contract-form.png")
-    )
+    docs_shot(page.locator("#contract_form"), "contract-form.png")
 
     # The connector list shows its base URL as text: no link to the desk's root
     page.goto(f"{live_server.url}/admin/tasks/connector/")
@@ -110,11 +106,8 @@ def test_a_tenant_admin_reads_messages_times_the_outbox_and_connectors(
     # and the error is read whole, not cut at the box's edge (it wraps)
     assert widths["table"] <= widths["results"] + 1, widths
     assert SECONDS.search(page.inner_text("#result_list .field-created_at"))
-    page.screenshot(path=str(REPORTS / "outbox-long-error.png"), full_page=True)
-    page.screenshot(
-        path=str(ROOT / "docs" / "screenshots" / "admin-outbox-monitor.png"),
-        full_page=True,
-    )
+    report_shot(page, "outbox-long-error.png", full_page=True)
+    report_shot(page, "admin-outbox-monitor.png", full_page=True)
 
     # Another tenant's administrator sees none of these rows
     page.context.clear_cookies()

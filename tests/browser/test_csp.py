@@ -4,8 +4,6 @@ render, and a 404 page carries the policy too."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from django.contrib import admin
 from django.contrib.auth.models import User
@@ -16,10 +14,10 @@ from portal import services as portal_services
 from portal.models import Role, Tenant
 from tests.browser.conftest import PASSWORD, log_in
 from tests.browser.csp import watch_violations
+from tests.browser.shots import report_shot
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-REPORTS = Path(__file__).resolve().parents[2] / "reports"
 STRICT = (
     "default-src 'self'",
     "object-src 'none'",
@@ -157,8 +155,7 @@ def test_swagger_ui_renders_under_the_policy(page, live_server):
     page.locator(".swagger-ui .opblock-summary").first.click()  # opens an operation
     page.locator(".swagger-ui .opblock-body").first.wait_for()
     assert violations == [], "\n".join(violations)
-    REPORTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(REPORTS / "api-docs-csp.png"))
+    report_shot(page, "api-docs-csp.png")
 
 
 def test_redoc_renders_under_the_policy(page, live_server):
@@ -175,5 +172,4 @@ def test_redoc_renders_under_the_policy(page, live_server):
     menu = page.locator(".menu-content")
     assert menu.evaluate("e => getComputedStyle(e).display") != "inline"
     assert violations == [], "\n".join(violations)
-    REPORTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(REPORTS / "api-redoc-csp.png"))
+    report_shot(page, "api-redoc-csp.png")

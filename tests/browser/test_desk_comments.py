@@ -4,18 +4,16 @@ reviewer reads both and has no form; another tenant's member reads neither."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from console.models import DeskComment
 from portal.models import Role
 from tests.browser.conftest import PASSWORD, log_in
+from tests.browser.shots import docs_shot
 from tests.console.test_desk import escalate_task, make_person
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-SHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 DESK = "/admin/console/takeoveritem/"
 
 
@@ -55,7 +53,7 @@ def test_people_comment_on_a_desk_item_and_only_its_tenant_reads_them(
     assert rows.count() == 2
     assert "ada" in rows.nth(1).inner_text()  # oldest first: hers is second
     admin.set_viewport_size({"width": 1366, "height": 900})
-    admin.locator("#desk-timeline").screenshot(path=str(SHOTS / "desk-comments.png"))
+    docs_shot(admin.locator("#desk-timeline"), "desk-comments.png")
 
     # A reviewer reads both and has no form
     reviewer = browser.new_context().new_page()

@@ -5,21 +5,19 @@ another tenant's member sees no rows."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from portal.models import Role
 from routing.models import Assignment
 from tasks.models import Task, TaskState
 from tests.browser.conftest import PASSWORD, log_in
+from tests.browser.shots import docs_shot
 from tests.console.test_desk import escalate_task, make_person
 from tests.routing import conftest as routing_world
 from tests.routing.conftest import escalate_with_canary
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-SHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 DESK = "/admin/console/takeoveritem/"
 
 
@@ -48,7 +46,7 @@ def test_support_works_the_desk_from_the_list(
     # Then his rows offer hand back and release; the waiting one still a claim
     assert _row(page, first).locator("button.desk-row-hand-back").count() == 1
     assert _row(page, third).locator("button.desk-row-claim").count() == 1
-    page.screenshot(path=str(SHOTS / "desk-inbox.png"), full_page=True)
+    docs_shot(page, "desk-inbox.png", full_page=True)
 
     # When he hands one back with a note, from the list
     row = _row(page, first)
@@ -121,7 +119,7 @@ def test_support_reassigns_from_the_list(
     ]
     # When Ana moves the first to Cy (On-call) from the list
     choice.select_option(label="On-call → cy")
-    page.screenshot(path=str(SHOTS / "desk-inbox-reassign.png"))
+    docs_shot(page, "desk-inbox-reassign.png")
     _row(page, first).locator("button.desk-row-reassign").click()
     page.wait_for_selector("ul.messagelist")
     # Then she is still on the list, told which task moved, and the row says so

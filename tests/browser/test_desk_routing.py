@@ -6,8 +6,6 @@ finds no such item. The screenshot is docs/screenshots/desk-routing.png."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from audit.models import Event, EventCode
@@ -15,6 +13,7 @@ from portal.models import Role
 from routing import delivery
 from routing.models import Assignment
 from tests.browser.conftest import PASSWORD, log_in
+from tests.browser.shots import docs_shot
 from tests.console.test_desk import SECRET, escalate_task, make_person
 from tests.routing import conftest as routing_world
 from tests.routing.conftest import Inbox, Receiver
@@ -25,8 +24,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 smtp = routing_world.smtp
 receiver = routing_world.receiver
 desk = routing_world.desk
-
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 
 
 def _post_as_page(page, url: str, data: dict[str, str] | None = None):
@@ -77,7 +74,7 @@ def test_support_takes_over_and_reassigns_and_the_new_group_is_told(
     assert "You took this item over" in page.inner_text(".messagelist")
     assert "taken by ana" in page.inner_text("#desk-sla")
     page.locator("#desk-status").scroll_into_view_if_needed()
-    page.screenshot(path=str(SCREENSHOTS / "desk-routing.png"))
+    docs_shot(page, "desk-routing.png")
 
     # and moves it to On-call
     page.select_option("#desk-reassign-to", label="On-call")

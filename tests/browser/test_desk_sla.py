@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 import time
-from pathlib import Path
 
 import pytest
 
@@ -13,11 +12,10 @@ from portal.models import Role
 from routing import services as routing_services
 from routing.models import Group, RoutingRule
 from tests.browser.conftest import PASSWORD, log_in
+from tests.browser.shots import report_shot
 from tests.console.test_desk import escalate_task, make_person
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-REPORTS = Path(__file__).resolve().parents[2] / "reports"
 
 
 def test_support_sees_the_group_and_the_clock_of_each_item(
@@ -43,7 +41,6 @@ def test_support_sees_the_group_and_the_clock_of_each_item(
     for n in range(3):
         escalate_task(make_task, make_operation, tenant, n=2000 + n)
     make_person("sam", {tenant: Role.SUPPORT}, password=PASSWORD)
-    REPORTS.mkdir(exist_ok=True)
     page.set_viewport_size({"width": 1366, "height": 700})
 
     # When support opens the desk
@@ -51,7 +48,7 @@ def test_support_sees_the_group_and_the_clock_of_each_item(
     page.goto(f"{live_server.url}/admin/console/takeoveritem/")
     page.wait_for_selector("#result_list")
     listing = page.inner_text("#result_list")
-    page.screenshot(path=str(REPORTS / "desk-sla-list.png"), full_page=True)
+    report_shot(page, "desk-sla-list.png", full_page=True)
 
     # Then each row names its group and its clock
     assert re.search(r"On-call: overdue by \d s \(reminded, escalated\)", listing)
@@ -61,7 +58,7 @@ def test_support_sees_the_group_and_the_clock_of_each_item(
     page.goto(f"{live_server.url}/admin/console/takeoveritem/{late.pk}/change/")
     page.wait_for_selector("#desk-sla")
     line = page.inner_text("#desk-sla")
-    page.screenshot(path=str(REPORTS / "desk-sla-item.png"))
+    report_shot(page, "desk-sla-item.png")
     assert "Assigned to On-call" in line
     assert re.search(r"overdue by \d s \(was due at [-0-9]+ [:0-9]+ UTC\)", line)
     assert "reminded, escalated" in line

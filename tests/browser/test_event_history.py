@@ -5,8 +5,6 @@ opens it again; another tenant's administrator sees none of it."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from django.contrib.auth.models import User
 
@@ -14,11 +12,10 @@ from console.models import SavedSearch
 from portal import services as portal_services
 from portal.models import Role
 from tests.browser.conftest import log_in
+from tests.browser.shots import docs_shot
 from tests.browser.test_reviewer import PASSWORD, log_in_as_reviewer, story  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-SHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 
 
 def test_a_reviewer_filters_by_code_and_time_and_saves_the_search(
@@ -52,7 +49,7 @@ def test_a_reviewer_filters_by_code_and_time_and_saves_the_search(
     page.click("#save-search button[type=submit]")
     page.wait_for_selector("#saved-searches a[aria-current=true]")
     assert "Saved as “claims since 2000”" in page.inner_text("ul.messagelist")
-    page.screenshot(path=str(SHOTS / "event-history.png"), full_page=True)
+    docs_shot(page, "event-history.png", full_page=True)
     # and opens it again from the plain list
     page.goto(f"{live_server.url}/admin/audit/event/")
     assert page.locator("#result_list tbody tr").count() == 4

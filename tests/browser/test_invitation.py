@@ -7,7 +7,6 @@ member")."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,11 +15,11 @@ from django.contrib.auth.models import User
 from portal import services as portal_services
 from portal.models import Membership, Role
 from tests.browser.conftest import PASSWORD, log_in
+from tests.browser.shots import docs_shot
 from tests.support.smtp import Inbox, smtp  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-SHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 ADD = "/admin/portal/invitation/add/"
 
 
@@ -44,7 +43,7 @@ def test_an_invited_person_makes_an_account_and_lands_in_the_tenant(
     page.select_option("select[name=tenant]", str(tenant.pk))
     page.fill("#id_email", "carol@example.com")
     page.select_option("select[name=role]", Role.SUPPORT)
-    page.screenshot(path=str(SHOTS / "invitation-add.png"), full_page=True)
+    docs_shot(page, "invitation-add.png", full_page=True)
     page.click("input[name=_save]")
     page.wait_for_url("**/admin/portal/invitation/")
     assert "Invitation e-mailed to carol@example.com" in page.inner_text(
@@ -67,7 +66,7 @@ def test_an_invited_person_makes_an_account_and_lands_in_the_tenant(
     carol.fill("#id_new-username", "carol")
     carol.fill("#id_new-password1", "invited-Sunflower-42")
     carol.fill("#id_new-password2", "invited-Sunflower-42")
-    carol.screenshot(path=str(SHOTS / "invitation-accept.png"), full_page=True)
+    docs_shot(carol, "invitation-accept.png", full_page=True)
     carol.click("#create-account")
 
     # Then she lands in the portal, signed in, a member of the tenant

@@ -5,8 +5,6 @@ to do, and nothing is written. (Why the operator makes accounts: docs/portal.md,
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from django.contrib.auth.models import User
 
@@ -14,10 +12,10 @@ from audit.models import Event, EventCode
 from portal import services as portal_services
 from portal.models import Membership, Role
 from tests.browser.conftest import PASSWORD, log_in
+from tests.browser.shots import docs_shot
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-SHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 ADD = "/admin/portal/membership/add/"
 
 
@@ -41,7 +39,7 @@ def test_a_tenant_admin_is_told_who_makes_accounts(page, live_server, tenant):
     assert "No active account has the username 'carol'" in message
     assert "ask them to create it" in message
     assert not Membership.objects.filter(tenant=tenant, user__username="carol").exists()
-    page.screenshot(path=str(SHOTS / "members-need-an-account.png"), full_page=True)
+    docs_shot(page, "members-need-an-account.png", full_page=True)
 
     # And an existing account is added, with its event
     page.goto(f"{live_server.url}{ADD}")

@@ -4,7 +4,6 @@ by typing A's ids into the address bar, not in the filters or the index."""
 from __future__ import annotations
 
 import uuid
-from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import User
@@ -13,11 +12,10 @@ from django.urls import reverse
 from portal import services as portal_services
 from portal.models import Role
 from tests.browser.conftest import PASSWORD, log_in
+from tests.browser.shots import report_shot
 from tests.console.test_registry import scoped_admins
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-REPORTS = Path(__file__).resolve().parents[2] / "reports"
 
 
 def test_a_member_of_another_tenant_sees_nothing_of_it(
@@ -29,11 +27,10 @@ def test_a_member_of_another_tenant_sees_nothing_of_it(
     fill(tenant_b)
     bea = User.objects.create_user("bea", password=PASSWORD, is_staff=True)
     portal_services.membership_grant(tenant=tenant_b, user=bea, role=Role.ADMIN)
-    REPORTS.mkdir(exist_ok=True)
 
     # When she logs in
     log_in(page, live_server, "bea")
-    page.screenshot(path=str(REPORTS / "other-tenant-index.png"), full_page=True)
+    report_shot(page, "other-tenant-index.png", full_page=True)
     assert "acme" not in page.content()
 
     # Then no list page shows A's rows or offers A in its filters

@@ -4,18 +4,15 @@ a superuser) gives the agent a trust tier and tags on its admin page; one
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from audit.models import Event, EventCode
 from portal.models import Agent, Role
 from tests.browser.conftest import PASSWORD, log_in
+from tests.browser.shots import docs_shot
 from tests.console.test_desk import make_person
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-SHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 
 
 def test_a_tenant_admin_sets_the_agents_trust_tier_and_tags(
@@ -28,10 +25,7 @@ def test_a_tenant_admin_sets_the_agents_trust_tier_and_tags(
     page.goto(f"{live_server.url}/admin/portal/agent/{agent.pk}/change/")
     page.select_option("#id_trust_tier", "trusted")
     page.fill("#id_tags", "refunds,billing")
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.locator("#agent_form").screenshot(
-        path=str(SHOTS / "policy-4-agent-attributes.png")
-    )
+    docs_shot(page.locator("#agent_form"), "policy-4-agent-attributes.png")
     page.click("input[name=_save]")
     page.wait_for_selector("ul.messagelist")
     agent = Agent.objects.get(pk=agent.pk)

@@ -13,7 +13,6 @@ task's story shows both decisions. Each step's screenshot goes to docs/screensho
 from __future__ import annotations
 
 import datetime as dt
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,6 +26,7 @@ from routing.services import group_member_add
 from tasks import services as task_services
 from tasks.models import Approval, Operation
 from tests.browser.conftest import PASSWORD, log_in
+from tests.browser.shots import docs_shot
 from tests.console.test_desk import make_person
 from tests.gateway import conftest as gateway_world
 from tests.gateway.conftest import World
@@ -36,7 +36,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 world = gateway_world.world
 
-SHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 
 # What the tenant administrator types (docs/policies.md has the same text).
 POLICY = """\
@@ -103,9 +102,9 @@ def record_last_week(world: World) -> dict[str, str]:
 
 def shoot(page: Any, name: str, selector: str | None = None) -> None:
     if selector is None:
-        page.screenshot(path=str(SHOTS / name), full_page=True)
+        docs_shot(page, name, full_page=True)
     else:
-        page.locator(selector).screenshot(path=str(SHOTS / name))
+        docs_shot(page.locator(selector), name)
 
 
 def approve(page: Any, live_server: Any, username: str, shot: str | None = None) -> str:
@@ -152,7 +151,6 @@ def test_a_tenant_admin_writes_a_four_eyes_policy_and_finance_approves(
     world.agent.sponsor = approvers["sol"]  # sol answers for the refund agent
     world.agent.save(update_fields=["sponsor"])
     recorded = record_last_week(world)
-    SHOTS.mkdir(parents=True, exist_ok=True)
     page.set_viewport_size({"width": 1366, "height": 800})
 
     # 1. The tenant administrator writes the policy in the editor.

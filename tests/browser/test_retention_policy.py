@@ -4,8 +4,6 @@ nothing to save."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from django.contrib.auth.models import User
 
@@ -13,10 +11,9 @@ from audit.models import Event, RetentionPolicy
 from portal import services as portal_services
 from portal.models import Role
 from tests.browser.conftest import PASSWORD, log_in
+from tests.browser.shots import report_shot
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-REPORTS = Path(__file__).resolve().parents[2] / "reports"
 
 
 def test_a_tenant_admin_sets_the_retention_policy_and_a_reviewer_reads_it(
@@ -26,7 +23,6 @@ def test_a_tenant_admin_sets_the_retention_policy_and_a_reviewer_reads_it(
     portal_services.membership_grant(tenant=tenant, user=ada, role=Role.ADMIN)
     rex = User.objects.create_user("rex", password=PASSWORD, is_staff=True)
     portal_services.membership_grant(tenant=tenant, user=rex, role=Role.REVIEWER)
-    REPORTS.mkdir(exist_ok=True)
     page.set_viewport_size({"width": 1366, "height": 900})
     log_in(page, live_server, "ada")
 
@@ -38,7 +34,7 @@ def test_a_tenant_admin_sets_the_retention_policy_and_a_reviewer_reads_it(
     page.fill("input[name=payload_days]", "90")
     page.click("input[name=_save]")
     page.wait_for_selector("ul.messagelist")
-    page.screenshot(path=str(REPORTS / "retention-policy-admin.png"), full_page=True)
+    report_shot(page, "retention-policy-admin.png", full_page=True)
 
     # Then the list shows it and the trail names her
     assert "12" in page.inner_text("#result_list")
@@ -57,7 +53,5 @@ def test_a_tenant_admin_sets_the_retention_policy_and_a_reviewer_reads_it(
     assert "12" in text and "90" in text
     assert reviewer.locator("input[name=_save]").count() == 0
     assert reviewer.locator("input[name=event_months]").count() == 0
-    reviewer.screenshot(
-        path=str(REPORTS / "retention-policy-reviewer.png"), full_page=True
-    )
+    report_shot(reviewer, "retention-policy-reviewer.png", full_page=True)
     reviewer.close()

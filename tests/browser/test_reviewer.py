@@ -19,10 +19,10 @@ from portal.models import Role
 from portal.tracing import Trace
 from tasks.models import Credential, Escalation, OperationState, Task, TaskState
 from tests.browser.conftest import log_in
+from tests.browser.shots import docs_shot
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-REPORTS = Path(__file__).resolve().parents[2] / "reports"
 TRACE = "5c4e1a7b9d2f4e6a8b0c1d2e3f4a5b6c"
 HUMAN_TRACE = "9" * 32
 SECRET = "agp_0123456789ab.x"
@@ -107,7 +107,6 @@ def log_in_as_reviewer(page, live_server, tenant) -> User:
 def test_a_reviewer_finds_a_task_by_trace_reads_its_story_and_exports_it(
     page, live_server, tenant, agent, story
 ):
-    REPORTS.mkdir(exist_ok=True)
     page.set_viewport_size({"width": 1366, "height": 900})
     log_in_as_reviewer(page, live_server, tenant)
     # finds the task by its trace id
@@ -131,7 +130,7 @@ def test_a_reviewer_finds_a_task_by_trace_reads_its_story_and_exports_it(
     assert "e" * 64 not in page.content()  # the credential's secret hash
     assert "desk-team" in page.inner_text("#story-escalations")
     assert "worker-1" in page.inner_text("#story-lease")
-    page.screenshot(path=str(REPORTS / "reviewer-task-story.png"), full_page=True)
+    docs_shot(page, "reviewer-task-story.png", full_page=True)
     # cannot change anything: no save or delete, and a POST is refused
     assert page.locator("input[name=_save]").count() == 0
     assert page.locator("a.deletelink").count() == 0
@@ -149,7 +148,7 @@ def test_a_reviewer_finds_a_task_by_trace_reads_its_story_and_exports_it(
     listed = page.inner_text("#result_list")
     assert "task.human_claimed" in listed and "sam (person)" in listed
     assert page.locator("#result_list tbody tr").count() == 4
-    page.screenshot(path=str(REPORTS / "reviewer-event-list.png"), full_page=True)
+    docs_shot(page, "reviewer-event-list.png", full_page=True)
     # exports the selection as CSV; the file is the four events, redacted
     with page.expect_download() as download_info:
         page.click("#export-csv")

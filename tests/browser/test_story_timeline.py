@@ -6,8 +6,6 @@ the story page and at the desk; another tenant's member finds nothing."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from django.db import transaction
 
@@ -19,11 +17,11 @@ from portal.models import Role
 from tasks.escalation import escalate
 from tasks.models import OperationState, Task, TaskState
 from tests.browser.conftest import PASSWORD, log_in
+from tests.browser.shots import docs_shot
 from tests.console.test_desk import make_person
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 CHECKS = "contract ✓, fields ✓, target ✓, permission ✓, version ✗"
 
 
@@ -146,7 +144,7 @@ def test_the_timeline_folds_checks_says_the_wait_and_refreshes_while_live(
     steps = page.locator("#story-events tbody tr").count()
     assert page.inner_text("#story-events-count").startswith(f"({steps} steps")
     page.locator("#timeline").scroll_into_view_if_needed()
-    page.locator(".story").first.screenshot(path=str(SCREENSHOTS / "task-timeline.png"))
+    docs_shot(page.locator(".story").first, "task-timeline.png")
     sam_context.close()
 
     # And the tenant's administrator reads the same timeline

@@ -7,19 +7,16 @@ claim is refused with a message that names the first.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from audit.models import Event, EventCode
 from portal.models import Role
 from tasks.models import Operation, OperationState, Task, TaskState
 from tests.browser.conftest import PASSWORD, log_in
+from tests.browser.shots import report_shot
 from tests.console.test_desk import escalate_task, make_person
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-REPORTS = Path(__file__).resolve().parents[2] / "reports"
 
 
 def test_support_claims_reads_evidence_and_resolves_with_a_receipt(
@@ -31,7 +28,6 @@ def test_support_claims_reads_evidence_and_resolves_with_a_receipt(
     task = escalate_task(make_task, make_operation, tenant)
     for n in range(3):  # more rows, so the list looks like a queue
         escalate_task(make_task, make_operation, tenant, n=2000 + n)
-    REPORTS.mkdir(exist_ok=True)
     page.set_viewport_size({"width": 1366, "height": 900})
 
     # and kim has the task's page open before anyone claims it
@@ -49,7 +45,7 @@ def test_support_claims_reads_evidence_and_resolves_with_a_receipt(
     listing = page.inner_text("#result_list")
     assert "issue-1042" in listing and "customer_issue/1042" in listing
     assert "worker-1" in listing  # responsible owner
-    page.screenshot(path=str(REPORTS / "desk-list.png"), full_page=True)
+    report_shot(page, "desk-list.png", full_page=True)
 
     # reads the evidence
     page.click("text=issue-1042")
@@ -65,7 +61,7 @@ def test_support_claims_reads_evidence_and_resolves_with_a_receipt(
     page.wait_for_selector("ul.messagelist")
     assert "You claimed this task" in page.inner_text("ul.messagelist")
     assert "Claimed by sam" in page.inner_text("#desk-status")
-    page.screenshot(path=str(REPORTS / "desk-evidence.png"), full_page=True)
+    report_shot(page, "desk-evidence.png", full_page=True)
 
     # Then kim's claim, from the page opened earlier, is refused by name
     kim.click("#desk-claim")
@@ -74,7 +70,7 @@ def test_support_claims_reads_evidence_and_resolves_with_a_receipt(
         "ul.messagelist"
     )
     assert kim.locator("#desk-claim").count() == 0
-    kim.screenshot(path=str(REPORTS / "desk-refused-claim.png"))
+    report_shot(kim, "desk-refused-claim.png")
     kim_context.close()
 
     # When sam resolves with the receipt id found at the provider
@@ -93,7 +89,7 @@ def test_support_claims_reads_evidence_and_resolves_with_a_receipt(
     assert "task.resolved" in last_row and "sam (person)" in last_row
     assert "resolution\nverify" in last_row or "resolution\tverify" in last_row
     page.locator("#desk-timeline").evaluate("e => e.scrollIntoView()")
-    page.screenshot(path=str(REPORTS / "desk-resolved.png"))
+    report_shot(page, "desk-resolved.png")
     event = Event.objects.get(task_id=task.pk, code=EventCode.TASK_RESOLVED)
     assert (event.actor_type, event.actor_id) == ("user", str(sam.pk))
     operation.refresh_from_db()

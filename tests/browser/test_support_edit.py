@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from pathlib import Path
 
 import pytest
 
@@ -19,14 +18,13 @@ from portal.db import db_now
 from portal.models import Role
 from tasks.models import Operation, OperationState, Task, TaskState
 from tests.browser.conftest import PASSWORD, log_in
+from tests.browser.shots import docs_shot, report_shot
 from tests.console.test_desk import make_person
 from tests.gateway import conftest as gateway_world
 from tests.gateway.conftest import World, minutes_ago
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-ROOT = Path(__file__).resolve().parents[2]
-REPORTS = ROOT / "reports"
 
 # The gateway tests' world, fixtures by name.
 world = gateway_world.world
@@ -44,7 +42,6 @@ def test_support_edits_a_stale_field_and_the_desk_makes_one_ticket(
     task_id = started["task"]["id"]
     sam = make_person("sam", {world.tenant: Role.SUPPORT}, password=PASSWORD)
     assert not sam.is_superuser
-    REPORTS.mkdir(exist_ok=True)
     page.set_viewport_size({"width": 1366, "height": 900})
 
     # When sam opens the task from the desk and claims it
@@ -94,10 +91,10 @@ def test_support_edits_a_stale_field_and_the_desk_makes_one_ticket(
     ) in page.inner_text("ul.messagelist")
     assert world.tickets() == 0
     assert "Claimed by sam" in page.inner_text("#desk-status")
-    page.screenshot(path=str(REPORTS / "desk-edit-refused.png"))
+    report_shot(page, "desk-edit-refused.png")
     # the README's desk picture: the refusal said, e-mail asked, plan kept
     page.locator("#desk-edit").scroll_into_view_if_needed()
-    page.screenshot(path=str(ROOT / "docs" / "screenshots" / "desk-edit.png"))
+    docs_shot(page, "desk-edit.png")
 
     # When sam gives the e-mail read in the CRM just now, the plan still kept
     assert page.get_attribute("#desk-edit-1-value", "placeholder") == ("keep pro")
@@ -105,10 +102,8 @@ def test_support_edits_a_stale_field_and_the_desk_makes_one_ticket(
     page.fill("#desk-edit-0-value", "ana.new@example.com")
     page.fill("#desk-edit-note", "Called Ana; the CRM has her new address.")
     page.locator("#desk-edit").scroll_into_view_if_needed()
-    page.screenshot(path=str(REPORTS / "desk-edit-form.png"))
-    page.locator("#desk-edit").screenshot(
-        path=str(ROOT / "docs" / "screenshots" / "desk-edit-form.png")
-    )
+    report_shot(page, "desk-edit-form.png")
+    docs_shot(page.locator("#desk-edit"), "desk-edit-form.png")
     page.click("#desk-edit-submit")
     page.wait_for_selector("ul.messagelist li.success")
 
@@ -136,10 +131,8 @@ def test_support_edits_a_stale_field_and_the_desk_makes_one_ticket(
     assert (
         "settled: Edited the fields and executed (edited_and_executed) by sam"
     ) in page.inner_text("#desk-evidence-settled")
-    page.screenshot(path=str(REPORTS / "desk-edit-done.png"))
-    page.locator("#desk-timeline").screenshot(
-        path=str(REPORTS / "desk-edit-timeline.png")
-    )
-    page.locator("#desk-events tbody tr").last.screenshot(
-        path=str(REPORTS / "desk-edit-timeline-last.png")
+    report_shot(page, "desk-edit-done.png")
+    report_shot(page.locator("#desk-timeline"), "desk-edit-timeline.png")
+    report_shot(
+        page.locator("#desk-events tbody tr").last, "desk-edit-timeline-last.png"
     )

@@ -4,7 +4,6 @@ and finds each change in the audit trail under their own name. Never a superuser
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import User
@@ -14,11 +13,10 @@ from portal import services as portal_services
 from portal.models import Agent, AgentKey, Role
 from tasks.models import Contract
 from tests.browser.conftest import PASSWORD, log_in
+from tests.browser.shots import report_shot
 from tests.support.contracts import SPEC
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-REPORTS = Path(__file__).resolve().parents[2] / "reports"
 
 
 def test_a_tenant_admin_issues_and_revokes_a_key_and_publishes_a_contract(
@@ -28,7 +26,6 @@ def test_a_tenant_admin_issues_and_revokes_a_key_and_publishes_a_contract(
     ada = User.objects.create_user("ada", password=PASSWORD, is_staff=True)
     portal_services.membership_grant(tenant=tenant, user=ada, role=Role.ADMIN)
     agent = portal_services.agent_create(tenant=tenant, name="triage-bot")
-    REPORTS.mkdir(exist_ok=True)
     page.set_viewport_size({"width": 1366, "height": 900})
     log_in(page, live_server, "ada")
 
@@ -76,7 +73,7 @@ def test_a_tenant_admin_issues_and_revokes_a_key_and_publishes_a_contract(
     listing = page.inner_text("#result_list")
     for code in ("agent_key.issued", "agent_key.revoked", "contract.created"):
         assert code in listing
-    page.screenshot(path=str(REPORTS / "tenant-admin-events.png"), full_page=True)
+    report_shot(page, "tenant-admin-events.png", full_page=True)
     # and a revoked key no longer authenticates
     assert AgentKey.objects.get(pk=key.pk).revoked_at is not None
     assert Agent.objects.get(pk=agent.pk).is_active

@@ -6,17 +6,15 @@ from __future__ import annotations
 
 import io
 import re
-from pathlib import Path
 
 import pytest
 from django.core.management import call_command
 from django.urls import reverse
 
 from tests.browser.conftest import log_in
+from tests.browser.shots import report_shot
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-REPORTS = Path(__file__).resolve().parents[2] / "reports"
 
 
 def test_the_new_administrator_logs_in_and_sees_only_their_tenant(
@@ -41,8 +39,7 @@ def test_the_new_administrator_logs_in_and_sees_only_their_tenant(
     rows = page.locator("#result_list tbody tr")
     assert rows.count() == 1
     assert "acme" in rows.first.inner_text()
-    REPORTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(REPORTS / "tenant-create-admin.png"), full_page=True)
+    report_shot(page, "tenant-create-admin.png", full_page=True)
     for name in ("task", "agent", "contract", "connector", "membership"):
         app = "portal" if name in ("agent", "membership") else "tasks"
         page.goto(f"{live_server.url}{reverse(f'admin:{app}_{name}_changelist')}")

@@ -5,8 +5,6 @@ refused; another tenant's administrator sees only their own."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from django.contrib.auth.models import User
 
@@ -15,6 +13,7 @@ from portal import services as portal_services
 from portal.models import Role
 from tasks.jobs import reap_leases_job
 from tests.browser.conftest import PASSWORD, log_in
+from tests.browser.shots import docs_shot
 from tests.console.test_ops_outbox import make_row
 from tests.support import broker
 from tests.support.celery_worker import celery_worker_running
@@ -22,7 +21,6 @@ from tests.worker.conftest import subprocess_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-SHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 amqp_url = broker.amqp_url
 celery_test_queue = broker.celery_test_queue
 URL = "/admin/workers/"
@@ -78,7 +76,7 @@ def test_the_operator_watches_a_live_worker_run_a_job(
         assert "success" in reap.inner_text()
         assert "workerspage-" in worker.output()
         assert tenant.slug in page.inner_text("#workers-outbox")
-        page.screenshot(path=str(SHOTS / "workers-operator.png"), full_page=True)
+        docs_shot(page, "workers-operator.png", full_page=True)
 
     # When the broker goes silent (nothing listens on its port) and she reloads
     with broker.closed_port() as port:
@@ -121,7 +119,7 @@ def test_a_tenant_admin_sees_their_queue_depth_move(
         timeout=60_000,
     )
     assert page.locator("#workers-live[data-refreshed-at]").count() == 1
-    page.screenshot(path=str(SHOTS / "workers-tenant-admin.png"), full_page=True)
+    docs_shot(page, "workers-tenant-admin.png", full_page=True)
     assert _post_as_page(page, f"{live_server.url}{URL}").status == 405
 
     # And another tenant's administrator sees their own tenant only
