@@ -106,6 +106,8 @@ class EventCode(models.TextChoices):
     # event that names the administrator.
     INVITATION_SENT = "invitation.sent"
     INVITATION_ACCEPTED = "invitation.accepted"
+    # The platform operator made a tenant (console/tenants.py), its first event.
+    TENANT_CREATED = "tenant.created"
 
 
 class Event(models.Model):

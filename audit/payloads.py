@@ -238,6 +238,16 @@ class TableRows(TypedDict):
     rows: int
 
 
+class TenantCreated(TypedDict):
+    """The tenant's first event (console/tenants.py ``tenant_open``); the actor is
+    the operator, or ``system:tenant_create`` for the command."""
+
+    slug: str
+    name: str
+    events_on_delete: str
+    first_admin: str  # "invitation" (the operator's page) or "account" (command)
+
+
 class TenantDeleted(TypedDict):
     slug: str
     events_on_delete: str
@@ -536,6 +546,7 @@ Payload = (
     | TaskLeaseReleased
     | OperationReserved
     | OperationMoved
+    | TenantCreated
     | TenantDeleted
     | GatewayChecked
     | ConnectorCalled
@@ -643,6 +654,7 @@ PAYLOADS: Final[dict[EventCode, type]] = {
     EventCode.TASK_COMMENTED: TaskCommented,
     EventCode.INVITATION_SENT: InvitationSent,
     EventCode.INVITATION_ACCEPTED: InvitationAccepted,
+    EventCode.TENANT_CREATED: TenantCreated,
 }
 """Every code written today to its payload's definition; ``credential.issued``,
 no longer written (audit/models.py), has none."""

@@ -88,6 +88,20 @@ def invitation_create(
         PermissionDenied, TenantNotVisible: ``by`` may not manage the tenant.
         ValidationFailed: not an e-mail address, or an unknown role.
     """
+    return invitation_record(tenant=tenant, by=by, email=email, role=role)
+
+
+def invitation_record(
+    *, tenant: Tenant, by: Person, email: str, role: str
+) -> portal_services.IssuedInvitation:
+    """``invitation_create`` in the caller's transaction (console/tenants.py makes a
+    tenant and invites its first administrator in one).
+
+    Raises:
+        TransactionRequired: called outside a transaction.
+        PermissionDenied, TenantNotVisible, ValidationFailed: as ``invitation_create``.
+    """
+    portal_db.require_transaction()
     require_tenant_perm(user=by, perm=TenantPerm.MANAGE_TENANT, tenant=tenant)
     if role not in Role.values:
         raise ValidationFailed(field="role", value=str(role)[:40])

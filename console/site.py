@@ -1,5 +1,6 @@
-"""The portal's admin site: Django's, with a dashboard on the front page and the
-workers page (``/admin/workers/``).
+"""The portal's admin site: Django's, with a dashboard on the front page, the
+workers page (``/admin/workers/``) and the operator's new-tenant page
+(``/admin/tenants/new/``, console/tenant_page.py).
 
 ``console.apps.PortalAdminConfig`` makes this the default site, so ``admin.site``
 (where console/admin registers every page) is an instance of it.
@@ -17,7 +18,7 @@ from django.urls import URLPattern, URLResolver, path
 
 from portal.models import Tenant, TenantPerm
 
-from . import dashboard, workers
+from . import dashboard, tenant_page, workers
 
 # How often the live part of the dashboard and the workers page is fetched again.
 DASHBOARD_REFRESH_S = 30
@@ -44,6 +45,7 @@ class PortalAdminSite(admin.AdminSite):
                 "refresh_s": DASHBOARD_REFRESH_S,
                 "workers_page": request.user.is_superuser
                 or bool(tenant_ids(request, TenantPerm.MANAGE_OUTBOX)),
+                "tenant_new_page": request.user.is_superuser,
                 **(extra_context or {}),
             },
         )
@@ -51,6 +53,11 @@ class PortalAdminSite(admin.AdminSite):
     def get_urls(self) -> list[URLResolver | URLPattern]:
         return [
             path("workers/", self.admin_view(self.workers_view), name="workers"),
+            path(
+                "tenants/new/",
+                self.admin_view(tenant_page.tenant_new_view),
+                name="tenant_new",
+            ),
             *super().get_urls(),
         ]
 

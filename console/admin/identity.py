@@ -10,15 +10,16 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ActionForm
 from django.contrib.auth import get_user_model
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
+from django.urls import reverse
 from django.utils import timezone
 
 from console import invitations, services
 from console.once import ONCE_FIELD, once_spend, once_token
 from limits import services as limits_services
-from portal import services as portal_services
 from portal.exceptions import PortalError
 from portal.models import (
     Agent,
@@ -150,15 +151,21 @@ class TenantAdmin(TenantScopedAdmin):
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return bool(request.user.is_superuser)  # the platform operator makes tenants
 
+    def add_view(
+        self,
+        request: HttpRequest,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        """"Add tenant" is the operator's new-tenant page (console/tenant_page.py),
+        the one way a tenant is made with its first event and administrator."""
+        if not self.has_add_permission(request):
+            raise DjangoPermissionDenied
+        return HttpResponseRedirect(reverse("admin:tenant_new"))
+
     def save_model(
         self, request: HttpRequest, obj: Tenant, form: Any, change: bool
     ) -> None:
-        if not change:
-            created = portal_services.tenant_create(
-                slug=obj.slug, name=obj.name, events_on_delete=obj.events_on_delete
-            )
-            self.adopt(obj, created)
-            return
         services.tenant_update(
             tenant=Tenant.objects.get(pk=obj.pk),
             by=request.user,

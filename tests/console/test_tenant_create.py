@@ -58,11 +58,12 @@ def test_makes_the_tenant_and_its_administrator_and_prints_the_password_once():
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT code, actor_type, actor_id, payload->>'username' FROM audit_event"
-            " WHERE tenant_id = %s",
+            " WHERE tenant_id = %s ORDER BY chain_seq",
             [tenant.pk],
         )
         assert cursor.fetchall() == [
-            (EventCode.MEMBERSHIP_GRANTED, "system", "tenant_create", "ada")
+            (EventCode.TENANT_CREATED, "system", "tenant_create", None),
+            (EventCode.MEMBERSHIP_GRANTED, "system", "tenant_create", "ada"),
         ]
 
 
@@ -84,10 +85,11 @@ def test_the_password_from_the_environment_is_not_printed(monkeypatch):
     ("args", "message"),
     [
         (("demo", "--name", "Again", "--admin", "newcomer"), "slug 'demo' exists"),
+        (("acme", "--name", " DEMO ", "--admin", "ada"), "named 'DEMO' exists"),
         (("acme", "--name", "Acme", "--admin", "taken"), "account 'taken' exists"),
-        (("Not a slug!", "--name", "X", "--admin", "ada"), "slug 'Not a slug!'"),
-        (("acme", "--name", " ", "--admin", "ada"), "--name must be 1 to 200"),
-        (("acme", "--name", "x" * 201, "--admin", "ada"), "--name must be 1 to 200"),
+        (("Not a slug!", "--name", "X", "--admin", "ada"), "slug 'Not a slug!' is not"),
+        (("acme", "--name", " ", "--admin", "ada"), "name must be 1 to 200"),
+        (("acme", "--name", "x" * 201, "--admin", "ada"), "name must be 1 to 200"),
         (("a" * 64, "--name", "X", "--admin", "ada"), "slug must be 1 to 63"),
         (("acme", "--name", "X", "--admin", "ada", "--email", "no"), "--email 'no'"),
         (
@@ -129,5 +131,5 @@ def test_an_existing_slug_exits_1_with_the_reason_on_stderr(make_tenant):
     )  # fmt: skip
 
     assert done.returncode == 1, done.stdout + done.stderr
-    assert "a tenant with slug 'demo' exists; nothing was changed" in done.stderr
+    assert "A tenant with the slug 'demo' exists. Nothing was changed." in done.stderr
     assert not User.objects.filter(username="dora").exists()
