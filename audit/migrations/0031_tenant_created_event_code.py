@@ -19,7 +19,7 @@ EVENT_CODES = (*PREVIOUS, "tenant.created")
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("audit", "0028_invitation_event_codes"),
+        ("audit", "0030_outbox_key_is_the_event_id"),
     ]
 
     operations = [
