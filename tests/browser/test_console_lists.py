@@ -107,7 +107,7 @@ def test_a_tenant_admin_reads_messages_times_the_outbox_and_connectors(
     assert widths["table"] <= widths["results"] + 1, widths
     assert SECONDS.search(page.inner_text("#result_list .field-created_at"))
     report_shot(page, "outbox-long-error.png", full_page=True)
-    report_shot(page, "admin-outbox-monitor.png", full_page=True)
+    report_shot(page, "outbox-monitor-long-error.png", full_page=True)
 
     # Another tenant's administrator sees none of these rows
     page.context.clear_cookies()
