@@ -45,6 +45,7 @@ from .actors import Actor
 from .exceptions import (
     AgentFrozen,
     AuthFailuresThrottled,
+    DatabaseBusy,
     DatabaseUnavailable,
     MalformedRequest,
     PortalError,
@@ -318,6 +319,20 @@ def connection_lost(exc: BaseException) -> bool:
     return sqlstate is None or sqlstate.startswith("08") or sqlstate in _SHUTDOWN
 
 
+# SQLSTATEs of a statement the server gave up on, its transaction rolled back and
+# the connection fine: lock_not_available (lock_timeout), query_canceled
+# (statement_timeout), deadlock_detected, serialization_failure.
+_GAVE_UP = frozenset({"55P03", "57014", "40P01", "40001"})
+
+
+def statement_gave_up(exc: BaseException) -> bool:
+    """Whether ``exc`` is the server giving up on a statement for a reason a retry
+    may not meet (a timeout, a deadlock): a retryable 503, not a 500."""
+    if not isinstance(exc, OperationalError):
+        return False
+    return getattr(exc.__cause__, "sqlstate", None) in _GAVE_UP
+
+
 def database_unavailable(request: Any = None) -> HttpResponse:
     """The retryable 503 of a lost database connection, for an answer made outside
     DRF's handler (a middleware that met the loss before the view)."""
@@ -391,6 +406,8 @@ def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> HttpRe
         return response
     if isinstance(exc, DatabaseError) and connection_lost(exc):
         exc = DatabaseUnavailable(retry_after_s=DATABASE_RETRY_AFTER_S)
+    elif isinstance(exc, DatabaseError) and statement_gave_up(exc):
+        exc = DatabaseBusy(retry_after_s=DATABASE_RETRY_AFTER_S)
     if isinstance(exc, PortalError):
         response = problem(
             status=exc.status,

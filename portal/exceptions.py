@@ -169,6 +169,18 @@ class DatabaseUnavailable(PortalError):
     retryable = True
 
 
+class DatabaseBusy(PortalError):
+    """The database gave up on this request's statement (a lock wait or the statement
+    over its timeout, a deadlock); nothing of this request was kept. Retry."""
+
+    # lock_timeout (10 s) and statement_timeout (60 s) are the portal's own
+    # (config/settings.py): reaching one rolled the transaction back, as a deadlock
+    # or a serialization failure does. A retry usually finds the lock free.
+    code = "DATABASE_BUSY"
+    status = 503
+    retryable = True
+
+
 class IdempotencyKeyMismatch(PortalError):
     """This Idempotency-Key was used for a different request; nothing was done."""
 
