@@ -14,6 +14,7 @@ tests/gateway/test_network_faults.py has the same cases through a user-space pro
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import uuid
@@ -123,3 +124,43 @@ def test_a_kernel_cut_mid_call_is_unknown_in_time_then_one_ticket_by_the_key(
     )
     effects = world.desk.effects()
     assert (effects["tickets_created"], effects["create_requests"]) == (1, 1)
+
+
+def test_random_loss_slows_calls_but_each_ends_in_time_with_one_ticket_per_key(
+    world: World, link: netns.Link
+) -> None:
+    """A share of the packets into the desk's machine dropped at random (nft
+    ``numgen``; ``tc netem`` is missing here): TCP retransmits, a call may be
+    slower or end ``unknown`` at its deadline, never later; recovery settles those
+    by their key, and the desk holds one ticket per operation."""
+    calls = int(os.environ.get("PORTAL_LOSS_CALLS", "3"))
+    percent = int(os.environ.get("PORTAL_LOSS_PERCENT", "20"))
+    limit_s = world.connector.connect_timeout_s + world.connector.read_timeout_s + 1
+    # Given: the link loses packets; When: the agent's operations run across it.
+    link.lose(percent)
+    started = [world.start_task(2000 + n) for n in range(calls)]
+    outcomes = [world.execute(task).json()["outcome"] for task in started]
+    link.heal()
+
+    # Then: each call ended within its deadline + 1 s.
+    durations = [
+        payload["duration_ms"]
+        for payload in Event.objects.filter(
+            tenant=world.tenant, code="connector.called"
+        ).values_list("payload", flat=True)
+    ]
+    assert durations and max(durations) <= limit_s * 1000, durations
+    # Healed: whatever could not tell is settled by its key; one ticket each.
+    for task, outcome in zip(started, outcomes, strict=True):
+        if outcome != "verified":
+            result = operation_recover(
+                tenant=world.tenant, operation_id=uuid.UUID(task["operation"]["id"])
+            )
+            assert result.outcome == "verified", result
+    keys = [task["operation"]["idempotency_key"] for task in started]
+    assert sorted(t["idempotency_key"] for t in world.desk.tickets()) == sorted(keys)
+    assert world.desk.effects()["tickets_created"] == calls
+    print(
+        f"{percent}% loss: {calls} calls, {outcomes.count('verified')} verified at"
+        f" once, slowest call {max(durations)} ms"
+    )
