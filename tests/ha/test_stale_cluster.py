@@ -1,5 +1,6 @@
 """A cluster left behind by a killed run is stopped before the next one starts
-(``ha.reap_stale_clusters``, called by ``ha.running_cluster``); a live run's is not."""
+(``ha.reap_stale_clusters``, called by ``ha.running_cluster``); a live run's is not.
+So is an isolated node's network namespace and veth pair (``ha.reap_stale_links``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -66,3 +68,69 @@ def test_a_killed_runs_cluster_is_stopped_and_a_live_runs_is_not(
     finally:
         shutil.rmtree(stale, ignore_errors=True)
         shutil.rmtree(live, ignore_errors=True)
+
+
+def _netns_pids(name: str) -> list[str]:
+    done = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True)
+    return done.stdout.split()
+
+
+def test_a_killed_runs_network_namespace_is_removed_and_a_live_runs_is_not() -> None:
+    missing = ha.netns_missing()
+    if missing is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"needs a network namespace: {missing}")
+        pytest.skip(f"needs a network namespace: {missing}")
+    # Given a namespace (with its veth pair and a process inside) of a test process
+    # that has ended, as a killed run leaves its isolated node's
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    stale = f"{ha.NETNS_PREFIX}{ended.pid}-a1b2c3"
+    stale_veth = f"{ha.VETH_PREFIX}a1b2c3o"
+    # And one of a test process that runs (this one)
+    live = f"{ha.NETNS_PREFIX}{os.getpid()}-d4e5f6"
+    made: list[str] = []
+    inside: subprocess.Popen[bytes] | None = None
+    try:
+        for name, token in ((stale, "a1b2c3"), (live, "d4e5f6")):
+            subprocess.run(["ip", "netns", "add", name], check=True)
+            made.append(name)
+            subprocess.run(
+                ["ip", "link", "add", f"{ha.VETH_PREFIX}{token}o", "type", "veth",
+                 "peer", "name", f"{ha.VETH_PREFIX}{token}i", "netns", name],
+                check=True,
+            )  # fmt: skip
+        inside = subprocess.Popen(
+            ["ip", "netns", "exec", stale, "sleep", "600"], start_new_session=True
+        )
+        deadline = time.monotonic() + 10
+        while str(inside.pid) not in _netns_pids(stale):  # entered it
+            assert time.monotonic() < deadline, "the process never entered it"
+            time.sleep(0.05)
+
+        # When the next run starts
+        reaped = ha.reap_stale_links()
+
+        # Then the stale namespace, its pair and what ran in it are gone
+        assert stale in reaped
+        assert inside.wait(timeout=10) is not None
+        names = subprocess.run(
+            ["ip", "netns", "list"], capture_output=True, text=True, check=True
+        ).stdout
+        assert stale not in names
+        assert subprocess.run(["ip", "link", "show", stale_veth]).returncode != 0
+        # And the live run's is untouched
+        assert live not in reaped
+        assert live in names
+    finally:
+        if inside is not None and inside.poll() is None:
+            inside.kill()
+            inside.wait()
+        for name in made:
+            subprocess.run(["ip", "netns", "delete", name], check=False)
+        for token in ("a1b2c3", "d4e5f6"):
+            subprocess.run(
+                ["ip", "link", "delete", f"{ha.VETH_PREFIX}{token}o"],
+                capture_output=True,
+                check=False,
+            )

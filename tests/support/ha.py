@@ -14,6 +14,14 @@ once instead of restarted in place: the point of the exercise).
 PostgreSQL refuses to run as root, so when the tests run as root etcd and Patroni
 run as the ``postgres`` account, as the Debian services do.
 
+``running_cluster(isolated=True)`` puts the first node (the bootstrap leader: its
+Patroni and PostgreSQL) on a machine of its own: a network namespace reached from
+this one over a veth pair on a /30 of 10.213.0.0/16 (``Link``), so that its network
+can be stopped (``Cluster.cut``: its end of the pair goes down) while etcd and the
+other nodes, which listen on this side's address, still reach each other. Needs
+root (``netns_missing``); the namespace and the pair are removed afterwards, and a
+killed run's by the next run (``reap_stale_clusters``).
+
 ``bootstrap_portal`` makes the portal's database on the cluster the one way the
 suite and ``up`` do it (portal/db_roles.py): the roles from the administrator's
 URL, then ``manage.py migrate`` as the owner, which re-applies the app role's
@@ -24,9 +32,13 @@ the migrations.
 from __future__ import annotations
 
 import contextlib
+import functools
+import ipaddress
 import json
 import os
 import pwd
+import random
+import secrets
 import shutil
 import signal
 import subprocess
@@ -59,6 +71,24 @@ SUPERUSER = "postgres"
 FOLDER_PREFIX = "portal-ha-"
 # In each cluster's folder: the pid of the test process that made it.
 OWNER_FILE = "owner.pid"
+# An isolated node's network namespace: ``portal-ha-<owner pid>-<token>``; its veth
+# pair ``pha<token>o`` (this side) and ``pha<token>i`` (the namespace's side).
+NETNS_PREFIX = "portal-ha-"
+VETH_PREFIX = "pha"
+LINK_SUPERNET = ipaddress.IPv4Network("10.213.0.0/16")
+# libpq's options in the cluster's URL (every portal process takes them): a peer
+# that stops answering mid-connection (its machine's network is gone, no FIN, no RST)
+# is given up after about TCP_USER_TIMEOUT_MS, not the kernel's 15 minutes of
+# retransmissions (unacknowledged data: tcp_user_timeout; an idle wait for an answer:
+# the keepalives, probed each second after one idle second).
+TCP_USER_TIMEOUT_MS = 5000
+LINK_OPTIONS = {
+    "keepalives": "1",
+    "keepalives_idle": "1",
+    "keepalives_interval": "1",
+    "keepalives_count": "3",
+    "tcp_user_timeout": str(TCP_USER_TIMEOUT_MS),
+}
 
 
 def missing_tools() -> list[str]:
@@ -87,8 +117,22 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _spawn(command: list[str], *, log: Path) -> subprocess.Popen[bytes]:
+def _spawn(
+    command: list[str], *, log: Path, netns: str | None = None
+) -> subprocess.Popen[bytes]:
+    """``command`` in a session of its own, as ``postgres`` when we are root; in
+    the network namespace ``netns`` if named (entered as root by ``ip netns exec``,
+    which then becomes ``postgres`` with ``setpriv``: the same process, each execs
+    the next)."""
     account = _account()
+    if netns is not None:
+        assert account is not None, "a network namespace needs root"
+        command = [
+            "ip", "netns", "exec", netns,
+            "setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups",
+            *command,
+        ]  # fmt: skip
+        account = None
     with log.open("ab") as out:
         return subprocess.Popen(
             command,
@@ -100,6 +144,132 @@ def _spawn(command: list[str], *, log: Path) -> subprocess.Popen[bytes]:
             user=account[0] if account else None,
             group=account[1] if account else None,
         )
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        ["ip", *args], capture_output=True, text=True, timeout=30, check=False
+    )
+    if check and done.returncode != 0:
+        raise RuntimeError(
+            f"ip {' '.join(args)} exited {done.returncode}: {done.stderr}"
+        )
+    return done
+
+
+@functools.cache
+def netns_missing() -> str | None:
+    """Why this machine cannot give a node a network of its own (None: it can)."""
+    if os.geteuid() != 0:
+        return "a network namespace needs root"
+    if shutil.which("ip") is None:
+        return "ip (Debian's iproute2) is not installed"
+    probe = f"{NETNS_PREFIX}{os.getpid()}-probe"
+    made = _ip("netns", "add", probe, check=False)
+    if made.returncode != 0:
+        return f"ip netns add failed: {made.stderr.strip()}"
+    _ip("netns", "delete", probe, check=False)
+    return None
+
+
+@dataclass
+class Link:
+    """A network namespace (one node's machine) and the veth pair to it: this
+    side's end ``outer_if`` with ``outer``, the namespace's ``inner_if`` with
+    ``inner``, one /30 (``network``)."""
+
+    netns: str
+    outer_if: str
+    inner_if: str
+    network: ipaddress.IPv4Network
+
+    @property
+    def outer(self) -> str:
+        return str(self.network[1])
+
+    @property
+    def inner(self) -> str:
+        return str(self.network[2])
+
+    def cut(self) -> None:
+        """The namespace's end goes down: its machine's network stops. Its own
+        sends fail at once (no route); what this side sends it is dropped without
+        an answer, as with a pulled cable."""
+        _ip("-n", self.netns, "link", "set", self.inner_if, "down")
+
+    def restore(self) -> None:
+        """Up again; the kernel puts the /30's route back."""
+        _ip("-n", self.netns, "link", "set", self.inner_if, "up")
+
+
+def _used_networks() -> list[ipaddress.IPv4Network]:
+    listing = _ip("-o", "-4", "addr", "show").stdout
+    used = []
+    for line in listing.splitlines():
+        fields = line.split()
+        if "inet" in fields:
+            used.append(
+                ipaddress.IPv4Interface(fields[fields.index("inet") + 1]).network
+            )
+    return used
+
+
+def _make_link() -> Link:
+    """A new namespace and a veth pair to it, on a /30 no address here is on."""
+    token = secrets.token_hex(3)
+    used = _used_networks()
+    subnets = list(LINK_SUPERNET.subnets(new_prefix=30))
+    while True:
+        network = random.choice(subnets)
+        if not any(network.overlaps(other) for other in used):
+            break
+    link = Link(
+        netns=f"{NETNS_PREFIX}{os.getpid()}-{token}",
+        outer_if=f"{VETH_PREFIX}{token}o",
+        inner_if=f"{VETH_PREFIX}{token}i",
+        network=network,
+    )
+    _ip("netns", "add", link.netns)
+    try:
+        _ip("link", "add", link.outer_if, "type", "veth",
+            "peer", "name", link.inner_if, "netns", link.netns)  # fmt: skip
+        _ip("addr", "add", f"{link.outer}/30", "dev", link.outer_if)
+        _ip("link", "set", link.outer_if, "up")
+        _ip("-n", link.netns, "addr", "add", f"{link.inner}/30", "dev", link.inner_if)
+        _ip("-n", link.netns, "link", "set", link.inner_if, "up")
+        _ip("-n", link.netns, "link", "set", "lo", "up")
+    except BaseException:
+        _remove_link(link.netns)
+        raise
+    return link
+
+
+def _remove_link(netns: str) -> None:
+    """Kill what still runs in ``netns``, remove its veth pair and the namespace."""
+    pids = _ip("netns", "pids", netns, check=False).stdout.split()
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(pid), signal.SIGKILL)
+    token = netns.rsplit("-", 1)[-1]
+    _ip("link", "delete", f"{VETH_PREFIX}{token}o", check=False)
+    _ip("netns", "delete", netns, check=False)
+
+
+def reap_stale_links() -> list[str]:
+    """Remove the namespaces (and veth pairs) of runs whose test process is gone."""
+    if shutil.which("ip") is None or os.geteuid() != 0:
+        return []
+    reaped = []
+    for line in _ip("netns", "list", check=False).stdout.splitlines():
+        name = line.split()[0] if line.split() else ""
+        if not name.startswith(NETNS_PREFIX):
+            continue
+        owner = name.removeprefix(NETNS_PREFIX).split("-")[0]
+        if owner.isdigit() and psutil.pid_exists(int(owner)):
+            continue
+        _remove_link(name)
+        reaped.append(name)
+    return reaped
 
 
 def _stop(process: subprocess.Popen[bytes], *, timeout: float = 20) -> None:
@@ -122,6 +292,9 @@ class Node:
     rest_port: int
     folder: Path
     process: subprocess.Popen[bytes] | None = None
+    # Where it listens; an isolated node's is its namespace's end of the link.
+    host: str = "127.0.0.1"
+    netns: str | None = None
 
     @property
     def data_dir(self) -> Path:
@@ -149,8 +322,13 @@ class Node:
             return None
         return int(first) if first.strip().isdigit() else None
 
-    def conninfo(self, *, user: str = SUPERUSER, dbname: str = "postgres") -> str:
-        return f"host=127.0.0.1 port={self.pg_port} user={user} dbname={dbname}"
+    def conninfo(
+        self, *, user: str = SUPERUSER, dbname: str = "postgres", socket: bool = False
+    ) -> str:
+        """Over TCP; ``socket``: over its Unix socket (in its folder), which
+        reaches an isolated node whatever its network does."""
+        host = str(self.folder) if socket else self.host
+        return f"host={host} port={self.pg_port} user={user} dbname={dbname}"
 
 
 @dataclass
@@ -160,18 +338,31 @@ class Cluster:
     etcd_port: int
     etcd: subprocess.Popen[bytes]
     nodes: list[Node] = field(default_factory=list)
+    # The first node's network namespace and the pair to it (isolated clusters).
+    link: Link | None = None
+    # Nodes whose network is cut now.
+    cut_nodes: set[str] = field(default_factory=set)
 
     # --- addresses -------------------------------------------------------------
 
     def url(self, *, user: str = SUPERUSER, dbname: str = "postgres") -> str:
-        """The multi-host URL the portal is given: libpq finds the primary."""
-        hosts = ",".join(f"127.0.0.1:{node.pg_port}" for node in self.nodes)
-        return f"postgres://{user}@{hosts}/{dbname}?target_session_attrs=read-write"
+        """The multi-host URL the portal is given: libpq finds the primary, and
+        gives up on a silent peer after about ``TCP_USER_TIMEOUT_MS``."""
+        hosts = ",".join(f"{node.host}:{node.pg_port}" for node in self.nodes)
+        query = "&".join(f"{key}={value}" for key, value in LINK_OPTIONS.items())
+        return (
+            f"postgres://{user}@{hosts}/{dbname}"
+            f"?target_session_attrs=read-write&{query}"
+        )
 
     @property
     def var_dir(self) -> Path:
         """The portal's var/ for commands run on this cluster (the audit key)."""
         return self.folder / "var"
+
+    @property
+    def etcd_host(self) -> str:
+        return self.link.outer if self.link else "127.0.0.1"
 
     def node(self, name: str) -> Node:
         (found,) = [node for node in self.nodes if node.name == name]
@@ -182,10 +373,11 @@ class Cluster:
     def members(self) -> list[dict[str, Any]]:
         """Patroni's ``GET /cluster`` from the first node that answers."""
         errors: list[str] = []
-        for node in self.nodes:
+        # A cut node's silence costs the whole timeout: ask it last.
+        for node in sorted(self.nodes, key=lambda node: node.name in self.cut_nodes):
             try:
                 answer = httpx.get(
-                    f"http://127.0.0.1:{node.rest_port}/cluster", timeout=2
+                    f"http://{node.host}:{node.rest_port}/cluster", timeout=2
                 )
                 answer.raise_for_status()
                 return list(answer.json()["members"])
@@ -273,6 +465,17 @@ class Cluster:
         os.kill(pid, signal.SIGKILL)
         return pid
 
+    def cut(self, name: str) -> None:
+        """Stop the network of node ``name``'s machine (an isolated cluster's)."""
+        assert self.link is not None and self.node(name).netns == self.link.netns
+        self.link.cut()
+        self.cut_nodes.add(name)
+
+    def restore(self, name: str) -> None:
+        assert self.link is not None and self.node(name).netns == self.link.netns
+        self.link.restore()
+        self.cut_nodes.discard(name)
+
 
 DEPLOYED_CONFIG = REPO / "deploy" / "ha" / "patroni-db1.yml"
 
@@ -286,10 +489,10 @@ def _patroni_yml(cluster: Cluster, node: Node) -> str:
     config["name"] = node.name
     config["log"] = {"level": "INFO"}
     config["restapi"] = {
-        "listen": f"127.0.0.1:{node.rest_port}",
-        "connect_address": f"127.0.0.1:{node.rest_port}",
+        "listen": f"{node.host}:{node.rest_port}",
+        "connect_address": f"{node.host}:{node.rest_port}",
     }
-    config["etcd3"] = {"hosts": [f"127.0.0.1:{cluster.etcd_port}"]}
+    config["etcd3"] = {"hosts": [f"{cluster.etcd_host}:{cluster.etcd_port}"]}
     dcs = config["bootstrap"]["dcs"]
     dcs.update(ttl=TTL_S, loop_wait=LOOP_WAIT_S, retry_timeout=RETRY_TIMEOUT_S)
     dcs["postgresql"]["parameters"].update(
@@ -297,18 +500,26 @@ def _patroni_yml(cluster: Cluster, node: Node) -> str:
         max_connections=100,
         # Test data: the machine does not crash, a process does.
         fsync="off",
+        # A primary whose network is cut finishes demoting itself only once its
+        # WAL sender gives the unreachable standby up (its shutdown waits for it):
+        # a third of PostgreSQL's 60 s, as the TTL is a third of production's.
+        wal_sender_timeout="20s",
     )
     postgresql = config["postgresql"]
+    networks = ["127.0.0.1/32"]
+    if cluster.link is not None:
+        networks.append(str(cluster.link.network))
     postgresql.update(
-        listen=f"127.0.0.1:{node.pg_port}",
-        connect_address=f"127.0.0.1:{node.pg_port}",
+        listen=f"{node.host}:{node.pg_port}",
+        connect_address=f"{node.host}:{node.pg_port}",
         data_dir=str(node.data_dir),
         bin_dir=str(PG_BIN),
         pgpass=str(node.folder / "pgpass"),
         pg_hba=[
             "local all all trust",
-            "host all all 127.0.0.1/32 trust",
-            "host replication all 127.0.0.1/32 trust",
+            "local replication all trust",
+            *(f"host all all {network} trust" for network in networks),
+            *(f"host replication all {network} trust" for network in networks),
         ],
     )
     postgresql["parameters"].update(
@@ -331,7 +542,9 @@ def _start_node(cluster: Cluster, node: Node) -> None:
     if account:
         for path in (node.folder, node.config):
             os.chown(path, *account)
-    node.process = _spawn(["patroni", str(node.config)], log=node.log_path)
+    node.process = _spawn(
+        ["patroni", str(node.config)], log=node.log_path, netns=node.netns
+    )
 
 
 def reap_stale_clusters() -> list[Path]:
@@ -370,14 +583,18 @@ def reap_stale_clusters() -> list[Path]:
         psutil.wait_procs(left, timeout=10)
         shutil.rmtree(folder, ignore_errors=True)
         reaped.append(folder)
+    reap_stale_links()
     return reaped
 
 
 @contextlib.contextmanager
-def running_cluster(*, nodes: int = 2) -> Iterator[Cluster]:
+def running_cluster(*, nodes: int = 2, isolated: bool = False) -> Iterator[Cluster]:
     """etcd and ``nodes`` Patroni nodes, the first the leader; the others are
     still cloning it when this yields (``wait_for_sync_standby``: until the second
-    is the synchronous standby). All stopped, the folder removed afterwards."""
+    is the synchronous standby). All stopped, the folder removed afterwards.
+
+    ``isolated``: the first node in a network namespace of its own (``Link``),
+    etcd and the others on this side's end of the link; ``Cluster.cut``."""
     missing = missing_tools()
     if missing:
         raise RuntimeError(
@@ -396,6 +613,8 @@ def running_cluster(*, nodes: int = 2) -> Iterator[Cluster]:
             mode = parent.stat().st_mode
             if mode & 0o055 != 0o055:
                 parent.chmod(mode | 0o055)
+    link = _make_link() if isolated else None
+    etcd_host = link.outer if link else "127.0.0.1"
     etcd_port, peer_port = free_port(), free_port()
     etcd_dir = folder / "etcd"
     etcd_dir.mkdir()
@@ -409,9 +628,9 @@ def running_cluster(*, nodes: int = 2) -> Iterator[Cluster]:
             "--data-dir",
             str(etcd_dir / "data"),
             "--listen-client-urls",
-            f"http://127.0.0.1:{etcd_port}",
+            f"http://{etcd_host}:{etcd_port}",
             "--advertise-client-urls",
-            f"http://127.0.0.1:{etcd_port}",
+            f"http://{etcd_host}:{etcd_port}",
             "--listen-peer-urls",
             f"http://127.0.0.1:{peer_port}",
             "--initial-advertise-peer-urls",
@@ -430,6 +649,7 @@ def running_cluster(*, nodes: int = 2) -> Iterator[Cluster]:
         folder=folder,
         etcd_port=etcd_port,
         etcd=etcd,
+        link=link,
     )
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -441,7 +661,7 @@ def running_cluster(*, nodes: int = 2) -> Iterator[Cluster]:
                 )
             try:
                 if httpx.get(
-                    f"http://127.0.0.1:{etcd_port}/health", timeout=1
+                    f"http://{etcd_host}:{etcd_port}/health", timeout=1
                 ).is_success:
                     break
             except httpx.HTTPError:
@@ -450,14 +670,17 @@ def running_cluster(*, nodes: int = 2) -> Iterator[Cluster]:
                 raise RuntimeError("etcd did not answer")
             time.sleep(0.1)
         for index in range(nodes):
-            cluster.nodes.append(
-                Node(
-                    name=f"node{index + 1}",
-                    pg_port=free_port(),
-                    rest_port=free_port(),
-                    folder=folder / f"node{index + 1}",
-                )
+            node = Node(
+                name=f"node{index + 1}",
+                pg_port=free_port(),
+                rest_port=free_port(),
+                folder=folder / f"node{index + 1}",
             )
+            if link is not None:
+                node.host = link.outer
+                if index == 0:  # the bootstrap leader: on a machine of its own
+                    node.host, node.netns = link.inner, link.netns
+            cluster.nodes.append(node)
         # The first node bootstraps (initdb) alone; the others clone it.
         _start_node(cluster, cluster.nodes[0])
         cluster.wait_for_leader()
@@ -486,6 +709,8 @@ def running_cluster(*, nodes: int = 2) -> Iterator[Cluster]:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGQUIT)
         _stop(etcd)
+        if link is not None:
+            _remove_link(link.netns)
         shutil.rmtree(folder, ignore_errors=True)
 
 
