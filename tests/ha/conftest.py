@@ -1,7 +1,9 @@
 """The HA tier: the portal on a Patroni cluster of its own (tests/support/ha.py).
 
 ``ha_portal`` starts etcd and two PostgreSQL nodes under Patroni (synchronous
-replication), makes the portal's database there the way ``up`` does (roles, then
+replication), the first (the leader) on a machine of its own where this one can
+make one (a network namespace reached over a veth pair, ``ha.Link``: needs root;
+``tests/ha/test_network_cut.py`` stops its network), makes the portal's database there the way ``up`` does (roles, then
 ``migrate`` as the owner), seeds the demo tenant against the session's ticket desk,
 and runs a real gunicorn whose ``DATABASE_URL`` names both nodes with
 ``target_session_attrs=read-write`` and whose reviewers' pages read on the standby
@@ -39,6 +41,8 @@ from tests.support.celery_worker import (
 from ticketdesk.harness import TicketDesk
 
 MISSING = ha.missing_tools()
+# Why the first node cannot have a network of its own here (None: it can).
+NETNS_MISSING = None if MISSING else ha.netns_missing()
 if MISSING and not os.environ.get("CI"):
     pytest.skip(
         "the HA tier needs " + ", ".join(MISSING) + " (.ci/run installs Debian's "
@@ -84,7 +88,7 @@ class HAPortal:
 def ha_portal(
     ticketdesk_server: TicketDesk, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[HAPortal]:
-    with ha.running_cluster(nodes=2) as cluster:
+    with ha.running_cluster(nodes=2, isolated=NETNS_MISSING is None) as cluster:
         app_url = ha.bootstrap_portal(cluster, dbname=DBNAME)
         allowed = outbound.host_port(ticketdesk_server.url)
         with ThreadPoolExecutor(max_workers=1) as background:
