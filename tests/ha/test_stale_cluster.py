@@ -127,7 +127,9 @@ def test_a_killed_runs_network_namespace_is_removed_and_a_live_runs_is_not() -> 
             inside.kill()
             inside.wait()
         for name in made:
-            subprocess.run(["ip", "netns", "delete", name], check=False)
+            subprocess.run(
+                ["ip", "netns", "delete", name], capture_output=True, check=False
+            )
         for token in ("a1b2c3", "d4e5f6"):
             subprocess.run(
                 ["ip", "link", "delete", f"{ha.VETH_PREFIX}{token}o"],
