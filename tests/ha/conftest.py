@@ -2,9 +2,9 @@
 
 ``ha_portal`` starts etcd and two PostgreSQL nodes under Patroni (synchronous
 replication), the first (the leader) on a machine of its own where this one can
-make one (a network namespace reached over a veth pair, ``ha.Link``: needs root;
-``tests/ha/test_network_cut.py`` stops its network), makes the portal's database there the way ``up`` does (roles, then
-``migrate`` as the owner), seeds the demo tenant against the session's ticket desk,
+make one (a network namespace reached over a veth pair, tests/support/netns.py;
+``tests/ha/test_network_cut.py`` stops its network), makes the portal's database
+there the way ``up`` does (roles, then ``migrate`` as the owner), seeds the demo tenant against the session's ticket desk,
 and runs a real gunicorn whose ``DATABASE_URL`` names both nodes with
 ``target_session_attrs=read-write`` and whose reviewers' pages read on the standby
 (``PORTAL_REPLICA_DATABASE_URL``, ``prefer-standby``). One cluster serves the whole
@@ -31,7 +31,7 @@ import pytest
 
 from tasks import outbound
 from tests.http.conftest import Server, start, stop
-from tests.support import broker, ha
+from tests.support import broker, ha, netns
 from tests.support.broker import EventQueue
 from tests.support.celery_worker import (
     RunningWorker,
@@ -42,7 +42,7 @@ from ticketdesk.harness import TicketDesk
 
 MISSING = ha.missing_tools()
 # Why the first node cannot have a network of its own here (None: it can).
-NETNS_MISSING = None if MISSING else ha.netns_missing()
+NETNS_MISSING = netns.missing()
 if MISSING and not os.environ.get("CI"):
     pytest.skip(
         "the HA tier needs " + ", ".join(MISSING) + " (.ci/run installs Debian's "

@@ -1,6 +1,7 @@
 """A cluster left behind by a killed run is stopped before the next one starts
 (``ha.reap_stale_clusters``, called by ``ha.running_cluster``); a live run's is not.
-So is an isolated node's network namespace and veth pair (``ha.reap_stale_links``)."""
+So is an isolated node's network namespace and veth pair (``netns.reap_stale``,
+called by ``netns.remote_link``, which ``ha.running_cluster(isolated=True)`` uses)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import ha
+from tests.support import ha, netns
 
 
 def _cluster_folder(owner: int) -> Path:
@@ -76,19 +77,15 @@ def _netns_pids(name: str) -> list[str]:
 
 
 def test_a_killed_runs_network_namespace_is_removed_and_a_live_runs_is_not() -> None:
-    missing = ha.netns_missing()
-    if missing is not None:
-        if os.environ.get("CI"):
-            pytest.fail(f"needs a network namespace: {missing}")
-        pytest.skip(f"needs a network namespace: {missing}")
+    netns.require()
     # Given a namespace (with its veth pair and a process inside) of a test process
     # that has ended, as a killed run leaves its isolated node's
     ended = subprocess.Popen(["true"])
     ended.wait()
-    stale = f"{ha.NETNS_PREFIX}{ended.pid}-a1b2c3"
-    stale_veth = f"{ha.VETH_PREFIX}a1b2c3o"
+    stale = f"{netns.NETNS_PREFIX}{ended.pid}-a1b2c3"
+    stale_veth = f"{netns.VETH_PREFIX}a1b2c3o"
     # And one of a test process that runs (this one)
-    live = f"{ha.NETNS_PREFIX}{os.getpid()}-d4e5f6"
+    live = f"{netns.NETNS_PREFIX}{os.getpid()}-d4e5f6"
     made: list[str] = []
     inside: subprocess.Popen[bytes] | None = None
     try:
@@ -96,8 +93,8 @@ def test_a_killed_runs_network_namespace_is_removed_and_a_live_runs_is_not() -> 
             subprocess.run(["ip", "netns", "add", name], check=True)
             made.append(name)
             subprocess.run(
-                ["ip", "link", "add", f"{ha.VETH_PREFIX}{token}o", "type", "veth",
-                 "peer", "name", f"{ha.VETH_PREFIX}{token}i", "netns", name],
+                ["ip", "link", "add", f"{netns.VETH_PREFIX}{token}o", "type", "veth",
+                 "peer", "name", f"{netns.VETH_PREFIX}{token}i", "netns", name],
                 check=True,
             )  # fmt: skip
         inside = subprocess.Popen(
@@ -109,7 +106,7 @@ def test_a_killed_runs_network_namespace_is_removed_and_a_live_runs_is_not() -> 
             time.sleep(0.05)
 
         # When the next run starts
-        reaped = ha.reap_stale_links()
+        reaped = netns.reap_stale()
 
         # Then the stale namespace, its pair and what ran in it are gone
         assert stale in reaped
@@ -118,7 +115,16 @@ def test_a_killed_runs_network_namespace_is_removed_and_a_live_runs_is_not() -> 
             ["ip", "netns", "list"], capture_output=True, text=True, check=True
         ).stdout
         assert stale not in names
-        assert subprocess.run(["ip", "link", "show", stale_veth]).returncode != 0
+        # (the pair goes with the namespace, which the kernel frees in the background)
+        deadline = time.monotonic() + 10
+        while (
+            subprocess.run(
+                ["ip", "link", "show", stale_veth], capture_output=True
+            ).returncode
+            == 0
+        ):
+            assert time.monotonic() < deadline, f"{stale_veth} outlived its namespace"
+            time.sleep(0.1)
         # And the live run's is untouched
         assert live not in reaped
         assert live in names
@@ -132,7 +138,7 @@ def test_a_killed_runs_network_namespace_is_removed_and_a_live_runs_is_not() -> 
             )
         for token in ("a1b2c3", "d4e5f6"):
             subprocess.run(
-                ["ip", "link", "delete", f"{ha.VETH_PREFIX}{token}o"],
+                ["ip", "link", "delete", f"{netns.VETH_PREFIX}{token}o"],
                 capture_output=True,
                 check=False,
             )

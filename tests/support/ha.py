@@ -16,11 +16,11 @@ run as the ``postgres`` account, as the Debian services do.
 
 ``running_cluster(isolated=True)`` puts the first node (the bootstrap leader: its
 Patroni and PostgreSQL) on a machine of its own: a network namespace reached from
-this one over a veth pair on a /30 of 10.213.0.0/16 (``Link``), so that its network
-can be stopped (``Cluster.cut``: its end of the pair goes down) while etcd and the
-other nodes, which listen on this side's address, still reach each other. Needs
-root (``netns_missing``); the namespace and the pair are removed afterwards, and a
-killed run's by the next run (``reap_stale_clusters``).
+this one over a veth pair (tests/support/netns.py, ``remote_link``), so that its
+network can be stopped (``Cluster.cut``: its end of the pair goes down) while etcd
+and the other nodes, which listen on this side's end, still reach each other. Needs
+root, ``ip`` and ``nft`` (``netns.missing``); the namespace is removed afterwards,
+and a killed run's by the next run (``netns.reap_stale``).
 
 ``bootstrap_portal`` makes the portal's database on the cluster the one way the
 suite and ``up`` do it (portal/db_roles.py): the roles from the administrator's
@@ -32,13 +32,9 @@ the migrations.
 from __future__ import annotations
 
 import contextlib
-import functools
-import ipaddress
 import json
 import os
 import pwd
-import random
-import secrets
 import shutil
 import signal
 import subprocess
@@ -57,6 +53,7 @@ from psycopg import sql
 
 from portal import db_roles
 from tests.deploy import support as deploy_support
+from tests.support import netns
 from tests.support.net import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -71,11 +68,6 @@ SUPERUSER = "postgres"
 FOLDER_PREFIX = "portal-ha-"
 # In each cluster's folder: the pid of the test process that made it.
 OWNER_FILE = "owner.pid"
-# An isolated node's network namespace: ``portal-ha-<owner pid>-<token>``; its veth
-# pair ``pha<token>o`` (this side) and ``pha<token>i`` (the namespace's side).
-NETNS_PREFIX = "portal-ha-"
-VETH_PREFIX = "pha"
-LINK_SUPERNET = ipaddress.IPv4Network("10.213.0.0/16")
 # libpq's options in the cluster's URL (every portal process takes them): a peer
 # that stops answering mid-connection (its machine's network is gone, no FIN, no RST)
 # is given up after about TCP_USER_TIMEOUT_MS, not the kernel's 15 minutes of
@@ -118,20 +110,15 @@ def _env() -> dict[str, str]:
 
 
 def _spawn(
-    command: list[str], *, log: Path, netns: str | None = None
+    command: list[str], *, log: Path, link: netns.Link | None = None
 ) -> subprocess.Popen[bytes]:
-    """``command`` in a session of its own, as ``postgres`` when we are root; in
-    the network namespace ``netns`` if named (entered as root by ``ip netns exec``,
-    which then becomes ``postgres`` with ``setpriv``: the same process, each execs
-    the next)."""
+    """``command`` in a session of its own, as ``postgres`` when we are root; inside
+    ``link``'s network namespace if given (``Link.command``: the pid is the
+    server's own)."""
     account = _account()
-    if netns is not None:
+    if link is not None:
         assert account is not None, "a network namespace needs root"
-        command = [
-            "ip", "netns", "exec", netns,
-            "setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups",
-            *command,
-        ]  # fmt: skip
+        command = link.command(*command, user="postgres")
         account = None
     with log.open("ab") as out:
         return subprocess.Popen(
@@ -144,132 +131,6 @@ def _spawn(
             user=account[0] if account else None,
             group=account[1] if account else None,
         )
-
-
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(
-        ["ip", *args], capture_output=True, text=True, timeout=30, check=False
-    )
-    if check and done.returncode != 0:
-        raise RuntimeError(
-            f"ip {' '.join(args)} exited {done.returncode}: {done.stderr}"
-        )
-    return done
-
-
-@functools.cache
-def netns_missing() -> str | None:
-    """Why this machine cannot give a node a network of its own (None: it can)."""
-    if os.geteuid() != 0:
-        return "a network namespace needs root"
-    if shutil.which("ip") is None:
-        return "ip (Debian's iproute2) is not installed"
-    probe = f"{NETNS_PREFIX}{os.getpid()}-probe"
-    made = _ip("netns", "add", probe, check=False)
-    if made.returncode != 0:
-        return f"ip netns add failed: {made.stderr.strip()}"
-    _ip("netns", "delete", probe, check=False)
-    return None
-
-
-@dataclass
-class Link:
-    """A network namespace (one node's machine) and the veth pair to it: this
-    side's end ``outer_if`` with ``outer``, the namespace's ``inner_if`` with
-    ``inner``, one /30 (``network``)."""
-
-    netns: str
-    outer_if: str
-    inner_if: str
-    network: ipaddress.IPv4Network
-
-    @property
-    def outer(self) -> str:
-        return str(self.network[1])
-
-    @property
-    def inner(self) -> str:
-        return str(self.network[2])
-
-    def cut(self) -> None:
-        """The namespace's end goes down: its machine's network stops. Its own
-        sends fail at once (no route); what this side sends it is dropped without
-        an answer, as with a pulled cable."""
-        _ip("-n", self.netns, "link", "set", self.inner_if, "down")
-
-    def restore(self) -> None:
-        """Up again; the kernel puts the /30's route back."""
-        _ip("-n", self.netns, "link", "set", self.inner_if, "up")
-
-
-def _used_networks() -> list[ipaddress.IPv4Network]:
-    listing = _ip("-o", "-4", "addr", "show").stdout
-    used = []
-    for line in listing.splitlines():
-        fields = line.split()
-        if "inet" in fields:
-            used.append(
-                ipaddress.IPv4Interface(fields[fields.index("inet") + 1]).network
-            )
-    return used
-
-
-def _make_link() -> Link:
-    """A new namespace and a veth pair to it, on a /30 no address here is on."""
-    token = secrets.token_hex(3)
-    used = _used_networks()
-    subnets = list(LINK_SUPERNET.subnets(new_prefix=30))
-    while True:
-        network = random.choice(subnets)
-        if not any(network.overlaps(other) for other in used):
-            break
-    link = Link(
-        netns=f"{NETNS_PREFIX}{os.getpid()}-{token}",
-        outer_if=f"{VETH_PREFIX}{token}o",
-        inner_if=f"{VETH_PREFIX}{token}i",
-        network=network,
-    )
-    _ip("netns", "add", link.netns)
-    try:
-        _ip("link", "add", link.outer_if, "type", "veth",
-            "peer", "name", link.inner_if, "netns", link.netns)  # fmt: skip
-        _ip("addr", "add", f"{link.outer}/30", "dev", link.outer_if)
-        _ip("link", "set", link.outer_if, "up")
-        _ip("-n", link.netns, "addr", "add", f"{link.inner}/30", "dev", link.inner_if)
-        _ip("-n", link.netns, "link", "set", link.inner_if, "up")
-        _ip("-n", link.netns, "link", "set", "lo", "up")
-    except BaseException:
-        _remove_link(link.netns)
-        raise
-    return link
-
-
-def _remove_link(netns: str) -> None:
-    """Kill what still runs in ``netns``, remove its veth pair and the namespace."""
-    pids = _ip("netns", "pids", netns, check=False).stdout.split()
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, ValueError):
-            os.kill(int(pid), signal.SIGKILL)
-    token = netns.rsplit("-", 1)[-1]
-    _ip("link", "delete", f"{VETH_PREFIX}{token}o", check=False)
-    _ip("netns", "delete", netns, check=False)
-
-
-def reap_stale_links() -> list[str]:
-    """Remove the namespaces (and veth pairs) of runs whose test process is gone."""
-    if shutil.which("ip") is None or os.geteuid() != 0:
-        return []
-    reaped = []
-    for line in _ip("netns", "list", check=False).stdout.splitlines():
-        name = line.split()[0] if line.split() else ""
-        if not name.startswith(NETNS_PREFIX):
-            continue
-        owner = name.removeprefix(NETNS_PREFIX).split("-")[0]
-        if owner.isdigit() and psutil.pid_exists(int(owner)):
-            continue
-        _remove_link(name)
-        reaped.append(name)
-    return reaped
 
 
 def _stop(process: subprocess.Popen[bytes], *, timeout: float = 20) -> None:
@@ -339,7 +200,7 @@ class Cluster:
     etcd: subprocess.Popen[bytes]
     nodes: list[Node] = field(default_factory=list)
     # The first node's network namespace and the pair to it (isolated clusters).
-    link: Link | None = None
+    link: netns.Link | None = None
     # Nodes whose network is cut now.
     cut_nodes: set[str] = field(default_factory=set)
 
@@ -468,12 +329,12 @@ class Cluster:
     def cut(self, name: str) -> None:
         """Stop the network of node ``name``'s machine (an isolated cluster's)."""
         assert self.link is not None and self.node(name).netns == self.link.netns
-        self.link.cut()
+        self.link.down()
         self.cut_nodes.add(name)
 
     def restore(self, name: str) -> None:
         assert self.link is not None and self.node(name).netns == self.link.netns
-        self.link.restore()
+        self.link.up()
         self.cut_nodes.discard(name)
 
 
@@ -543,7 +404,9 @@ def _start_node(cluster: Cluster, node: Node) -> None:
         for path in (node.folder, node.config):
             os.chown(path, *account)
     node.process = _spawn(
-        ["patroni", str(node.config)], log=node.log_path, netns=node.netns
+        ["patroni", str(node.config)],
+        log=node.log_path,
+        link=cluster.link if node.netns else None,
     )
 
 
@@ -583,7 +446,6 @@ def reap_stale_clusters() -> list[Path]:
         psutil.wait_procs(left, timeout=10)
         shutil.rmtree(folder, ignore_errors=True)
         reaped.append(folder)
-    reap_stale_links()
     return reaped
 
 
@@ -593,8 +455,19 @@ def running_cluster(*, nodes: int = 2, isolated: bool = False) -> Iterator[Clust
     still cloning it when this yields (``wait_for_sync_standby``: until the second
     is the synchronous standby). All stopped, the folder removed afterwards.
 
-    ``isolated``: the first node in a network namespace of its own (``Link``),
-    etcd and the others on this side's end of the link; ``Cluster.cut``."""
+    ``isolated``: the first node in a network namespace of its own
+    (``netns.remote_link``), etcd and the others on this side's end of the link;
+    ``Cluster.cut``."""
+    if not isolated:
+        with _running_cluster(nodes=nodes, link=None) as cluster:
+            yield cluster
+        return
+    with netns.remote_link() as link, _running_cluster(nodes=nodes, link=link) as made:
+        yield made
+
+
+@contextlib.contextmanager
+def _running_cluster(*, nodes: int, link: netns.Link | None) -> Iterator[Cluster]:
     missing = missing_tools()
     if missing:
         raise RuntimeError(
@@ -613,7 +486,6 @@ def running_cluster(*, nodes: int = 2, isolated: bool = False) -> Iterator[Clust
             mode = parent.stat().st_mode
             if mode & 0o055 != 0o055:
                 parent.chmod(mode | 0o055)
-    link = _make_link() if isolated else None
     etcd_host = link.outer if link else "127.0.0.1"
     etcd_port, peer_port = free_port(), free_port()
     etcd_dir = folder / "etcd"
@@ -709,8 +581,6 @@ def running_cluster(*, nodes: int = 2, isolated: bool = False) -> Iterator[Clust
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGQUIT)
         _stop(etcd)
-        if link is not None:
-            _remove_link(link.netns)
         shutil.rmtree(folder, ignore_errors=True)
 
 

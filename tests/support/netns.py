@@ -140,6 +140,16 @@ class Link:
             "}\n"
         )
 
+    def down(self) -> None:
+        """The namespace's end of the pair down: its machine's network stops. Its
+        own sends fail at once (no route there); what this side sends it is
+        dropped without an answer, as with a pulled cable (tests/ha's cut)."""
+        _run("ip", "-n", self.netns, "link", "set", self.inner_if, "down")
+
+    def up(self) -> None:
+        """The namespace's end up again; the kernel puts the /30's route back."""
+        _run("ip", "-n", self.netns, "link", "set", self.inner_if, "up")
+
     def heal(self) -> None:
         """The rules gone: packets flow again on the same connections."""
         _run(
