@@ -15,12 +15,21 @@ from django.db.models.functions import Cast, Now
 
 from portal.actors import ActorType
 from portal.codes import REASON_CODE_DOMAIN, ReasonCode
-from portal.domains import DomainCharField
+from portal.domains import DomainCharField, DomainJSONField
 from portal.ids import new_id
 
 # The domain that holds EventCode's list (the type of audit_event.code), and its CHECK.
 EVENT_CODE_DOMAIN = "audit_event_code"
 EVENT_CODE_CHECK = "audit_event_code_check"
+# The same for ActorType's list on audit_event.actor_type and OutboxState's on
+# audit_outbox.state; their CHECKs keep the names the table CHECKs had.
+ACTOR_TYPE_DOMAIN = "audit_event_actor_type"
+ACTOR_TYPE_CHECK = "audit_event_actor_type_check"
+OUTBOX_STATE_DOMAIN = "audit_outbox_state"
+OUTBOX_STATE_CHECK = "audit_outbox_state_check"
+# audit_event.payload's type: jsonb, its text at most PORTAL_EVENT_PAYLOAD_MAX_BYTES.
+EVENT_PAYLOAD_DOMAIN = "audit_event_payload"
+EVENT_PAYLOAD_CHECK = "audit_event_payload_size_check"
 
 
 class EventCode(models.TextChoices):
@@ -127,7 +136,9 @@ class Event(models.Model):
     task_id = models.UUIDField(null=True, blank=True, db_index=False)
     operation_id = models.UUIDField(null=True, blank=True)
     code = DomainCharField(max_length=60, choices=EventCode, domain=EVENT_CODE_DOMAIN)
-    actor_type = models.CharField(max_length=10, choices=ActorType)
+    actor_type = DomainCharField(
+        max_length=10, choices=ActorType, domain=ACTOR_TYPE_DOMAIN
+    )
     actor_id = models.CharField(max_length=200)
     reason_code = DomainCharField(
         max_length=40,
@@ -138,12 +149,13 @@ class Event(models.Model):
     )
     contract_key = models.CharField(max_length=100, null=True, blank=True)
     contract_version = models.PositiveIntegerField(null=True, blank=True)
-    # Redacted, bounded facts and references; the size bound is a CHECK (migration).
+    # Redacted, bounded facts and references; the size bound is the CHECK
+    # audit_event_payload_size_check of the column's domain (migration 0030).
     # NULL once retention dropped it (chain format v2 keeps ``payload_digest``):
     # the column is nullable in the database (migration 0013) but not here, so
     # code that writes events cannot store NULL and readers of live payloads keep
     # their type; the few that show old events check for None.
-    payload = models.JSONField(default=dict)
+    payload = DomainJSONField(default=dict, domain=EVENT_PAYLOAD_DOMAIN)
     # SHA-256 of the RFC 8785 canonical payload (chain format v2, audit/chain.py);
     # NULL for format v1 events, whose hash covers the payload itself.
     payload_digest = models.CharField(
@@ -169,10 +181,6 @@ class Event(models.Model):
             # chain. Each partition also has its own unique index on (tenant_id,
             # task_id, chain_seq) and (tenant_id, chain_seq), which find a chain's
             # head; they cannot be unique across partitions (migration 0011).
-            models.CheckConstraint(
-                condition=Q(actor_type__in=ActorType.values),
-                name="audit_event_actor_type_check",
-            ),
         ]
         indexes = [
             models.Index(
@@ -589,8 +597,11 @@ class Outbox(models.Model):
         output_field=models.UUIDField(null=True),
         db_persist=True,
     )
-    state = models.CharField(
-        max_length=10, choices=OutboxState, default=OutboxState.PENDING
+    state = DomainCharField(
+        max_length=10,
+        choices=OutboxState,
+        default=OutboxState.PENDING,
+        domain=OUTBOX_STATE_DOMAIN,
     )
     attempts = models.PositiveIntegerField(default=0)
     # Due from (a back-off pushes it out). Indexed (audit_outbox_due_idx): only the
@@ -615,10 +626,6 @@ class Outbox(models.Model):
             models.CheckConstraint(
                 condition=Q(key=Cast("event_id", models.CharField())),
                 name="audit_outbox_key_is_event_check",
-            ),
-            models.CheckConstraint(
-                condition=Q(state__in=OutboxState.values),
-                name="audit_outbox_state_check",
             ),
         ]
         indexes = [

@@ -44,6 +44,38 @@ def create_domain_sql(
     )
 
 
+def domain_for_column_sql(
+    domain: str, constraint: str, base: str, check: str
+) -> tuple[tuple[str, str], tuple[tuple[str, ...], tuple[str, ...]]]:
+    """For moving a column that holds rows onto a new domain, without a rewrite.
+
+    Two ``RunSQL`` argument pairs, to put around the ``AlterField``: first the
+    domain without its check (the column's type change is then binary-coercible:
+    no rewrite, indexes kept), then its check (``VALUE`` for the value), added
+    NOT VALID and validated (one scan of the rows, no rewrite). A domain created
+    with its check would make PostgreSQL rewrite the whole table to change the
+    column's type (``ATColumnChangeRequiresRewrite``).
+    """
+    return (
+        (f"CREATE DOMAIN {domain} AS {base}", f"DROP DOMAIN {domain}"),
+        (
+            (
+                f"ALTER DOMAIN {domain} ADD CONSTRAINT {constraint} "
+                f"CHECK ({check}) NOT VALID",
+                f"ALTER DOMAIN {domain} VALIDATE CONSTRAINT {constraint}",
+            ),
+            (f"ALTER DOMAIN {domain} DROP CONSTRAINT {constraint}",),
+        ),
+    )
+
+
+def domain_values_for_column_sql(
+    domain: str, constraint: str, base: str, values: Sequence[str]
+) -> tuple[tuple[str, str], tuple[tuple[str, ...], tuple[str, ...]]]:
+    """``domain_for_column_sql`` for a closed list of ``values`` (and NULL)."""
+    return domain_for_column_sql(domain, constraint, base, _values_check(values))
+
+
 def replace_domain_values_sql(
     domain: str,
     constraint: str,
@@ -68,11 +100,12 @@ def replace_domain_values_sql(
     return swap(values), swap(previous)
 
 
-class DomainCharField(models.CharField):
-    """A CharField whose column type is a PostgreSQL domain (see the module's text).
+class _DomainField(models.Field):
+    """A field whose column type is a PostgreSQL domain (see the module's text).
 
-    ``max_length`` and ``choices`` still validate in Python; the domain (created by
-    a migration with ``create_domain_sql``) is the database's wall.
+    The Python-side validation of the base field stays; the domain (created by a
+    migration with ``create_domain_sql`` or ``domain_for_column_sql``) is the
+    database's wall.
     """
 
     def __init__(self, *args: Any, domain: str, **kwargs: Any) -> None:
@@ -86,3 +119,12 @@ class DomainCharField(models.CharField):
 
     def db_type(self, connection: Any) -> str:
         return self.domain
+
+
+class DomainCharField(_DomainField, models.CharField):
+    """A CharField over a domain: ``max_length`` and ``choices`` still validate in
+    Python; the domain's list is the database's wall."""
+
+
+class DomainJSONField(_DomainField, models.JSONField):
+    """A JSONField over a domain on ``jsonb`` (``audit_event.payload``'s size bound)."""

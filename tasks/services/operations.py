@@ -320,7 +320,7 @@ def _reserve_policy(
 
 
 _OPERATION_SET = """
-    state = %(to)s,
+    state = %(to)s::varchar,
     state_version = o.state_version + 1,
     attempts = o.attempts + %(attempt)s,
     lookups = o.lookups + %(lookup)s,

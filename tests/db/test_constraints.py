@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import importlib
 import json
 import re
@@ -10,11 +11,33 @@ import pytest
 from django.conf import settings
 from django.db import connection, transaction
 
+from audit import selectors as audit_selectors
 from audit import services as audit_services
-from audit.models import EVENT_CODE_CHECK, EVENT_CODE_DOMAIN, Event, EventCode
-from portal.actors import Actor
+from audit.models import (
+    ACTOR_TYPE_CHECK,
+    ACTOR_TYPE_DOMAIN,
+    EVENT_CODE_CHECK,
+    EVENT_CODE_DOMAIN,
+    EVENT_PAYLOAD_CHECK,
+    EVENT_PAYLOAD_DOMAIN,
+    OUTBOX_STATE_CHECK,
+    OUTBOX_STATE_DOMAIN,
+    Event,
+    EventCode,
+    OutboxState,
+)
+from portal.actors import Actor, ActorType
 from portal.codes import REASON_CODE_CHECK, REASON_CODE_DOMAIN, ReasonCode
-from tasks.models import Contract, ContractStatus, OperationState, TaskState
+from tasks.models import (
+    OPERATION_STATE_CHECK,
+    OPERATION_STATE_DOMAIN,
+    TASK_STATE_CHECK,
+    TASK_STATE_DOMAIN,
+    Contract,
+    ContractStatus,
+    OperationState,
+    TaskState,
+)
 from tests.support.contracts import customer_issue_spec
 
 from .conftest import execute, refused_by, refused_for_privilege
@@ -72,9 +95,9 @@ def test_the_same_key_in_another_tenant_is_a_different_operation(
 @pytest.mark.parametrize(
     ("table", "column", "constraint"),
     [
-        ("tasks_task", "state", "tasks_task_state_check"),
+        ("tasks_task", "state", TASK_STATE_CHECK),
         ("tasks_task", "reason_code", REASON_CODE_CHECK),
-        ("tasks_operation", "state", "tasks_operation_state_check"),
+        ("tasks_operation", "state", OPERATION_STATE_CHECK),
         ("tasks_operation", "reason_code", REASON_CODE_CHECK),
     ],
 )
@@ -102,7 +125,7 @@ def test_unknown_states_and_reason_codes_are_refused(
     [
         ("code", EVENT_CODE_CHECK),
         ("reason_code", REASON_CODE_CHECK),
-        ("actor_type", "audit_event_actor_type_check"),
+        ("actor_type", ACTOR_TYPE_CHECK),
     ],
 )
 def test_unknown_event_codes_are_refused(tenant, column, constraint):
@@ -117,6 +140,80 @@ def test_unknown_event_codes_are_refused(tenant, column, constraint):
             """,
             [tenant.pk, values["code"], values["actor_type"], values["reason_code"]],
         )
+
+
+def _raw_event(tenant, *, created_at: str = "now()") -> str:
+    """An event written by raw SQL, its id a UUIDv7 of now; its id."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            INSERT INTO audit_event (id, tenant_id, code, actor_type, actor_id,
+                payload, trace_id, span_id, created_at)
+            VALUES (audit_uuid7_at(now()), %s, 'task.registered', 'system', 'x', '{{}}',
+                '', '', {created_at})
+            RETURNING id
+            """,
+            [tenant.pk],
+        )
+        return cursor.fetchone()[0]
+
+
+def _raw_outbox_row(tenant, state: str) -> int:
+    return execute(
+        """
+        INSERT INTO audit_outbox (id, tenant_id, event_id, topic, key, payload, state,
+            attempts, last_error)
+        VALUES (gen_random_uuid(), %s, %s, 'portal.events', %s, '{}', %s, 0, '')
+        """,
+        [tenant.pk, _raw_event(tenant), f"key-{state}", state],
+    )
+
+
+def test_an_unknown_outbox_state_is_refused(tenant):
+    """A raw outbox row with a made-up state is refused; the same row with a known
+    state goes in (so the refusal is the state's)."""
+    assert _raw_outbox_row(tenant, OutboxState.SENT) == 1
+    with refused_by(OUTBOX_STATE_CHECK):
+        _raw_outbox_row(tenant, "made_up")
+
+
+@pytest.mark.parametrize(
+    ("offset", "refused"),
+    [("0 seconds", False), ("23 hours", False), ("25 hours", True)],
+)
+@pytest.mark.parametrize("sign", ["+", "-"])
+def test_an_event_whose_id_time_is_far_from_its_created_at_is_refused(
+    tenant, offset, refused, sign
+):
+    """audit_event_id_time_check: created_at within a day of the id's UUIDv7 time,
+    on each side, checked on every partition (the id routes the row)."""
+    assert dt.timedelta(days=1) == audit_selectors.ID_TIME_TOLERANCE
+    created_at = f"now() {sign} interval '{offset}'"
+    if not refused:
+        assert _raw_event(tenant, created_at=created_at)
+        return
+    with refused_by("audit_event_id_time_check"):
+        _raw_event(tenant, created_at=created_at)
+
+
+def test_the_id_time_check_is_on_every_event_partition():
+    """Each partition holds the check (PostgreSQL copies a parent's CHECK to new
+    partitions; the migration that changed its form replaced it on all)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT c.relname, pg_get_constraintdef(k.oid)
+            FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
+            LEFT JOIN pg_constraint AS k ON k.conrelid = c.oid
+                AND k.conname = 'audit_event_id_time_check'
+            WHERE i.inhparent = 'audit_event'::regclass
+            """
+        )
+        rows = cursor.fetchall()
+    assert rows
+    assert {definition for _, definition in rows} == {
+        "CHECK (audit_event_id_time_ok(id, created_at, '1 day'::interval))"
+    }, rows
 
 
 def test_a_verified_operation_needs_a_receipt(make_operation):
@@ -142,10 +239,12 @@ def _check_values(constraint: str) -> set[str]:
 @pytest.mark.parametrize(
     ("constraint", "values"),
     [
-        ("tasks_task_state_check", TaskState.values),
-        ("tasks_operation_state_check", OperationState.values),
+        (TASK_STATE_CHECK, TaskState.values),
+        (OPERATION_STATE_CHECK, OperationState.values),
         (EVENT_CODE_CHECK, EventCode.values),
         (REASON_CODE_CHECK, ReasonCode.values),
+        (ACTOR_TYPE_CHECK, ActorType.values),
+        (OUTBOX_STATE_CHECK, OutboxState.values),
     ],
 )
 def test_database_enums_equal_the_python_enums(constraint, values):
@@ -157,18 +256,24 @@ def test_database_enums_equal_the_python_enums(constraint, values):
 
 
 @pytest.mark.parametrize(
-    ("table", "column", "domain"),
+    ("table", "column", "domain", "values"),
     [
-        ("audit_event", "code", EVENT_CODE_DOMAIN),
-        ("audit_event", "reason_code", REASON_CODE_DOMAIN),
-        ("tasks_task", "reason_code", REASON_CODE_DOMAIN),
-        ("tasks_operation", "reason_code", REASON_CODE_DOMAIN),
-        ("tasks_escalation", "reason_code", REASON_CODE_DOMAIN),
+        ("audit_event", "code", EVENT_CODE_DOMAIN, EventCode.values),
+        ("audit_event", "reason_code", REASON_CODE_DOMAIN, ReasonCode.values),
+        ("audit_event", "actor_type", ACTOR_TYPE_DOMAIN, ActorType.values),
+        ("audit_outbox", "state", OUTBOX_STATE_DOMAIN, OutboxState.values),
+        ("tasks_task", "state", TASK_STATE_DOMAIN, TaskState.values),
+        ("tasks_task", "reason_code", REASON_CODE_DOMAIN, ReasonCode.values),
+        ("tasks_operation", "state", OPERATION_STATE_DOMAIN, OperationState.values),
+        ("tasks_operation", "reason_code", REASON_CODE_DOMAIN, ReasonCode.values),
+        ("tasks_escalation", "reason_code", REASON_CODE_DOMAIN, ReasonCode.values),
     ],
 )
-def test_value_lists_are_checked_by_their_domain(table, column, domain):
+def test_value_lists_are_checked_by_their_domain(table, column, domain, values):
     """Each listed column's type is the domain (so every write is checked by it), on
-    every partition of the event table too, and no table CHECK repeats the list."""
+    every partition of the event table too, and no table CHECK repeats the list
+    (a CHECK naming a few of the values, such as the operation's "settled" states
+    in ``tasks_operation_sealed_open_only_check``, is another rule)."""
     with connection.cursor() as cursor:
         cursor.execute(
             """
@@ -181,11 +286,16 @@ def test_value_lists_are_checked_by_their_domain(table, column, domain):
         )
         types = dict(cursor.fetchall())
         cursor.execute(
-            "SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass"
+            "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint"
+            " WHERE conrelid = %s::regclass"
             " AND contype = 'c' AND pg_get_constraintdef(oid) LIKE %s",
             [table, f"%{column}%ANY%"],
         )
-        repeated = cursor.fetchall()
+        repeated = [
+            name
+            for name, definition in cursor.fetchall()
+            if set(re.findall(r"'([^']+)'::", definition)) >= set(values)
+        ]
     assert table in types
     assert set(types.values()) == {domain}, types
     assert repeated == []
@@ -222,17 +332,49 @@ def test_deleting_an_event_is_refused(tenant):
 
 
 def test_an_oversized_event_payload_is_refused(tenant):
-    payload = json.dumps({"blob": "x" * settings.PORTAL_EVENT_PAYLOAD_MAX_BYTES})
-    with refused_by("audit_event_payload_size_check"):
-        execute(
+    """A payload whose text is one byte over the bound is refused; at the bound it
+    goes in (jsonb's text of ``{"blob": "x…"}`` is the JSON as written here)."""
+    bound = settings.PORTAL_EVENT_PAYLOAD_MAX_BYTES
+    at_bound = json.dumps({"blob": "x" * (bound - len(json.dumps({"blob": ""})))})
+    assert len(at_bound) == bound
+    insert = """
+        INSERT INTO audit_event (id, tenant_id, code, actor_type, actor_id, payload,
+            trace_id, span_id)
+        VALUES (audit_uuid7_at(now()), %s, 'task.registered', 'system', 'x', %s::jsonb,
+            '', '')
+        """
+    assert execute(insert, [tenant.pk, at_bound]) == 1
+    over = at_bound.replace('"x', '"xx', 1)
+    with refused_by(EVENT_PAYLOAD_CHECK):
+        execute(insert, [tenant.pk, over])
+
+
+def test_the_payload_bound_is_checked_by_its_domain():
+    """The payload column's type is the domain on the event table and each of its
+    partitions, its CHECK holds the setting's bound, and no table CHECK repeats
+    it (every statement would parse it again)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
             """
-            INSERT INTO audit_event (id, tenant_id, code, actor_type, actor_id, payload,
-                trace_id, span_id)
-            VALUES (audit_uuid7_at(now()), %s, 'task.registered', 'system', 'x', %s::jsonb,
-                '', '')
-            """,
-            [tenant.pk, payload],
+            SELECT c.relname, format_type(a.atttypid, a.atttypmod)
+            FROM pg_attribute AS a JOIN pg_class AS c ON c.oid = a.attrelid
+            WHERE a.attname = 'payload' AND (c.oid = 'audit_event'::regclass OR c.oid IN
+                (SELECT inhrelid FROM pg_inherits
+                 WHERE inhparent = 'audit_event'::regclass))
+            """
         )
+        types = dict(cursor.fetchall())
+        cursor.execute(
+            "SELECT contypid::regtype::text, pg_get_constraintdef(oid)"
+            " FROM pg_constraint WHERE conname = %s",
+            [EVENT_PAYLOAD_CHECK],
+        )
+        checks = cursor.fetchall()
+    assert len(types) > 1 and set(types.values()) == {EVENT_PAYLOAD_DOMAIN}, types
+    bound = settings.PORTAL_EVENT_PAYLOAD_MAX_BYTES
+    assert checks == [
+        (EVENT_PAYLOAD_DOMAIN, f"CHECK ((octet_length((VALUE)::text) <= {bound}))")
+    ]
 
 
 def test_event_append_bounds_and_redacts_before_the_database_sees_it(tenant):
