@@ -8,14 +8,21 @@ and event tables (``docs/performance.md``, "Value lists as domains"). A domain's
 CHECK is parsed once per session and kept in the type cache: the same guarantee,
 checked on every write, for a few microseconds.
 
-The lists are the Python enums' (``EventCode``, ``ReasonCode``); a migration freezes
-each list as it stands, and ``tests/db/test_constraints.py`` fails when the enum
-and the database differ. To add a value: add it to the enum, run
+The lists are the Python enums' (``EventCode``, ``ReasonCode``, ``TaskState``,
+``OperationState``, ``OutboxState``, ``ActorType``); a migration freezes each list
+as it stands, and ``tests/db/test_constraints.py`` fails when the enum and the
+database differ. The event payload's size bound is a domain over ``jsonb`` the same
+way (``DomainJSONField``). Each domain's CHECK keeps the name the table CHECK had,
+which errors are mapped by. To add a value: add it to the enum, run
 ``makemigrations``, and add to that migration the new list and the one before::
 
     migrations.RunSQL(
         *replace_domain_values_sql(DOMAIN, CHECK, values=NEW, previous=OLD)
     )
+
+To move a column that holds rows onto a new domain, put the two halves of
+``domain_values_for_column_sql`` (or ``domain_for_column_sql``) around the
+``AlterField``: no table rewrite (tasks/migrations/0024 shows it).
 """
 
 from __future__ import annotations
