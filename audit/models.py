@@ -150,7 +150,7 @@ class Event(models.Model):
     contract_key = models.CharField(max_length=100, null=True, blank=True)
     contract_version = models.PositiveIntegerField(null=True, blank=True)
     # Redacted, bounded facts and references; the size bound is the CHECK
-    # audit_event_payload_size_check of the column's domain (migration 0030).
+    # audit_event_payload_size_check of the column's domain (migration 0033).
     # NULL once retention dropped it (chain format v2 keeps ``payload_digest``):
     # the column is nullable in the database (migration 0013) but not here, so
     # code that writes events cannot store NULL and readers of live payloads keep

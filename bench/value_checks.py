@@ -20,7 +20,7 @@ session and kept in the type cache. The groups and their variants:
 - the event's id time (``audit_event_id_time_check``): ``none``; ``table CHECK,
   SQL function``, as migration audit/0011 wrote it (``audit_uuid7_time`` twice,
   an SQL function PostgreSQL inlines, so its body is planned again per statement);
-  ``table CHECK, PL/pgSQL function``, as audit/0029 writes it (one call of
+  ``table CHECK, PL/pgSQL function``, as audit/0032 writes it (one call of
   ``audit_event_id_time_ok``, whose expression is planned once per session);
 - the payload bound (``audit_event_payload_size_check``) on a 213-byte payload,
   an ``operation.reserved`` event's: ``none``, ``table CHECK``, ``domain`` over
@@ -70,7 +70,7 @@ def value_lists() -> dict[str, tuple[str, tuple[str, ...], str]]:
     events = _migration("audit.migrations.0027_reason_and_event_code_domains")
     reasons = _migration("portal.migrations.0014_reason_code_domain")
     states = _migration("tasks.migrations.0024_state_domains")
-    audit = _migration("audit.migrations.0029_state_and_actor_type_domains")
+    audit = _migration("audit.migrations.0032_state_and_actor_type_domains")
     return {
         "event code": ("varchar(60)", events.EVENT_CODES, "task.transitioned"),
         "reason code": ("varchar(40)", reasons.REASON_CODES, "STALE_STATE"),
@@ -94,7 +94,7 @@ def _function(source: str, name: str) -> str:
 def id_time_functions() -> list[str]:
     """The functions the id-time CHECKs call, as the migrations made them."""
     made = _migration("audit.migrations.0011_event_partitions").FUNCTIONS
-    now = _migration("audit.migrations.0029_state_and_actor_type_domains")
+    now = _migration("audit.migrations.0032_state_and_actor_type_domains")
     return [
         _function(made, "audit_uuid7_at"),
         _function(made, "audit_uuid7_time"),

@@ -65,7 +65,7 @@ DROP FUNCTION audit_event_id_time_ok(uuid, timestamptz, interval);
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("audit", "0028_invitation_event_codes"),
+        ("audit", "0031_tenant_created_event_code"),
     ]
 
     operations = [

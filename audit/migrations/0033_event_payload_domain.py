@@ -40,7 +40,7 @@ TABLE_CHECK = (
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("audit", "0029_state_and_actor_type_domains"),
+        ("audit", "0032_state_and_actor_type_domains"),
     ]
 
     operations = [
