@@ -159,13 +159,16 @@ def _raw_event(tenant, *, created_at: str = "now()") -> str:
 
 
 def _raw_outbox_row(tenant, state: str) -> int:
+    """An outbox row for a new raw event (its key the event id, as the outbox's
+    key CHECK demands)."""
+    event_id = _raw_event(tenant)
     return execute(
         """
         INSERT INTO audit_outbox (id, tenant_id, event_id, topic, key, payload, state,
             attempts, last_error)
         VALUES (gen_random_uuid(), %s, %s, 'portal.events', %s, '{}', %s, 0, '')
         """,
-        [tenant.pk, _raw_event(tenant), f"key-{state}", state],
+        [tenant.pk, event_id, str(event_id), state],
     )
 
 
