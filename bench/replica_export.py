@@ -55,7 +55,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -69,6 +69,7 @@ from bench.admin_pages import log_in  # noqa: E402
 from bench.api_client import ApiClientResult, ApiRunSpec  # noqa: E402
 from bench.api_coordinator import (  # noqa: E402
     Clients,
+    Server,
     free_port,
     make_agent,
     prepare,
@@ -130,6 +131,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=10, help="untimed ops/client")
     parser.add_argument("--workers", type=int, help="gunicorn worker processes")
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="the primary, the agents' web and the agents on one CPU; the standby, "
+        "the reviewer's own web and this process (the export's reader) on another",
+    )
     parser.add_argument("--no-docs", action="store_true")
     parser.add_argument("--json", type=Path, default=JSON_REPORT)
     args = parser.parse_args(argv)
@@ -138,6 +145,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         or min(args.duration, args.slice) <= 0
     ):
         parser.error("sizes and times must be positive")
+    if args.pin and len(os.sched_getaffinity(0)) < 2:
+        parser.error("--pin needs two CPUs")
     return args
 
 
@@ -376,6 +385,191 @@ class ExportLoop(threading.Thread):
             self.streaming.set()
 
 
+# --- Pinning --------------------------------------------------------------------------
+
+
+def _tasks(pid: int) -> list[int]:
+    """The process's threads (each has its own CPU mask), else none if it is gone."""
+    try:
+        return [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return []
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants now, pid first."""
+    import psutil
+
+    try:
+        return [pid] + [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def pin(pids: Sequence[int], cpu: int) -> None:
+    """Every thread of these processes on ``cpu``; what they fork or start later
+    inherits the mask (a postmaster's new backends, gunicorn's new threads).
+    ``sched_setaffinity`` of a pid sets one thread only: each task is set."""
+    for pid in pids:
+        for tid in _tasks(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.sched_setaffinity(tid, {cpu})
+
+
+def allowed_cpus(pids: Sequence[int]) -> dict[str, int]:
+    """``Cpus_allowed_list`` read back off the live threads of these processes, and
+    how many threads showed each value: what the kernel enforces, not what was
+    asked."""
+    seen: dict[str, int] = {}
+    for pid in pids:
+        for tid in _tasks(pid):
+            try:
+                status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+            except OSError:
+                continue
+            for line in status.splitlines():
+                if line.startswith("Cpus_allowed_list:"):
+                    value = line.split(":", 1)[1].strip()
+                    seen[value] = seen.get(value, 0) + 1
+    return seen
+
+
+@dataclass(kw_only=True)
+class Layout:
+    """Which processes run where: ``groups`` maps a name to a function listing its
+    live pids (a process tree: its root and descendants); ``cpus`` maps a group to
+    its CPU (empty: nothing pinned)."""
+
+    groups: dict[str, Callable[[], list[int]]]
+    cpus: dict[str, int] = field(default_factory=dict)
+
+    def pin(self) -> None:
+        for name, cpu in self.cpus.items():
+            pin(self.groups[name](), cpu)
+
+    def read_back(self) -> dict[str, dict[str, int]]:
+        return {name: allowed_cpus(live()) for name, live in self.groups.items()}
+
+
+# --- Accounting ----------------------------------------------------------------------
+
+_STAT_COLUMNS: Final = (
+    "xact_commit", "xact_rollback", "blks_read", "blks_hit", "tup_returned",
+    "tup_fetched", "tup_inserted", "tup_updated", "temp_bytes",
+)  # fmt: skip
+
+
+def tree_cpu_s(pid: int | None) -> float:
+    """CPU seconds (user + system) used so far by ``pid`` and every process it ever
+    started: its own, its live descendants', and the children it has waited for
+    (``cutime``/``cstime``: a postmaster reaps every backend that ends, so a
+    connection closed during a phase still counts)."""
+    import psutil
+
+    if pid is None:
+        return 0.0
+    total = 0.0
+    for member in _tree(pid):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            t = psutil.Process(member).cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
+def _pid_cpu_s(pid: int | None) -> float:
+    import psutil
+
+    if pid is None:
+        return 0.0
+    try:
+        t = psutil.Process(pid).cpu_times()
+    except psutil.NoSuchProcess:
+        return 0.0
+    return t.user + t.system
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sample:
+    """Counters at one instant; ``minus`` gives what a phase used."""
+
+    at: float
+    cpu_s: dict[str, float]
+    primary: dict[str, int]
+    standby: dict[str, int]
+
+    def minus(self, before: Sample) -> dict[str, Any]:
+        return {
+            "seconds": self.at - before.at,
+            "cpu_s": {k: v - before.cpu_s[k] for k, v in self.cpu_s.items()},
+            "primary": {k: v - before.primary[k] for k, v in self.primary.items()},
+            "standby": {k: v - before.standby[k] for k, v in self.standby.items()},
+        }
+
+
+def _database_stats(url: str, *, wal: bool) -> dict[str, int]:
+    columns = ", ".join(f"{c}::bigint" for c in _STAT_COLUMNS)
+    with psycopg.connect(url, autocommit=True) as db:
+        row = db.execute(
+            f"SELECT {columns} FROM pg_stat_database WHERE datname = %s",
+            [DBNAME],
+        ).fetchone()
+        assert row is not None
+        stats = dict(zip(_STAT_COLUMNS, map(int, row), strict=True))
+        if wal:
+            # WAL written cluster-wide (every database, the checkpointer's too):
+            # the byte distance the insert position moved, and pg_stat_wal's count.
+            found = db.execute(
+                "SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn,"
+                " wal_records, wal_fpi FROM pg_stat_wal"
+            ).fetchone()
+            assert found is not None
+            stats |= {
+                "wal_bytes": int(found[0]),
+                "wal_records": int(found[1]),
+                "wal_fpi": int(found[2]),
+            }
+    return stats
+
+
+def walsender_pid(primary: Node) -> int | None:
+    with psycopg.connect(primary.url(), autocommit=True) as db:
+        row = db.execute("SELECT pid FROM pg_stat_replication LIMIT 1").fetchone()
+    return int(row[0]) if row else None
+
+
+@dataclass(kw_only=True)
+class Meter:
+    """CPU seconds of each root's process tree (``roots``: name to the root's
+    pid), the walsender's alone, and the nodes' statistics of the benchmark's
+    database."""
+
+    roots: dict[str, int]
+    primary: Node
+    standby: Node
+    walsender: int | None
+
+    def sample(self) -> Sample:
+        cpu = {name: tree_cpu_s(pid) for name, pid in self.roots.items()}
+        cpu["walsender"] = _pid_cpu_s(self.walsender)
+        return Sample(
+            at=time.monotonic(),
+            cpu_s=cpu,
+            primary=_database_stats(self.primary.url(), wal=True),
+            standby=_database_stats(self.standby.url(), wal=False),
+        )
+
+
+def add_usage(total: dict[str, Any] | None, part: dict[str, Any]) -> dict[str, Any]:
+    if total is None:
+        return part
+    return {
+        key: value + part[key]
+        if not isinstance(value, dict)
+        else {k: v + part[key][k] for k, v in value.items()}
+        for key, value in total.items()
+    }
+
+
 # --- The run -------------------------------------------------------------------------
 
 
@@ -385,6 +579,8 @@ class PhaseResults:
         default_factory=lambda: {flavour: [] for flavour in FLAVOURS}
     )
     seconds: float = 0.0
+    # The machine's 1-minute load average after each pair.
+    loads: list[float] = field(default_factory=list)
 
     def pair(
         self, clients: Clients, specs: dict[str, ApiRunSpec], number: Iterator[int]
@@ -406,6 +602,7 @@ class PhaseResults:
             shown.append(
                 f"{flavour} {rate:.0f}/s" + f" ({errors} errors)" * bool(errors)
             )
+        self.loads.append(os.getloadavg()[0])
         return ", ".join(shown)
 
     def figures(self, clients: int) -> dict[str, Any]:
@@ -427,17 +624,89 @@ class PhaseResults:
             }
         return out
 
+    def load(self) -> dict[str, float]:
+        return {
+            "min": round(min(self.loads, default=0.0), 1),
+            "mean": round(sum(self.loads) / max(1, len(self.loads)), 1),
+            "max": round(max(self.loads, default=0.0), 1),
+        }
+
+
+def arrange(
+    args: argparse.Namespace,
+    *,
+    primary: Node,
+    standby: Node,
+    server: Server,
+    reviewer: Server,
+    clients: Clients,
+) -> tuple[Layout, Meter]:
+    """The process groups, pinned with ``--pin``: the primary's postmaster and
+    everything under it, the agents' web and the agents on the first CPU this
+    process may use; the standby's, the reviewer's web and this process (which
+    reads the export's stream, as the reviewer's browser would) on the second.
+    The meter counts the CPU of the database trees and of the web servers."""
+
+    def tree_of(process: Any) -> Callable[[], list[int]]:
+        return lambda: _tree(process.pid) if process is not None else []
+
+    def postmaster(node: Node) -> int:
+        assert node.process is not None
+        return node.process.pid
+
+    groups: dict[str, Callable[[], list[int]]] = {
+        "primary": tree_of(primary.process),
+        "agents' web": tree_of(server.process),
+        "agents": lambda: [p.pid for p in clients.processes if p.pid is not None],
+        "standby": tree_of(standby.process),
+    }
+    if reviewer is not server:
+        groups["reviewer's web"] = tree_of(reviewer.process)
+    groups["this process"] = lambda: [os.getpid()]
+    layout = Layout(groups=groups)
+    if args.pin:
+        first, second = sorted(os.sched_getaffinity(0))[:2]
+        layout.cpus = {
+            name: first if name in ("primary", "agents' web", "agents") else second
+            for name in groups
+        }
+        layout.pin()
+    roots = {"primary": postmaster(primary), "standby": postmaster(standby)}
+    for name, web in (("agents' web", server), ("reviewer's web", reviewer)):
+        if web.process is not None and (name == "agents' web" or web is not server):
+            roots[name] = web.process.pid
+    meter = Meter(
+        roots=roots,
+        primary=primary,
+        standby=standby,
+        walsender=walsender_pid(primary),
+    )
+    return layout, meter
+
 
 def run_phases(
     clients: Clients,
     specs: dict[str, ApiRunSpec],
     *,
-    base_url: str,
+    export_url: str,
     args: argparse.Namespace,
     expected_rows: int,
     nodes_: tuple[Node, Node],
+    layout: Layout,
+    meter: Meter,
 ) -> dict[str, Any]:
+    """The rounds; ``export_url`` is the reviewer's web (the agents' own, unless
+    pinned). Each phase's resource use is the counters' difference across it,
+    summed over the rounds."""
     phases = {phase: PhaseResults() for phase in PHASES}
+    usage: dict[str, dict[str, Any] | None] = dict.fromkeys(PHASES)
+    affinity = {"start": layout.read_back()}
+    for name, seen in affinity["start"].items():
+        cpu = layout.cpus.get(name)
+        say(
+            f"{name}: " + (f"pinned to CPU {cpu}, " if cpu is not None else "")
+            + f"Cpus_allowed_list (value: threads) {seen}"
+        )  # fmt: skip
     exports: list[Export] = []
     standby = nodes_[1]
     read_before = {n.name: event_rows_read(n.url()) for n in nodes_}
@@ -447,8 +716,9 @@ def run_phases(
         order = PHASES if number % 2 == 0 else PHASES[::-1]
         pairs = 0
         for phase in order:
+            began = meter.sample()
             if phase == "with":
-                loop = ExportLoop(base_url)
+                loop = ExportLoop(export_url)
                 loop.start()
                 loop.streaming.wait(600)
                 count = 0
@@ -478,6 +748,8 @@ def run_phases(
                     line = phases[phase].pair(clients, specs, slices)
                     say(f"round {number + 1} without, pair {index + 1}: {line}")
                 pairs = count
+            usage[phase] = add_usage(usage[phase], meter.sample().minus(began))
+    affinity["end"] = layout.read_back()
     # Statistics reach the views within a few seconds of a backend going idle.
     deadline = time.monotonic() + 30
     while True:
@@ -492,10 +764,14 @@ def run_phases(
         in_recovery = db.execute("SELECT pg_is_in_recovery()").fetchone() == (True,)
     return {
         "phases": {p: phases[p].figures(args.clients) for p in PHASES},
+        "load_1m": {p: phases[p].load() for p in PHASES},
         "exports": [dataclasses.asdict(e) for e in exports],
         "expected_rows": expected_rows,
         "standby_in_recovery": in_recovery,
         "event_rows_read": read,
+        "usage": usage,
+        "pinned": {name: str(cpu) for name, cpu in layout.cpus.items()},
+        "cpus_allowed": affinity,
     }
 
 
@@ -522,6 +798,15 @@ def checks(result: dict[str, Any]) -> list[str]:
     # exports, had they run there, would have read every exported row on top.
     if exports and read["primary"] >= total:
         failed.append(f"the primary read {read['primary']} event rows: exports there?")
+    # Pinned: every thread of every group on its CPU, read back off the live
+    # processes at the start and at the end (new backends inherit the mask).
+    for moment, seen in result.get("cpus_allowed", {}).items():
+        for name, cpu in result.get("pinned", {}).items():
+            if set(seen.get(name, {})) != {cpu}:
+                failed.append(
+                    f"{name} at the {moment}: Cpus_allowed_list {seen.get(name)},"
+                    f" expected {cpu}"
+                )
     for phase, flavours in result["phases"].items():
         for flavour, figures in flavours.items():
             if figures["errors"] or not figures["ops"]:
@@ -533,6 +818,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     started = time.monotonic()
+    nproc = len(os.sched_getaffinity(0))  # before --pin narrows this process's
     with (
         nodes() as (primary, standby),
         tempfile.TemporaryDirectory(prefix="bench-replica-export-") as scratch,
@@ -595,16 +881,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         clients: Clients | None = None
         try:
-            with running_server(
-                workers=args.workers,
-                threads=None,
-                env=env,
-                log_path=Path(scratch) / "gunicorn.log",
-            ) as server:
+            with contextlib.ExitStack() as servers:
+                server = servers.enter_context(
+                    running_server(
+                        workers=args.workers,
+                        threads=None,
+                        env=env,
+                        log_path=Path(scratch) / "gunicorn.log",
+                    )
+                )
                 warm_server(
                     server, api_key=check.api_key, workers=len(server.worker_pids())
                 )
                 workers = server.worker_model(None)
+                # Pinned, the reviewer has a web process of their own (one worker)
+                # beside the standby, as a deployment would give reviewers; else
+                # they use the agents' web.
+                reviewer = (
+                    servers.enter_context(
+                        running_server(
+                            workers=1,
+                            threads=None,
+                            env=env,
+                            log_path=Path(scratch) / "gunicorn-reviewer.log",
+                        )
+                    )
+                    if args.pin
+                    else server
+                )
                 specs = {
                     flavour: prepare(
                         raw, tag=tag, workload=WORKLOAD, flavour=flavour,
@@ -616,13 +920,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                 connection.close()
                 say(f"gunicorn ({workers}); starting {args.clients} client processes")
                 clients = Clients(args.clients, [args.clients], admin_url)
+                layout, meter = arrange(
+                    args, primary=primary, standby=standby, server=server,
+                    reviewer=reviewer, clients=clients,
+                )  # fmt: skip
                 load_before = os.getloadavg()
                 result = run_phases(
-                    clients, specs, base_url=server.base_url, args=args,
+                    clients, specs, export_url=reviewer.base_url, args=args,
                     expected_rows=expected_rows, nodes_=(primary, standby),
+                    layout=layout, meter=meter,
                 )  # fmt: skip
                 load_after = os.getloadavg()
-                server_log = server.problems()
+                server_log = "\n".join(
+                    filter(None, {server.problems(), reviewer.problems()})
+                )
         finally:
             if clients is not None:
                 clients.stop()
@@ -641,7 +952,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "duration_s": args.duration,
         "rounds": args.rounds,
         "workers": workers,
-        "nproc": len(os.sched_getaffinity(0)),
+        "pin": args.pin,
+        "nproc": nproc,
         "load_average_1m": [round(load_before[0], 1), round(load_after[0], 1)],
         "postgres_version": postgres_version,
         "postgres_settings": postgres_settings,
@@ -659,6 +971,87 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1 if failed else 0
 
 
+def _ratio(with_: float, without: float) -> str:
+    return f"{with_ / without:.2f}×" if without else "n/a"  # noqa: RUF001
+
+
+def usage_rows(result: dict[str, Any]) -> list[str]:
+    """The resources each phase used (both rounds summed), raw and per agent
+    operation: what the export adds to the primary, whatever else ran."""
+    usage = result["usage"]
+    ops = {
+        phase: sum(result["phases"][phase][f]["ops"] for f in FLAVOURS)
+        for phase in PHASES
+    }
+
+    def row(label: str, value: Any, digits: int = 0) -> str:
+        without, with_ = value("without"), value("with")
+        return (
+            f"| {label} | {without:,.{digits}f} | {with_:,.{digits}f}"
+            f" | {_ratio(with_, without)} |"
+        )
+
+    def per_op(pick: Any, scale: float = 1.0) -> Any:
+        return lambda phase: pick(phase) * scale / max(1, ops[phase])
+
+    def cpu(name: str) -> Any:
+        return lambda phase: usage[phase]["cpu_s"].get(name, 0.0)
+
+    def primary(key: str) -> Any:
+        return lambda phase: usage[phase]["primary"][key]
+
+    def standby(key: str) -> Any:
+        return lambda phase: usage[phase]["standby"][key]
+
+    rows = [
+        row("Phase time, s", lambda phase: usage[phase]["seconds"]),
+        row("Agents' operations (REST + raw)", lambda phase: ops[phase]),
+        row("**Primary**: CPU s, postmaster and all its children", cpu("primary"), 1),
+        row("Primary: CPU ms per agent operation", per_op(cpu("primary"), 1e3), 2),
+        row("Primary: of which the WAL sender, CPU s", cpu("walsender"), 2),
+        row("Primary: transactions committed", primary("xact_commit")),
+        row(
+            "Primary: transactions per agent operation",
+            per_op(primary("xact_commit")),
+            2,
+        ),
+        row("Primary: blocks read outside shared buffers", primary("blks_read")),
+        row("Primary: blocks hit in shared buffers", primary("blks_hit")),
+        row("Primary: rows returned by scans", primary("tup_returned")),
+        row(
+            "Primary: WAL written, bytes per agent operation",
+            per_op(primary("wal_bytes")),
+        ),
+        row("**Standby**: CPU s, postmaster and all its children", cpu("standby"), 1),
+        row("Standby: blocks read outside shared buffers", standby("blks_read")),
+        row("Standby: rows returned by scans", standby("tup_returned")),
+        row("Agents' web: CPU s", cpu("agents' web"), 1),
+    ]
+    if "reviewer's web" in usage["with"]["cpu_s"]:
+        rows.append(row("Reviewer's web: CPU s", cpu("reviewer's web"), 1))
+    return rows
+
+
+def layout_lines(result: dict[str, Any]) -> str:
+    """Where each group ran: the CPU asked and what the kernel reported."""
+    pinned = result["pinned"]
+    seen = result["cpus_allowed"]
+
+    def shown(found: dict[str, int]) -> str:
+        return ", ".join(
+            f"`{cpus}` on {n} threads" for cpus, n in sorted(found.items())
+        )
+
+    lines = [
+        f"- {name}: "
+        + (f"pinned to CPU {pinned[name]}; " if name in pinned else "not pinned; ")
+        + f"threads' `Cpus_allowed_list` at the start {shown(seen['start'][name])},"
+        + f" at the end {shown(seen['end'][name])}"
+        for name in seen["start"]
+    ]
+    return "\n".join(lines)
+
+
 def markdown_section(result: dict[str, Any]) -> str:
     meta = result["meta"]
     rows = []
@@ -672,11 +1065,16 @@ def markdown_section(result: dict[str, Any]) -> str:
             f"| {label} | {without['p50_ms']:.2f} / {without['p99_ms']:.2f}"
             f" | {with_['p50_ms']:.2f} / {with_['p99_ms']:.2f}"
             f" | {without['ops_per_s']:,.0f} / {with_['ops_per_s']:,.0f}"
-            f" | {with_['p99_ms'] / without['p99_ms']:.2f}× |"  # noqa: RUF001
+            f" | {_ratio(with_['p99_ms'], without['p99_ms'])} |"
         )
     exports = result["exports"]
     shown = ", ".join(f"{e['rows']:,} rows in {e['seconds']:.1f} s" for e in exports)
     read = result["event_rows_read"]
+    loads = result["load_1m"]
+    load_text = "; ".join(
+        f"{p} export {loads[p]['min']} to {loads[p]['max']} (mean {loads[p]['mean']})"
+        for p in PHASES
+    )
     return f"""\
 Generated by `bench/replica_export.py` on {meta["date"]} ({meta["nproc"]} CPUs,
 load average {meta["load_average_1m"][0]} before, {meta["load_average_1m"][1]} after;
@@ -688,9 +1086,21 @@ load average {meta["load_average_1m"][0]} before, {meta["load_average_1m"][1]} a
 
 {meta["events"]:,} events loaded for one tenant in {meta["load_s"]:.0f} s;
 {meta["clients"]} agents, slices of {meta["slice_s"]:g} s, {meta["rounds"]} rounds.
+The machine's 1-minute load average after each pair: {load_text}.
+
+Where the processes ran{" (`--pin`)" if meta.get("pin") else ""}:
+
+{layout_lines(result)}
 
 {HEADER.format(clients=meta["clients"])}
 {chr(10).join(rows)}
+
+What each phase used (both rounds summed; the primary's and standby's figures are
+their own counters, whatever else ran on the machine):
+
+| Resource | without export | with export | with / without |
+|---|---:|---:|---:|
+{chr(10).join(usage_rows(result))}
 
 Exports on the standby in the "with" phase: {shown}. Rows of `audit_event`
 read during the run: standby {read["standby"]:,}, primary {read["primary"]:,}.
