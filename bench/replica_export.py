@@ -2,7 +2,7 @@
 replica, in one run (issue 26 §3; docs/scale-out.md, "Reviewers on a replica").
 
     .venv/bin/python bench/replica_export.py [--events 1000000] [--clients 8]
-        [--duration 30] [--slice 2] [--rounds 2] [--workers 2] [--no-docs]
+        [--duration 30] [--slice 2] [--rounds 2] [--workers 2] [--pin] [--no-docs]
         [--json reports/bench-replica-export.json]
 
 Starts a PostgreSQL 15 primary and a streaming hot standby of its own (initdb and
@@ -35,6 +35,28 @@ Every export must hold every event of the tenant that the load made (the
 have read at least the exported rows of ``audit_event`` while the primary read
 fewer (``pg_stat_user_tables``, read on each node; the agents' own event appends
 read a row or so each there).
+
+On one machine the export's CPU competes with the agents' by construction, which
+says nothing about separate database servers. So:
+
+- ``--pin`` puts the primary's postmaster (and so every backend it forks), the
+  agents' gunicorn and the agent processes on the first CPU this process may use,
+  and the standby's postmaster, a gunicorn of the reviewer's own (one worker: the
+  export page's web process) and this process (which reads the export's stream,
+  the reviewer's browser) on the second; every thread's ``Cpus_allowed_list`` is
+  read back off ``/proc`` at the start and at the end, and a thread elsewhere
+  fails the run. Other programs on the machine still run on both CPUs.
+- Each phase's resources are counted on their own, whatever else runs: the CPU
+  seconds of the primary's postmaster and all its children (``/proc`` utime and
+  stime of the live tree, plus the children it has reaped), of its WAL sender, of
+  the standby's tree and of each web server; the primary's ``pg_stat_database``
+  (transactions, blocks read and hit, rows returned) and the WAL it wrote
+  (``pg_current_wal_insert_lsn``); the standby's ``pg_stat_database``. Summed
+  over the rounds and divided by the agents' operations, the primary's figures
+  say what the export adds to its work.
+
+``--duration`` sets the pairs of a ``without`` phase that comes first; set it near
+an export's time so the two phases run about as long.
 """
 
 from __future__ import annotations
@@ -748,7 +770,21 @@ def run_phases(
                     line = phases[phase].pair(clients, specs, slices)
                     say(f"round {number + 1} without, pair {index + 1}: {line}")
                 pairs = count
-            usage[phase] = add_usage(usage[phase], meter.sample().minus(began))
+            ended = meter.sample()
+            if phase == "with":
+                # A backend reports its counters within a second or so of going
+                # idle: the export's last rows reach the standby's statistics a
+                # moment after its end, and belong to this phase.
+                exported = sum(e.rows for e in loop.done)
+                deadline = time.monotonic() + 15
+                while (
+                    ended.standby["tup_returned"] - began.standby["tup_returned"]
+                    < exported
+                    and time.monotonic() < deadline
+                ):
+                    time.sleep(0.5)
+                    ended = meter.sample()
+            usage[phase] = add_usage(usage[phase], ended.minus(began))
     affinity["end"] = layout.read_back()
     # Statistics reach the views within a few seconds of a backend going idle.
     deadline = time.monotonic() + 30

@@ -1,11 +1,14 @@
 """Smoke test of bench/replica_export.py at a tiny size: its own primary and hot
 standby, 2,000 events, 8 agents for a few seconds; every export holds every event of
-the tenant and was read on the standby, and the figures are there both ways."""
+the tenant and was read on the standby, and the figures are there both ways. With
+two CPUs or more it runs ``--pin``: the primary's side on one CPU, the standby's on
+the other, read back off the live processes."""
 
 from __future__ import annotations
 
 import copy
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,10 +30,12 @@ def test_the_bench_exports_every_event_from_the_standby_while_agents_reserve(
     tmp_path: Path,
 ) -> None:
     out = tmp_path / "replica-export.json"
+    cpus = sorted(os.sched_getaffinity(0))
+    pinned = len(cpus) >= 2
     subprocess.run(
         [sys.executable, "bench/replica_export.py", "--events", str(EVENTS),
          "--duration", "3", "--slice", "1", "--rounds", "2", "--no-docs",
-         "--json", str(out)],
+         "--json", str(out), *["--pin"] * pinned],
         cwd=REPO, check=True, timeout=900,
     )  # fmt: skip
     result = json.loads(out.read_text())
@@ -62,6 +67,34 @@ def test_the_bench_exports_every_event_from_the_standby_while_agents_reserve(
     assert read["primary"] < total
     meta = result["meta"]
     assert (meta["events"], meta["clients"], meta["rounds"]) == (EVENTS, 8, 2)
+    # Each phase's resources: the primary's process tree worked and committed in
+    # both; the standby returned the exported rows only in the "with" phase.
+    usage = result["usage"]
+    for phase in ("without", "with"):
+        assert usage[phase]["cpu_s"]["primary"] > 0, usage[phase]
+        assert usage[phase]["primary"]["xact_commit"] > 0, usage[phase]
+        assert usage[phase]["primary"]["wal_bytes"] > 0, usage[phase]
+    assert usage["with"]["standby"]["tup_returned"] >= total
+    assert usage["without"]["standby"]["tup_returned"] < total
+    assert meta["pin"] is pinned
+    if pinned:
+        # Every thread of each group on its CPU, at the start and at the end
+        # (backends forked during the run inherit the postmaster's mask).
+        first, second = (str(cpu) for cpu in cpus[:2])
+        expected = {
+            "primary": first, "agents' web": first, "agents": first,
+            "standby": second, "reviewer's web": second, "this process": second,
+        }  # fmt: skip
+        assert result["pinned"] == expected
+        for moment in ("start", "end"):
+            seen = result["cpus_allowed"][moment]
+            assert {name: set(values) for name, values in seen.items()} == {
+                name: {cpu} for name, cpu in expected.items()
+            }, (moment, seen)
+        # The reviewer's web did the export: it worked only with one.
+        assert usage["with"]["cpu_s"]["reviewer's web"] > 0
+    section = replica_export.markdown_section(result)
+    assert "| Primary: CPU ms per agent operation |" in section
 
 
 def _passing() -> dict[str, Any]:
@@ -72,6 +105,11 @@ def _passing() -> dict[str, Any]:
         "expected_rows": 100,
         "standby_in_recovery": True,
         "event_rows_read": {"standby": 100, "primary": 5},
+        "pinned": {"primary": "0", "standby": "1"},
+        "cpus_allowed": {
+            moment: {"primary": {"0": 20}, "standby": {"1": 5}}
+            for moment in ("start", "end")
+        },
     }
 
 
@@ -84,13 +122,16 @@ def _passing() -> dict[str, Any]:
         (("exports",), [], "no export finished"),
         (("exports", 0, "rows"), 99, "export 1"),
         (("phases", "with", "api", "errors"), 1, "with api"),
+        (("cpus_allowed", "end", "primary"), {"0": 20, "0-1": 1}, "primary at the end"),
+        (("cpus_allowed", "start", "standby"), {"0": 5}, "standby at the start"),
     ],
 )
 def test_the_checks_refuse_a_run_that_did_not_measure_what_it_says(
     path: tuple[Any, ...], value: Any, says: str
 ) -> None:
-    """An export read on the primary, a short export, a standby that is not one or
-    a failed request makes the run fail instead of reporting figures."""
+    """An export read on the primary, a short export, a standby that is not one, a
+    failed request or a pinned process found on another CPU makes the run fail
+    instead of reporting figures."""
     assert replica_export.checks(_passing()) == []
     result = copy.deepcopy(_passing())
     target: Any = result
