@@ -132,6 +132,9 @@ NODE_SETTINGS: Final = (
     "hot_standby=on",
     "hot_standby_feedback=on",
 )
+# ``--no-feedback``: the standby does not hold back the primary's vacuum horizon,
+# and waits for its queries instead of cancelling them (an export is never cut).
+NO_FEEDBACK: Final = ("hot_standby_feedback=off", "max_standby_streaming_delay=-1")
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -158,6 +161,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         action="store_true",
         help="the primary, the agents' web and the agents on one CPU; the standby, "
         "the reviewer's own web and this process (the export's reader) on another",
+    )
+    parser.add_argument(
+        "--no-feedback",
+        dest="feedback",
+        action="store_false",
+        help="the standby without hot_standby_feedback (max_standby_streaming_delay"
+        " -1 instead): does the export's snapshot cost the primary its vacuum?",
     )
     parser.add_argument("--no-docs", action="store_true")
     parser.add_argument("--json", type=Path, default=JSON_REPORT)
@@ -207,6 +217,7 @@ class Node:
     folder: Path
     port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
+    settings: tuple[str, ...] = NODE_SETTINGS
 
     @property
     def data(self) -> Path:
@@ -223,7 +234,7 @@ class Node:
         from launcher.embedded_db import die_with_parent
 
         account = _account()
-        options = [arg for item in NODE_SETTINGS for arg in ("-c", item)]
+        options = [arg for item in self.settings for arg in ("-c", item)]
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
                 [str(PG_BIN / "postgres"), "-D", str(self.data), "-p", str(self.port),
@@ -266,13 +277,18 @@ def _run(command: list[str], *, what: str, log: Path) -> None:
 
 
 @contextlib.contextmanager
-def nodes() -> Iterator[tuple[Node, Node]]:
+def nodes(*, feedback: bool = True) -> Iterator[tuple[Node, Node]]:
     """A primary, started; a standby not yet cloned (``clone`` makes it)."""
     folder = Path(tempfile.mkdtemp(prefix="replica-export-pg-"))
     account = _account()
     if account:
         os.chown(folder, *account)
-    primary, standby = Node("primary", folder), Node("standby", folder)
+    primary = Node("primary", folder)
+    standby = Node(
+        "standby",
+        folder,
+        settings=NODE_SETTINGS if feedback else NODE_SETTINGS + NO_FEEDBACK,
+    )
     try:
         _run(
             [str(PG_BIN / "initdb"), "-D", str(primary.data), "-U", "postgres",
@@ -553,6 +569,22 @@ def _database_stats(url: str, *, wal: bool) -> dict[str, int]:
     return stats
 
 
+_TABLE_COLUMNS: Final = (
+    "n_tup_upd", "n_tup_hot_upd", "n_dead_tup", "autovacuum_count",
+    "autoanalyze_count",
+)  # fmt: skip
+
+
+def _table_stats(url: str) -> dict[str, int]:
+    """The benchmark database's tables summed: rows updated (HOT or not), dead row
+    versions now (a gauge: its difference is the growth) and autovacuum runs."""
+    sums = ", ".join(f"coalesce(sum({c}), 0)::bigint" for c in _TABLE_COLUMNS)
+    with psycopg.connect(url, dbname=DBNAME, autocommit=True) as db:
+        row = db.execute(f"SELECT {sums} FROM pg_stat_user_tables").fetchone()
+    assert row is not None
+    return dict(zip(_TABLE_COLUMNS, map(int, row), strict=True))
+
+
 def walsender_pid(primary: Node) -> int | None:
     with psycopg.connect(primary.url(), autocommit=True) as db:
         row = db.execute("SELECT pid FROM pg_stat_replication LIMIT 1").fetchone()
@@ -576,7 +608,8 @@ class Meter:
         return Sample(
             at=time.monotonic(),
             cpu_s=cpu,
-            primary=_database_stats(self.primary.url(), wal=True),
+            primary=_database_stats(self.primary.url(), wal=True)
+            | _table_stats(self.primary.url()),
             standby=_database_stats(self.standby.url(), wal=False),
         )
 
@@ -856,7 +889,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     nproc = len(os.sched_getaffinity(0))  # before --pin narrows this process's
     with (
-        nodes() as (primary, standby),
+        nodes(feedback=args.feedback) as (primary, standby),
         tempfile.TemporaryDirectory(prefix="bench-replica-export-") as scratch,
     ):
         var_dir = Path(scratch) / "var"
@@ -989,6 +1022,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "rounds": args.rounds,
         "workers": workers,
         "pin": args.pin,
+        "hot_standby_feedback": args.feedback,
         "nproc": nproc,
         "load_average_1m": [round(load_before[0], 1), round(load_after[0], 1)],
         "postgres_version": postgres_version,
@@ -1044,6 +1078,11 @@ def usage_rows(result: dict[str, Any]) -> list[str]:
         row("Agents' operations (REST + raw)", lambda phase: ops[phase]),
         row("**Primary**: CPU s, postmaster and all its children", cpu("primary"), 1),
         row("Primary: CPU ms per agent operation", per_op(cpu("primary"), 1e3), 2),
+        row(
+            "Primary: CPU s per second of the phase",
+            lambda phase: cpu("primary")(phase) / max(1e-9, usage[phase]["seconds"]),
+            3,
+        ),
         row("Primary: of which the WAL sender, CPU s", cpu("walsender"), 2),
         row("Primary: transactions committed", primary("xact_commit")),
         row(
@@ -1053,7 +1092,27 @@ def usage_rows(result: dict[str, Any]) -> list[str]:
         ),
         row("Primary: blocks read outside shared buffers", primary("blks_read")),
         row("Primary: blocks hit in shared buffers", primary("blks_hit")),
+        row("Primary: blocks hit per agent operation", per_op(primary("blks_hit")), 1),
         row("Primary: rows returned by scans", primary("tup_returned")),
+        row(
+            "Primary: rows returned per agent operation",
+            per_op(primary("tup_returned")),
+            1,
+        ),
+        *(
+            [
+                row("Primary: rows updated", primary("n_tup_upd")),
+                row(
+                    "Primary: of which HOT (no new index entry)",
+                    primary("n_tup_hot_upd"),
+                ),
+                row("Primary: dead row versions, growth", primary("n_dead_tup")),
+                row("Primary: autovacuum runs", primary("autovacuum_count")),
+            ]
+            # Counted since the runs of 2026-12-05 09:00 UTC.
+            if "n_tup_upd" in usage["with"]["primary"]
+            else []
+        ),
         row(
             "Primary: WAL written, bytes per agent operation",
             per_op(primary("wal_bytes")),
@@ -1062,6 +1121,14 @@ def usage_rows(result: dict[str, Any]) -> list[str]:
         row("Standby: blocks read outside shared buffers", standby("blks_read")),
         row("Standby: rows returned by scans", standby("tup_returned")),
         row("Agents' web: CPU s", cpu("agents' web"), 1),
+        # The control: the agents' web never touches the standby or the export
+        # (pinned, the reviewer has a web of their own), so a rise in its CPU per
+        # operation is the machine's (caches, switches under load), not the export's.
+        row(
+            "Agents' web: CPU ms per agent operation",
+            per_op(cpu("agents' web"), 1e3),
+            2,
+        ),
     ]
     if "reviewer's web" in usage["with"]["cpu_s"]:
         rows.append(row("Reviewer's web: CPU s", cpu("reviewer's web"), 1))
@@ -1107,6 +1174,7 @@ def markdown_section(result: dict[str, Any]) -> str:
     shown = ", ".join(f"{e['rows']:,} rows in {e['seconds']:.1f} s" for e in exports)
     read = result["event_rows_read"]
     loads = result["load_1m"]
+    feedback = "on" if meta.get("hot_standby_feedback", True) else "off"
     load_text = "; ".join(
         f"{p} export {loads[p]['min']} to {loads[p]['max']} (mean {loads[p]['mean']})"
         for p in PHASES
@@ -1121,7 +1189,8 @@ load average {meta["load_average_1m"][0]} before, {meta["load_average_1m"][1]} a
 ```
 
 {meta["events"]:,} events loaded for one tenant in {meta["load_s"]:.0f} s;
-{meta["clients"]} agents, slices of {meta["slice_s"]:g} s, {meta["rounds"]} rounds.
+{meta["clients"]} agents, slices of {meta["slice_s"]:g} s, {meta["rounds"]} rounds;
+`hot_standby_feedback` {feedback} on the standby.
 The machine's 1-minute load average after each pair: {load_text}.
 
 Where the processes ran{" (`--pin`)" if meta.get("pin") else ""}:
