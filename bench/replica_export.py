@@ -2,7 +2,8 @@
 replica, in one run (issue 26 §3; docs/scale-out.md, "Reviewers on a replica").
 
     .venv/bin/python bench/replica_export.py [--events 1000000] [--clients 8]
-        [--duration 30] [--slice 2] [--rounds 2] [--workers 2] [--pin] [--no-docs]
+        [--duration 30] [--slice 2] [--rounds 2] [--workers 2] [--pin]
+        [--no-feedback] [--no-docs]
         [--json reports/bench-replica-export.json]
 
 Starts a PostgreSQL 15 primary and a streaming hot standby of its own (initdb and
