@@ -499,9 +499,12 @@ class Clients:
         return payload
 
     def run(
-        self, spec: ApiRunSpec, cpu_meter: Callable[[], Callable[[], float]]
-    ) -> tuple[list[ApiClientResult], float]:
-        """The clients' results and the server CPU seconds of the timed part.
+        self,
+        spec: ApiRunSpec,
+        cpu_meter: Callable[[], Callable[[], tuple[float, float]]],
+    ) -> tuple[list[ApiClientResult], tuple[float, float]]:
+        """The clients' results and the server CPU seconds (web, database) of the
+        timed part.
 
         ``cpu_meter()`` is called as the clients are released and returns the
         function that reads the CPU used since, once they have all answered.
@@ -538,21 +541,40 @@ class Clients:
 
 def server_cpu_meter(
     raw: psycopg.Connection[Any], server: Server
-) -> Callable[[], Callable[[], float]]:
-    """CPU of the gunicorn workers and of this database's PostgreSQL backends."""
+) -> Callable[[], Callable[[], tuple[float, float]]]:
+    """CPU of the gunicorn workers and of this database's PostgreSQL backends.
+
+    The meter's reading is ``(web, database)`` seconds. ``process_cpu_s`` counts
+    only processes named ``postgres``, so the workers are read apart (until
+    2026-12-05 this meter called it for them too, and read 0 for the web: the
+    "server" CPU of earlier runs is the database backends' alone).
+    """
+    import psutil
+
     from .workloads import process_cpu_s
 
-    def start() -> Callable[[], float]:
+    def web_cpu_s(pid: int) -> float:
+        try:
+            times = psutil.Process(pid).cpu_times()
+        except psutil.NoSuchProcess:
+            return 0.0
+        return float(times.user + times.system)
+
+    def start() -> Callable[[], tuple[float, float]]:
         rows = raw.execute(
             "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
             " AND backend_type = 'client backend'"
         ).fetchall()
-        pids = [row[0] for row in rows] + server.worker_pids()
-        before = {pid: process_cpu_s(pid) for pid in pids}
+        backends = {row[0]: process_cpu_s(row[0]) for row in rows}
+        workers = {pid: web_cpu_s(pid) for pid in server.worker_pids()}
 
-        def used() -> float:
+        def used() -> tuple[float, float]:
             # A process that ended meanwhile reads 0: count it as having used none.
-            return sum(max(0.0, process_cpu_s(pid) - s) for pid, s in before.items())
+            web = sum(max(0.0, web_cpu_s(pid) - s) for pid, s in workers.items())
+            database = sum(
+                max(0.0, process_cpu_s(pid) - s) for pid, s in backends.items()
+            )
+            return web, database
 
         return used
 
@@ -587,6 +609,7 @@ def measure(
     meter = server_cpu_meter(raw, server)
     rounds: dict[str, list[list[ApiClientResult]]] = {f: [] for f in FLAVOURS}
     server_cpu = dict.fromkeys(FLAVOURS, 0.0)
+    web_cpu = dict.fromkeys(FLAVOURS, 0.0)
     for number in range(args.rounds):
         # Rotate the order, so neither flavour always runs first.
         shift = number % len(FLAVOURS)
@@ -598,9 +621,10 @@ def measure(
                 round=number,
                 warmup=args.warmup if number == 0 else REWARMUP,
             )
-            results, cpu_s = clients.run(spec, meter)
+            results, (web_s, database_s) = clients.run(spec, meter)
             rounds[flavour].append(results)
-            server_cpu[flavour] += cpu_s
+            server_cpu[flavour] += web_s + database_s
+            web_cpu[flavour] += web_s
             rate = sum(
                 r.result.ops / r.result.elapsed_s
                 for r in results
@@ -641,6 +665,9 @@ def measure(
                 ),
                 errors=sum(r.errors for r in results),
                 failures=dict(failures.most_common()),
+                web_cpu_us_per_op=(
+                    web_cpu[flavour] / summary.ops * 1e6 if summary.ops else 0.0
+                ),
             )
         )
     for item in figures:

@@ -35,10 +35,14 @@ class ApiFigures:
     summary: RunSummary  # ops: 2xx answers only
     errors: int
     failures: dict[str, int] = field(default_factory=dict)  # why, with counts
+    # The gunicorn workers' part of ``summary.server_cpu_us_per_op`` (the rest is
+    # the database backends').
+    web_cpu_us_per_op: float = 0.0
 
     def as_json(self) -> dict[str, Any]:
         return {
             **self.summary.as_json(),
+            "web_cpu_us_per_op": self.web_cpu_us_per_op,
             "errors": self.errors,
             "failures": self.failures,
         }
@@ -52,7 +56,8 @@ def progress_line(figures: ApiFigures) -> str:
         f"  {s.workload:<11} clients={s.clients:<2} {FLAVOUR_LABELS[s.flavour]:<11}"
         f" {s.ops_per_s:7.0f} {unit}  p50 {s.p50_ms:6.2f} ms  p99 {s.p99_ms:6.2f} ms"
         f"  CPU/op client {s.cpu_us_per_op:5.0f} us server"
-        f" {s.server_cpu_us_per_op:5.0f} us  (ok {s.ops}, errors {figures.errors}"
+        f" {s.server_cpu_us_per_op:5.0f} us (web {figures.web_cpu_us_per_op:5.0f})"
+        f"  (ok {s.ops}, errors {figures.errors}"
         f"{failures}, refills {s.refills})"
     )
 
@@ -68,10 +73,16 @@ def _latency(figures: ApiFigures | None) -> str:
 
 
 def _cpu(figures: ApiFigures | None) -> str:
+    """Client + server CPU per request; the server's split into web + database
+    where there is a web."""
     if figures is None:
         return "-"
     s = figures.summary
-    return f"{s.cpu_us_per_op:,.0f} + {s.server_cpu_us_per_op:,.0f}"
+    text = f"{s.cpu_us_per_op:,.0f} + {s.server_cpu_us_per_op:,.0f}"
+    if figures.web_cpu_us_per_op:
+        web = figures.web_cpu_us_per_op
+        text += f" ({web:,.0f} + {s.server_cpu_us_per_op - web:,.0f})"
+    return text
 
 
 def share(api: ApiFigures | None, raw: ApiFigures | None) -> str:
@@ -125,10 +136,11 @@ def tables(figures: Sequence[ApiFigures]) -> str:
         header = [
             "clients", "API req/s", "raw ops/s", "**API / raw**", "per slice",
             "CPU raw / API",
-            "API p50 / p99 ms", "raw p50 / p99 ms", "API CPU µs/req client + server",
+            "API p50 / p99 ms", "raw p50 / p99 ms",
+            "API CPU µs/req client + server (web + database)",
             "raw CPU µs/op client + server", "API errors / 2xx", "raw errors / ok",
             "`Connection: close` req/s", "close / raw", "close p50 / p99 ms",
-            "close CPU µs/req client + server",
+            "close CPU µs/req client + server (web + database)",
         ]  # fmt: skip
         lines = [
             f"**{WORKLOAD_TITLES.get(workload, workload)}**",
@@ -281,8 +293,9 @@ Method:
 - Throughput is summed over clients and counts 2xx answers only; p50 / p99 pool
   every 2xx request of every client. An error is any other answer or a transport
   error: counted, not timed. CPU per request: client is the client process's CPU
-  time; server is that of the gunicorn workers and of the benchmark database's
-  PostgreSQL backends, read from `/proc` at the start and end of each slice.
+  time; server is that of the gunicorn workers (web) and of the benchmark
+  database's PostgreSQL backends (database), read from `/proc` at the start and
+  end of each slice.
 - Transition: each client moves its own prepared, leased `running` tasks to
   `succeeded`, one request per task (`expected_state_version` 1, `Lease-Token: 1`).
   Reserve operation: each client reserves new keys on its own leased task
