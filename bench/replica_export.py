@@ -648,7 +648,7 @@ class PhaseResults:
         shown = []
         for flavour in order:
             spec = dataclasses.replace(specs[flavour], round=index, warmup=3)
-            results, _ = clients.run(spec, lambda: lambda: 0.0)
+            results, _ = clients.run(spec, lambda: lambda: (0.0, 0.0))
             self.results[flavour].append(results)
             self.seconds += spec.duration_s
             rate = sum(
