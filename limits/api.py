@@ -19,6 +19,7 @@ from rest_framework.response import Response
 from portal import api as portal_api
 from portal import selectors as portal_selectors
 from portal.api import StaffApi, problem_responses
+from portal.api_fields import OutputSerializer
 from portal.exceptions import CallerFrozen
 from portal.models import Tenant, TenantPerm
 
@@ -58,7 +59,7 @@ def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> HttpRe
 # --- Staff endpoints: the kill switch (tenant administrators) ----------------------
 
 
-class FrozenOutputSerializer(serializers.Serializer):
+class FrozenOutputSerializer(OutputSerializer):
     id = serializers.UUIDField()
     frozen = serializers.BooleanField()
     frozen_at = serializers.DateTimeField(allow_null=True)

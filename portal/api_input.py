@@ -33,6 +33,8 @@ from drf_spectacular.extensions import OpenApiSerializerExtension
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from .api_fields import FieldsCopiedSerializer
+
 # Integers an IEEE 754 double holds exactly: what RFC 8785 (I-JSON) allows.
 SAFE_INTEGER: Final = 2**53 - 1
 NO_NUL_PATTERN: Final = "^[^\\u0000]*$"
@@ -67,7 +69,7 @@ def _type_error(field: serializers.Field, value: Any) -> str | None:
     return None
 
 
-class _Untrimmed(serializers.Serializer):
+class _Untrimmed(FieldsCopiedSerializer):
     """Text arrives as sent: DRF would strip surrounding whitespace (changing the
     value) and then refuse what is left blank, though ``minLength: 1`` admits it."""
 

@@ -12,6 +12,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from audit.models import EventCode
+from portal.api_fields import OutputSerializer
 from portal.api_input import JsonValueField, StrictInput
 from portal.codes import ReasonCode
 
@@ -20,30 +21,30 @@ from ..models import OperationState, Task, TaskState
 # --- Output ---------------------------------------------------------------------------
 
 
-class LeaseOutputSerializer(serializers.Serializer):
+class LeaseOutputSerializer(OutputSerializer):
     owner = serializers.CharField(allow_null=True)
     token = serializers.IntegerField(help_text="Fencing token: send it as Lease-Token.")
     acquired_at = serializers.DateTimeField(allow_null=True)
     expires_at = serializers.DateTimeField(allow_null=True)
 
 
-class TaskWorkflowSerializer(serializers.Serializer):
+class TaskWorkflowSerializer(OutputSerializer):
     key = serializers.CharField()
     version = serializers.CharField()
 
 
-class TaskContractSerializer(serializers.Serializer):
+class TaskContractSerializer(OutputSerializer):
     key = serializers.CharField()
     version = serializers.IntegerField()
 
 
-class TaskObjectSerializer(serializers.Serializer):
+class TaskObjectSerializer(OutputSerializer):
     type = serializers.CharField()
     id = serializers.CharField()
     version = serializers.CharField()
 
 
-class TaskOutputSerializer(serializers.Serializer):
+class TaskOutputSerializer(OutputSerializer):
     id = serializers.UUIDField()
     client_task_id = serializers.CharField()
     workflow = serializers.SerializerMethodField()
@@ -88,7 +89,7 @@ class TaskOutputSerializer(serializers.Serializer):
         }
 
 
-class OperationOutputSerializer(serializers.Serializer):
+class OperationOutputSerializer(OutputSerializer):
     id = serializers.UUIDField()
     task_id = serializers.UUIDField()
     idempotency_key = serializers.CharField()
@@ -107,14 +108,14 @@ class OperationOutputSerializer(serializers.Serializer):
     updated_at = serializers.DateTimeField()
 
 
-class ObjectVersionOutputSerializer(serializers.Serializer):
+class ObjectVersionOutputSerializer(OutputSerializer):
     object_type = serializers.CharField()
     object_id = serializers.CharField()
     version = serializers.CharField()
     updated_at = serializers.DateTimeField()
 
 
-class EventOutputSerializer(serializers.Serializer):
+class EventOutputSerializer(OutputSerializer):
     id = serializers.UUIDField()
     code = serializers.ChoiceField(choices=EventCode.choices)
     task_id = serializers.UUIDField(allow_null=True)
@@ -130,7 +131,7 @@ class EventOutputSerializer(serializers.Serializer):
     created_at = serializers.DateTimeField()
 
 
-class ExecutionOutputSerializer(serializers.Serializer):
+class ExecutionOutputSerializer(OutputSerializer):
     outcome = serializers.ChoiceField(
         choices=["verified", "failed", "unknown", "conflict", "refused", "queued"]
     )
@@ -139,7 +140,7 @@ class ExecutionOutputSerializer(serializers.Serializer):
     operation = OperationOutputSerializer()
 
 
-class EscalationOutputSerializer(serializers.Serializer):
+class EscalationOutputSerializer(OutputSerializer):
     id = serializers.UUIDField()
     operation_id = serializers.UUIDField(allow_null=True)
     reason_code = serializers.CharField()
@@ -160,7 +161,7 @@ class TakeoverItemSerializer(TaskOutputSerializer):
         return EscalationOutputSerializer(records, many=True).data
 
 
-class ContractOutputSerializer(serializers.Serializer):
+class ContractOutputSerializer(OutputSerializer):
     key = serializers.CharField()
     version = serializers.IntegerField()
     status = serializers.CharField()
@@ -190,7 +191,7 @@ class FieldValueSerializer(StrictInput):
     observed_at = serializers.DateTimeField()
 
 
-class TakeoverEditOutputSerializer(serializers.Serializer):
+class TakeoverEditOutputSerializer(OutputSerializer):
     outcome = serializers.CharField()
     reason_code = serializers.CharField(allow_null=True)
     escalation_id = serializers.UUIDField(allow_null=True)
@@ -208,7 +209,7 @@ class FieldReadSerializer(StrictInput):
     read_at = serializers.DateTimeField(help_text="When you read the value.")
 
 
-class ActionOutputSerializer(serializers.Serializer):
+class ActionOutputSerializer(OutputSerializer):
     status = serializers.ChoiceField(
         choices=[
             "verified",

@@ -22,6 +22,7 @@ from rest_framework.response import Response
 
 from portal import selectors as portal_selectors
 from portal.api import StaffApi, problem_responses
+from portal.api_fields import OutputSerializer
 from portal.api_input import QueryInput, StrictInput
 from portal.codes import ReasonCode
 from portal.models import TenantPerm
@@ -206,7 +207,7 @@ class TakeoverEditApi(StaffApi):
 # --- Approvals (issue 21 §2, docs/approvals.md) ---------------------------------------
 
 
-class ApprovalOutputSerializer(serializers.Serializer):
+class ApprovalOutputSerializer(OutputSerializer):
     id = serializers.UUIDField()
     tenant = serializers.CharField(source="tenant.slug")
     operation_id = serializers.UUIDField()
