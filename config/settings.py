@@ -87,6 +87,9 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     # Outermost of all: times every request Django answers, by route (/metrics).
     "portal.metrics.HttpMetricsMiddleware",
+    # The request's trace (the caller's traceparent or a new one), where the Django
+    # instrumentation, installed only while spans are exported, makes no span.
+    "portal.tracing.RequestSpanMiddleware",
     # Every answer leaves with a Content-Security-Policy header (below), the
     # problem+json rewrites of the next one included.
     "portal.csp.ContentSecurityPolicyMiddleware",

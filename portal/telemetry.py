@@ -79,9 +79,9 @@ def setup(service: str) -> TracerProvider:
 
 
 def _instrument() -> None:
-    """Django (server spans, ``traceparent`` in), Celery (job headers, both sides),
-    psycopg (statement spans, when exporting) and httpx (the connectors' calls,
-    ``traceparent`` out).
+    """Django (server spans, ``traceparent`` in; when exporting), Celery (job
+    headers, both sides), psycopg (statement spans, when exporting) and httpx (the
+    connectors' calls, ``traceparent`` out).
     """
     from opentelemetry.instrumentation.celery import CeleryInstrumentor
     from opentelemetry.instrumentation.django import DjangoInstrumentor
@@ -89,7 +89,11 @@ def _instrument() -> None:
     from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
 
     # Django's middleware is read when the WSGI handler is built: setup runs first.
-    DjangoInstrumentor().instrument()
+    # Server spans with their attributes only where they go somewhere: without an
+    # exporter, portal.tracing.RequestSpanMiddleware gives each request the same
+    # ids for a tenth of the instrumentation's CPU (docs/observability.md).
+    if export_enabled():
+        DjangoInstrumentor().instrument()
     CeleryInstrumentor().instrument()
     # Statement spans only where they go somewhere: the instrumentation costs about
     # 130 µs of client CPU per statement (docs/observability.md, "Instrumentation"),

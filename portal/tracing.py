@@ -11,14 +11,16 @@ process in ``portal.telemetry`` (docs/observability.md).
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Final
 
+from django.http import HttpRequest, HttpResponseBase
 from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
-from opentelemetry.propagate import inject
+from opentelemetry.propagate import extract, inject
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.semconv.schemas import Schemas
 from opentelemetry.trace import (
     NonRecordingSpan,
@@ -207,3 +209,79 @@ def child_span(
         current = Trace.current()
         recording = span.is_recording() and current.trace_id
         yield span, (current if recording else parent)
+
+
+_IDS: Final = RandomIdGenerator()
+
+
+class _MetaGetter:
+    """Headers out of a WSGI ``META``, for the configured propagator."""
+
+    @staticmethod
+    def get(carrier: Mapping[str, Any], key: str) -> list[str] | None:
+        value = carrier.get("HTTP_" + key.upper().replace("-", "_"))
+        return None if value is None else [value]
+
+    @staticmethod
+    def keys(carrier: Mapping[str, Any]) -> list[str]:
+        return [k[5:].lower().replace("_", "-") for k in carrier if k[:5] == "HTTP_"]
+
+
+class RequestSpanMiddleware:
+    """The request's span, where the Django instrumentation does not make one.
+
+    ``portal.telemetry`` installs OpenTelemetry's Django instrumentation only when
+    spans are exported: it collects a dozen attributes, resolves the URL a second
+    time and builds the absolute URI three times per request, about a tenth of a
+    reserve request's CPU in the web (docs/performance-log.md, "Issue 23: the
+    REST request's CPU in the web"), for a span no processor keeps. Without it,
+    this middleware gives the request the same ids: it continues the caller's
+    ``traceparent`` (the configured propagator) or starts a trace, with a span id
+    of its own, current while the request runs, so ``Trace.current()``, the
+    stored ids, the answer's ``traceparent``, the Celery and httpx propagation see
+    what they saw. The span is a real SERVER span when a processor would keep it
+    (``spans_recorded()``, e.g. a test's in-memory exporter), else a non-recording
+    span with the SDK's ids and flags. With the instrumentation installed its
+    span is current already and this passes the request on.
+    """
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]):
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponseBase:
+        if otel_trace.get_current_span().get_span_context().is_valid:
+            return self.get_response(request)
+        parent = extract(request.META, getter=_MetaGetter())  # type: ignore[arg-type]
+        if spans_recorded():
+            with tracer(__name__).start_as_current_span(
+                request.method or "HTTP", context=parent, kind=SpanKind.SERVER
+            ) as span:
+                response = self.get_response(request)
+                match = getattr(request, "resolver_match", None)
+                if match is not None and match.route:
+                    span.update_name(f"{request.method} {match.route}")
+                    span.set_attribute("http.route", match.route)
+                span.set_attribute("http.response.status_code", response.status_code)
+                return response
+        remote = otel_trace.get_current_span(parent).get_span_context()
+        if remote.is_valid:  # the caller's trace, flags and state, as the SDK keeps
+            ids = SpanContext(
+                trace_id=remote.trace_id,
+                span_id=_IDS.generate_span_id(),
+                is_remote=False,
+                trace_flags=remote.trace_flags,
+                trace_state=remote.trace_state,
+            )
+        else:  # a new trace; the default sampler samples it
+            ids = SpanContext(
+                trace_id=_IDS.generate_trace_id(),
+                span_id=_IDS.generate_span_id(),
+                is_remote=False,
+                trace_flags=TraceFlags(TraceFlags.SAMPLED),
+            )
+        span = NonRecordingSpan(ids)
+        token = otel_context.attach(otel_trace.set_span_in_context(span, parent))
+        try:
+            return self.get_response(request)
+        finally:
+            otel_context.detach(token)
