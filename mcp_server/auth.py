@@ -4,9 +4,10 @@ Over streamable HTTP the key is the request's Bearer token: the SDK's bearer
 middleware asks ``AgentKeyVerifier`` on every request and answers 401 (with the
 RFC 9728 metadata pointer) when it refuses. The verifier's answer carries the key it
 found (``AgentAccessToken``), so the request's handler runs ``caller`` on that key
-(the freeze check, the scope, the last-used mark) without looking it up a second
-time; over stdio ``caller`` looks the key up at every request. Either way a key
-revoked between two requests of one session is refused at the next one.
+(the freeze check, the scope) without looking it up a second time (the lookup
+wrote the last-used mark); over stdio ``caller`` looks the key up at every
+request. Either way a key revoked between two requests of one session is refused
+at the next one.
 
 A frozen agent or tenant (docs/limits.md) is refused by ``caller`` too, with the
 REST API's check (``portal.api.caller_refuse_frozen``) and codes, and each refusal
@@ -39,7 +40,7 @@ from pydantic import PrivateAttr
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from limits import services as limits_services
-from portal import problems, scope, selectors, services
+from portal import problems, scope, selectors
 from portal.api import (
     ApiKeyExpired,
     ApiKeyRevoked,
@@ -205,7 +206,9 @@ def _live_key(secret: str, *, method: str = "") -> AgentKey:
     """The live key, its agent and tenant loaded; enters the agent's tenant scope.
     A revoked or expired key's use is written in its tenant (``agent_key.refused``);
     ``method`` is the JSON-RPC method over stdio (over HTTP, the request's)."""
-    check = selectors.agent_key_authenticate(secret=secret.strip())
+    # The last-used mark is written by the lookup itself (unless agent or tenant
+    # is frozen), as for the REST API.
+    check = selectors.agent_key_authenticate(secret=secret.strip(), mark_used=True)
     if check is None:
         raise KeyRefused(None)
     if check.status != "live":
@@ -227,7 +230,8 @@ def caller(*, secret: str, method: str, checked: AgentKey | None = None) -> Agen
 
     The same key lookup as ``portal.api.AgentKeyAuthentication`` (the one
     ``selectors.agent_key_authenticate``), the same scope (``scope.enter``), the
-    same freeze check (``caller_refuse_frozen``) and the same last-used mark. A
+    same freeze check (``caller_refuse_frozen``) and the same last-used mark (in
+    the lookup). A
     frozen caller's refusal is written as a denial (phase ``mcp``, the JSON-RPC
     ``method``) in a transaction of its own, as the REST API's is. Run it inside
     ``scope.unit_of_work()``, which clears the scope again. ``checked`` is the key
@@ -256,7 +260,6 @@ def caller(*, secret: str, method: str, checked: AgentKey | None = None) -> Agen
         )
         frozen.recorded = True
         raise KeyRefused(None, frozen=frozen) from None
-    services.agent_key_mark_used(key=key)
     return key.agent
 
 

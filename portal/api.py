@@ -40,7 +40,7 @@ from rest_framework.settings import api_settings
 from rest_framework.throttling import SimpleRateThrottle
 from rest_framework.views import APIView
 
-from . import api_input, idempotency, logs, scope, selectors, services
+from . import api_input, idempotency, logs, scope, selectors
 from .actors import Actor
 from .exceptions import (
     AgentFrozen,
@@ -219,11 +219,13 @@ class AgentKeyAuthentication(BaseAuthentication):
                 "Use 'Authorization: Bearer <key>'."
             )
         # The lookup also counts the request for the view's AgentRateThrottle, in
-        # the same round trip; the throttle reads the count from ``request.auth``.
+        # the same round trip (the throttle reads the count from ``request.auth``),
+        # and writes the key's last-used mark when it is due.
         view = (request.parser_context or {}).get("view")
         check = selectors.agent_key_authenticate(
             secret=secret.strip(),
             count_in_window_s=AgentRateThrottle.window_s_of(view),
+            mark_used=True,
         )
         if check is None:
             raise drf_exceptions.AuthenticationFailed("Invalid or revoked API key.")
@@ -235,9 +237,8 @@ class AgentKeyAuthentication(BaseAuthentication):
         agent = check.key.agent
         scope.enter([agent.tenant_id])
         # A valid key, so 403, not 401; the denial is recorded by the exception
-        # handler (limits.api).
+        # handler (limits.api). The lookup marked the key used if it is not frozen.
         caller_refuse_frozen(agent=agent)
-        services.agent_key_mark_used(key=check.key)
         return agent, check.window
 
     def authenticate_header(self, request: Request) -> str:

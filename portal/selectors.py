@@ -58,8 +58,15 @@ class KeyCheck:
     window: RateWindow | None = None
 
 
+# A key's ``last_used_at`` is written at most once in this many seconds.
+LAST_USED_RESOLUTION_S = 60
+
+
 def agent_key_authenticate(
-    *, secret: str, count_in_window_s: int | None = None
+    *,
+    secret: str,
+    count_in_window_s: int | None = None,
+    mark_used: bool = False,
 ) -> KeyCheck | None:
     """The key a presented secret belongs to, with its status; None if no key matches.
 
@@ -72,17 +79,27 @@ def agent_key_authenticate(
     With ``count_in_window_s``, a key that authenticates and whose agent and tenant
     are not frozen also counts the request in the agent's fixed window of that many
     seconds (``AgentRequestWindow``), and ``window`` says where the count stands.
+    With ``mark_used`` such a key's ``last_used_at`` is set when it is unset or
+    older than ``LAST_USED_RESOLUTION_S`` (the returned key holds the value read).
     One statement, one round trip, outside any transaction: the database function
-    ``portal_agent_key_authenticate`` (portal migration 0016) discovers the key's
-    tenant, reads the key in that tenant's scope under row-level security, counts,
-    and leaves the scope as it was.
+    ``portal_agent_key_authenticate`` (portal migrations 0016, 0017) discovers the
+    key's tenant, reads the key in that tenant's scope under row-level security,
+    counts, marks, and leaves the scope as it was.
     """
     prefix, dot, _ = secret.partition(".")
     if not dot or len(prefix) > 16:
         return None
     key_hash = agent_key_hash(secret)
     with connection.cursor() as cursor:
-        cursor.execute(_AUTHENTICATE, [prefix, key_hash, count_in_window_s])
+        cursor.execute(
+            _AUTHENTICATE,
+            [
+                prefix,
+                key_hash,
+                count_in_window_s,
+                LAST_USED_RESOLUTION_S if mark_used else None,
+            ],
+        )
         row = cursor.fetchone()
     if row is None:
         return None
@@ -119,7 +136,7 @@ _TENANT_FIELDS, _TENANT_COLUMNS = portal_db.returning_columns(Tenant, "(r.o_tena
 _AUTHENTICATE = f"""
 SELECT {_KEY_COLUMNS}, {_AGENT_COLUMNS}, {_TENANT_COLUMNS},
        r.o_expired, r.o_requests, r.o_left_s
-FROM portal_agent_key_authenticate(%s, %s, %s) r
+FROM portal_agent_key_authenticate(%s, %s, %s, %s) r
 """
 
 

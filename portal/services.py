@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import secrets
-import time
 from dataclasses import dataclass
 
 from django.contrib.auth.models import AbstractBaseUser
@@ -285,32 +284,6 @@ def agent_key_revoke_write(*, key: AgentKey) -> AgentKey:
     ).update(revoked_at=Now())
     key.refresh_from_db()
     return key
-
-
-# Writing last_used_at on every request would turn each read into a write; once a
-# minute is enough to tell a live key from a forgotten one.
-LAST_USED_RESOLUTION_S = 60
-
-
-# Keys this process recorded recently: skips even the conditional UPDATE's round trip
-# on most requests (bench/api.py measured it on every one).
-_marked_at: dict[object, float] = {}
-
-
-def agent_key_mark_used(*, key: AgentKey) -> None:
-    """Record that the key was used (at most one write a minute per key)."""
-    now = time.monotonic()
-    if now - _marked_at.get(key.pk, float("-inf")) < LAST_USED_RESOLUTION_S:
-        return
-    _marked_at[key.pk] = now
-    AgentKey.objects.filter(pk=key.pk).filter(
-        Q(last_used_at__isnull=True)
-        | Q(last_used_at__lt=Now() - _seconds(LAST_USED_RESOLUTION_S))
-    ).update(last_used_at=Now())
-
-
-def _seconds(value: int) -> dt.timedelta:
-    return dt.timedelta(seconds=value)
 
 
 @transaction.atomic(durable=True)

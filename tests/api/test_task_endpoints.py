@@ -311,17 +311,39 @@ def test_the_rate_limit_answers_429_with_retry_after(api, monkeypatch):
     assert int(response["Retry-After"]) >= 1
 
 
-def test_a_key_records_when_it_was_last_used(api):
-    from portal.models import AgentKey
-    from portal.services import _marked_at
+def test_a_key_records_when_it_was_last_used_in_its_own_lookup(api):
+    """``last_used_at`` is written by the authenticating statement itself (no
+    UPDATE of its own), at most once a minute, decided on the row (not per
+    process), and never for a frozen agent."""
+    import datetime as dt
 
-    _marked_at.clear()
+    from django.db.models.functions import Now
+
+    from portal.models import Agent, AgentKey
+
+    from .test_request_queries import statements
+
     key = AgentKey.objects.get(agent=api.agent)
     assert key.last_used_at is None
-    api.get("/api/v1/tasks")
+    with statements() as seen:
+        assert api.get("/api/v1/tasks").status_code == 200
+    assert not [sql for sql in seen if sql.lstrip().upper().startswith("UPDATE")]
     key.refresh_from_db()
     first = key.last_used_at
     assert first is not None
     api.get("/api/v1/tasks")  # within the minute: no second write
     key.refresh_from_db()
     assert key.last_used_at == first
+    # A minute on (the mark set back 61 s), the next request writes it again, in
+    # this process as in any other.
+    stale = first - dt.timedelta(seconds=61)
+    AgentKey.objects.filter(pk=key.pk).update(last_used_at=stale)
+    api.get("/api/v1/tasks")
+    key.refresh_from_db()
+    assert key.last_used_at is not None and key.last_used_at >= first
+    # A frozen agent's request is refused and leaves the mark alone.
+    AgentKey.objects.filter(pk=key.pk).update(last_used_at=None)
+    Agent.objects.filter(pk=api.agent.pk).update(frozen_at=Now())
+    assert api.get("/api/v1/tasks").status_code == 403
+    key.refresh_from_db()
+    assert key.last_used_at is None
