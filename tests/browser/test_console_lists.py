@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from django.db.models.functions import Now
 
 from audit.models import Outbox, OutboxState
 from portal import services as portal_services
@@ -107,6 +108,24 @@ def test_a_tenant_admin_reads_messages_times_the_outbox_and_connectors(
     assert widths["table"] <= widths["results"] + 1, widths
     assert SECONDS.search(page.inner_text("#result_list .field-created_at"))
     report_shot(page, "outbox-long-error.png", full_page=True)
+
+    # and the whole list, sent rows with both their times, fits its box too (the
+    # walk of issue 24: 855 px of table in a 751 px box hid 'sent at' and the error)
+    Outbox.objects.filter(tenant=tenant).exclude(pk__in=row_id).update(
+        state=OutboxState.SENT, attempts=1, sent_at=Now()
+    )
+    assert Outbox.objects.filter(tenant=tenant, state=OutboxState.SENT).exists()
+    page.goto(f"{live_server.url}/admin/audit/outbox/")
+    page.wait_for_selector("#result_list td.field-sent_at")
+    fit = page.evaluate(
+        """() => ({
+            table: document.querySelector('#result_list').scrollWidth,
+            box: document.querySelector('#changelist .results').clientWidth,
+        })"""
+    )
+    assert fit["table"] <= fit["box"], fit
+    assert SECONDS.search(page.inner_text("#result_list td.field-sent_at"))
+    report_shot(page, "outbox-sent-rows.png", full_page=True)
     report_shot(page, "outbox-monitor-long-error.png", full_page=True)
 
     # Another tenant's administrator sees none of these rows
