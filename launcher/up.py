@@ -50,7 +50,9 @@ from . import embedded_db
 STOP_TIMEOUT: Final = 20.0
 WEB_START_TIMEOUT: Final = 60.0
 TICKETDESK_START_TIMEOUT: Final = 15.0
-MCP_START_TIMEOUT: Final = 30.0
+# It imports Django and the MCP SDK while gunicorn, the worker and beat do the same:
+# on a busy 2-core machine (load 27) it took 45 s, and 30 s stopped `up` twice.
+MCP_START_TIMEOUT: Final = 90.0
 _POLL_SECONDS: Final = 0.5
 # The one line the desk prints to stdout once its socket listens (ticketdesk/README).
 _TICKETDESK_LISTENING: Final = re.compile(
@@ -358,10 +360,15 @@ class Up:
         children.append(Child(name="MCP server", process=process))
         url = _listening_url(process, _MCP_LISTENING, timeout=MCP_START_TIMEOUT)
         if url is None:
+            code = process.poll()
+            hint = (
+                "it was still starting (a busy machine?)"
+                if code is None
+                else "set PORTAL_MCP_PORT to use another port"
+            )
             raise embedded_db.LaunchError(
                 f"the MCP server did not start within {MCP_START_TIMEOUT:.0f} s (exit "
-                f"code {process.poll()}); its messages are above. Set PORTAL_MCP_PORT "
-                "to use another port."
+                f"code {code}); its messages are above; {hint}."
             )
         return url
 
