@@ -18,6 +18,17 @@ def test_the_root_redirects_to_the_admin(client):
 
 
 @pytest.mark.django_db
+def test_the_browsers_favicon_request_is_answered_without_a_warning(client, caplog):
+    # Every fresh browser asks for /favicon.ico; a 404 printed 'WARNING
+    # django.request Not Found: /favicon.ico' into the quiet `up` (walk of issue 24).
+    with caplog.at_level("INFO", logger="django.request"):
+        response = client.get("/favicon.ico")
+    assert response.status_code == 204
+    assert "max-age" in response["Cache-Control"]
+    assert not [r for r in caplog.records if r.name == "django.request"], caplog.text
+
+
+@pytest.mark.django_db
 def test_the_api_root_answers_anonymous_get_with_links(client):
     response = client.get("/api/v1/")
 
