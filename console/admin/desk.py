@@ -49,6 +49,8 @@ from tasks.exceptions import (
 from tasks.gateway import FieldValue
 from tasks.models import Escalation, Operation, TaskState
 
+from .. import display
+from ..filters import CodeChoicesFilter
 from ..models import COMMENT_MAX_CHARS, TakeoverItem
 from ..story import events_of_task_url as story_events_url
 from ..takeover_desk import actions as desk_actions
@@ -269,7 +271,7 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
     list_display = [
         "desk_task",
         "desk_acts",
-        "reason_code",
+        "desk_reason",
         "desk_age",
         "desk_object",
         "desk_responsible",
@@ -278,7 +280,7 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
         "tenant",
     ]
     list_display_links = ["desk_task"]
-    list_filter = ["reason_code", DeskStateFilter, "tenant"]
+    list_filter = [("reason_code", CodeChoicesFilter), DeskStateFilter, "tenant"]
     list_select_related = ["tenant"]
     list_per_page = 50
     sortable_by = ()
@@ -335,6 +337,12 @@ class TakeoverDeskAdmin(TenantScopedAdmin):
     @admin.display(description="task")
     def desk_task(self, task: TakeoverItem) -> str:
         return task.client_task_id
+
+    @admin.display(description="reason")
+    def desk_reason(self, task: TakeoverItem) -> str:
+        """The stored code (``FIELD_STALE``), as the story, the exports and the filter
+        show it, not Django's label ("Field Stale")."""
+        return task.reason_code or display.EMPTY
 
     @admin.display(description="age")
     def desk_age(self, task: TakeoverItem) -> str:
