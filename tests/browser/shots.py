@@ -29,6 +29,10 @@ def _shot(folder: Path, target: Any, name: str, options: dict[str, Any]) -> Path
         raise ValueError(f"a screenshot is NAME.png in its folder, not {name!r}")
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / name
+    if options.get("full_page") and hasattr(target, "evaluate"):
+        # A whole page is shot from its top: scrolled down, the admin's sticky
+        # sidebar would be drawn where the scroll left it, halfway down the picture.
+        target.evaluate("window.scrollTo(0, 0)")
     target.screenshot(path=str(path), **options)
     return path
 
