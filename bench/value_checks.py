@@ -84,7 +84,7 @@ def value_lists() -> dict[str, tuple[str, tuple[str, ...], str]]:
 def _function(source: str, name: str) -> str:
     """The ``CREATE FUNCTION name(...) ... $$;`` statement in a migration's SQL."""
     found = re.search(
-        rf"CREATE FUNCTION {name}\(.*?\$\$;", source, flags=re.DOTALL
+        rf"CREATE (?:OR REPLACE )?FUNCTION {name}\(.*?\$\$;", source, flags=re.DOTALL
     )
     if found is None:
         raise LookupError(name)
@@ -94,11 +94,11 @@ def _function(source: str, name: str) -> str:
 def id_time_functions() -> list[str]:
     """The functions the id-time CHECKs call, as the migrations made them."""
     made = _migration("audit.migrations.0011_event_partitions").FUNCTIONS
-    now = _migration("audit.migrations.0032_state_and_actor_type_domains")
+    now = _migration("audit.migrations.0034_id_time_check_without_search_path")
     return [
         _function(made, "audit_uuid7_at"),
         _function(made, "audit_uuid7_time"),
-        _function(now.ID_TIME_FORWARD, "audit_event_id_time_ok"),
+        _function(now.ID_TIME_OK, "audit_event_id_time_ok"),
     ]
 
 

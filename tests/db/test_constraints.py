@@ -28,6 +28,7 @@ from audit.models import (
 )
 from portal.actors import Actor, ActorType
 from portal.codes import REASON_CODE_CHECK, REASON_CODE_DOMAIN, ReasonCode
+from portal.ids import new_id
 from tasks.models import (
     OPERATION_STATE_CHECK,
     OPERATION_STATE_DOMAIN,
@@ -217,6 +218,24 @@ def test_the_id_time_check_is_on_every_event_partition():
     assert {definition for _, definition in rows} == {
         "CHECK (audit_event_id_time_ok(id, created_at, '1 day'::interval))"
     }, rows
+
+
+def test_the_id_time_check_holds_under_an_empty_search_path():
+    """pg_restore loads rows with ``search_path = ''``: the CHECK's function must not
+    look a name up there (audit/0034; the restore drill failed on it)."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SELECT pg_namespace.nspname FROM pg_proc JOIN pg_namespace"
+                       " ON pg_namespace.oid = pronamespace"
+                       " WHERE proname = 'audit_event_id_time_ok'")
+        (schema,) = cursor.fetchone()
+        cursor.execute("SET LOCAL search_path = ''")
+        cursor.execute(
+            f"SELECT {schema}.audit_event_id_time_ok(%s, now(), interval '1 day'),"
+            f" {schema}.audit_event_id_time_ok(%s, now() - interval '2 days',"
+            " interval '1 day')",
+            [new_id(), new_id()],
+        )
+        assert cursor.fetchone() == (True, False)
 
 
 def test_a_verified_operation_needs_a_receipt(make_operation):
