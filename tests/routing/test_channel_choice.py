@@ -49,7 +49,7 @@ def choices(desk) -> list[Event]:
             tenant=desk.tenant,
             code=EventCode.TENANT_CHANGED,
             payload__routing="groupmember",
-        )
+        ).order_by("chain_seq")  # the trail's order (ids of one millisecond may not be)
     )
 
 
