@@ -12,6 +12,7 @@ import json
 import math
 import os
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -22,7 +23,9 @@ from urllib.parse import quote
 import pytest
 from django.db import connection, transaction
 
+from audit import relay
 from audit import services as audit_services
+from audit.broker import broker_publisher
 from audit.models import EventCode
 from portal import db_roles
 from portal.actors import Actor
@@ -77,8 +80,6 @@ def append_events(
     *, tenant: Tenant, task_ids: Sequence[uuid.UUID | None], nudge: bool = False
 ) -> list[Appended]:
     """One event (and outbox row) per entry, in one transaction, in this order."""
-    from audit import relay
-
     appended = []
     with transaction.atomic():
         for index, task_id in enumerate(task_ids):
@@ -97,6 +98,14 @@ def append_events(
         if nudge:
             relay.nudge_relay()
     return appended
+
+
+def timed_drain() -> tuple[relay.RelayReport, float]:
+    """One relay drain through a fresh publisher, and how long it took (s)."""
+    began = time.monotonic()
+    with broker_publisher() as publisher:
+        report = relay.outbox_relay_drain(publisher=publisher)
+    return report, time.monotonic() - began
 
 
 @pytest.fixture

@@ -36,7 +36,7 @@ from portal.models import Tenant
 from tests.support import netns
 from tests.support.broker import EventQueue
 
-from .conftest import append_events
+from .conftest import append_events, timed_drain
 
 pytestmark = [
     pytest.mark.slow,
@@ -113,13 +113,6 @@ def remote_broker(link: netns.Link) -> Iterator[str]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _drain() -> tuple[relay.RelayReport, float]:
-    began = time.monotonic()
-    with broker_publisher() as publisher:
-        report = relay.outbox_relay_drain(publisher=publisher)
-    return report, time.monotonic() - began
-
-
 def test_a_kernel_partition_of_the_open_broker_link_is_bounded_and_loses_nothing(
     tenant: Tenant, link: netns.Link, remote_broker: str, settings: Any
 ) -> None:
@@ -148,14 +141,14 @@ def test_a_kernel_partition_of_the_open_broker_link_is_bounded_and_loses_nothing
     print(f"kernel cut of the open broker link: {cut.failed} failed after {took:.2f} s")
 
     # A new run cannot connect: the broker is down within the bound; rows wait.
-    report, took_down = _drain()
+    report, took_down = timed_drain()
     assert report.broker_down and report.sent == 0, report
     assert took_down <= TIMEOUT_S + 1, took_down
     assert Outbox.objects.filter(tenant=tenant, state=OutboxState.PENDING).count() == 10
 
     # Healed: every row delivered, under its own message id.
     link.heal()
-    healed, _ = _drain()
+    healed, _ = timed_drain()
     assert healed.sent == 10, healed
     rows = set(Outbox.objects.filter(tenant=tenant).values_list("key", flat=True))
     assert set(

@@ -29,18 +29,11 @@ from portal.models import Tenant
 from tests.support.broker import EventQueue
 from tests.support.faultproxy import FaultProxy
 
-from .conftest import append_events
+from .conftest import append_events, timed_drain
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 TIMEOUT_S = 2.0
-
-
-def _drain() -> tuple[relay.RelayReport, float]:
-    began = time.monotonic()
-    with broker_publisher() as publisher:
-        report = relay.outbox_relay_drain(publisher=publisher)
-    return report, time.monotonic() - began
 
 
 def test_the_relay_through_a_faulty_link_loses_nothing(
@@ -57,14 +50,14 @@ def test_the_relay_through_a_faulty_link_loses_nothing(
         # Latency: slower, all sent.
         proxy.latency_s = 0.02
         append_events(tenant=tenant, task_ids=[None] * 10)
-        report, _ = _drain()
+        report, _ = timed_drain()
         assert (report.sent, report.broker_down) == (10, False), report
         proxy.latency_s = 0
 
         # Partitioned before connecting: bounded, broker down, rows wait.
         append_events(tenant=tenant, task_ids=[None] * 10)
         proxy.partition(True)
-        report, took = _drain()
+        report, took = timed_drain()
         assert report.broker_down and report.sent == 0, report
         assert took <= TIMEOUT_S + 1, took
         assert Outbox.objects.filter(state=OutboxState.PENDING).count() == 10
@@ -87,7 +80,7 @@ def test_the_relay_through_a_faulty_link_loses_nothing(
         proxy.drop_replies = False
         proxy.reset()
 
-        healed, _ = _drain()
+        healed, _ = timed_drain()
         assert healed.sent == 10, healed
 
     rows = set(Outbox.objects.filter(tenant=tenant).values_list("key", flat=True))
