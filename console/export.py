@@ -30,7 +30,7 @@ from audit import payloads
 from audit import services as audit_services
 from audit.models import Event, EventCode
 from portal.actor_names import ActorNames
-from portal.actors import Actor
+from portal.actors import Actor, ActorType
 from portal.roles import Person
 
 CHUNK_ROWS: Final = 2000
@@ -114,21 +114,39 @@ def _encode_jsonl(rows: Sequence[tuple[Any, ...]]) -> bytes:
     ).encode()
 
 
-def _named(rows: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    """The rows with their actors' names (two queries a chunk at most)."""
-    names = ActorNames(
-        [(row[_ACTOR], row[_ACTOR + 1]) for row in rows],
-        tenant_ids={row[_TENANT_ID] for row in rows},
-    )
-    return [
-        (
-            *row[: _ACTOR + 2],
-            names.name(row[_ACTOR], row[_ACTOR + 1])
-            or (row[_ACTOR + 1] if row[_ACTOR] == "system" else ""),
-            *row[_ACTOR + 2 :],
-        )
-        for row in rows
-    ]
+class _ExportNames:
+    """The actors' names for a whole export: each actor is looked up once (at most
+    two queries for the chunk where it first appears), not again in every chunk.
+    Names are read on the primary (portal's tables are not the record), so an
+    export on a replica asks the primary for each actor once, not for each row."""
+
+    def __init__(self) -> None:
+        self.known: dict[tuple[str, str], str] = {}
+
+    def named(self, rows: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        """The rows with their actors' names after the actor's id."""
+        unseen: set[tuple[str, str]] = set()
+        tenant_ids: set[uuid.UUID] = set()
+        for row in rows:
+            actor = (row[_ACTOR], row[_ACTOR + 1])
+            if actor not in self.known and actor not in unseen:
+                unseen.add(actor)
+                tenant_ids.add(row[_TENANT_ID])
+        if unseen:
+            names = ActorNames(unseen, tenant_ids=tenant_ids)
+            for actor_type, actor_id in unseen:
+                self.known[actor_type, actor_id] = names.name(actor_type, actor_id) or (
+                    actor_id if actor_type == ActorType.SYSTEM else ""
+                )
+        known = self.known
+        return [
+            (
+                *row[: _ACTOR + 2],
+                known[row[_ACTOR], row[_ACTOR + 1]],
+                *row[_ACTOR + 2 :],
+            )
+            for row in rows
+        ]
 
 
 def export_stream(
@@ -147,11 +165,12 @@ def export_stream(
     """
     counts: Counter[uuid.UUID] = Counter()
     complete = False
+    names = _ExportNames()
 
     def encode(batch: Sequence[tuple[Any, ...]]) -> bytes:
         if fmt == "csv":
-            return _encode_csv(_named(batch), header=False)
-        return _encode_jsonl(_named(batch))
+            return _encode_csv(names.named(batch), header=False)
+        return _encode_jsonl(names.named(batch))
 
     try:
         if fmt == "csv":

@@ -249,3 +249,54 @@ def test_rows_carry_the_actors_names_and_their_place_in_the_chain(
         "payload_digest",
         "payload",
     ]
+
+
+def test_each_actor_is_named_once_per_export_not_once_per_chunk(
+    make_task, tenant, make_person, make_agent
+):
+    # given 12 events alternating between one agent and one person, and a later
+    # chunk that brings a second agent
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from console import export
+
+    task = make_task()
+    first, second = make_agent(tenant=tenant), make_agent(tenant=tenant)
+    sam = make_person("sam", tenant=tenant, role="support")
+    actors = [Actor.of_agent(first), Actor.of_user(sam)] * 5 + [
+        Actor.of_agent(second)
+    ] * 2
+    with transaction.atomic():
+        for actor in actors:
+            audit_services.event_append(
+                tenant_id=task.tenant_id,
+                task_id=task.pk,
+                code=EventCode.TASK_WOKEN,
+                actor=actor,
+            )
+    reviewer = make_person("rita", tenant=tenant, role="reviewer")
+
+    # when they are exported in chunks of two rows (six chunks)
+    with CaptureQueriesContext(connection) as queries:
+        body = b"".join(
+            export.export_stream(
+                queryset=Event.objects.filter(task_id=task.pk).order_by("chain_seq"),
+                fmt="jsonl",
+                by=reviewer,
+                tenants={tenant.pk: tenant.slug},
+                filters={},
+                chunk_rows=2,
+            )
+        )
+
+    # then every row carries its actor's name, and the names took three queries:
+    # agents and people in the first chunk, the second agent in the last one
+    names = [json.loads(line)["actor_name"] for line in body.splitlines()]
+    assert names == [first.name, "sam"] * 5 + [second.name] * 2
+    lookups = [
+        q["sql"]
+        for q in queries.captured_queries
+        if 'FROM "portal_agent"' in q["sql"] or 'FROM "auth_user"' in q["sql"]
+    ]
+    assert len(lookups) == 3, lookups
