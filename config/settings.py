@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from csp.constants import NONCE, NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
@@ -401,9 +401,12 @@ PORTAL_IDEMPOTENCY_LOCK_S = int(os.environ.get("PORTAL_IDEMPOTENCY_LOCK_S", "60"
 # counter every process shares; there is no Redis to configure.
 
 # Celery: RabbitMQ (or any broker URL) when configured; kombu's filesystem transport
-# under var/broker/ otherwise, so one laptop needs no broker service.
-CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "filesystem://")
-if CELERY_BROKER_URL == "filesystem://":
+# under var/broker/ otherwise, so one laptop needs no broker service. The host part
+# means nothing to that transport, but without one kombu logs "No hostname was
+# supplied" each time a connection is cloned (manage.py up printed it).
+EMBEDDED_BROKER_URL: Final = "filesystem://localhost/"
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", EMBEDDED_BROKER_URL)
+if CELERY_BROKER_URL.startswith("filesystem://"):
     _broker_dir = VAR_DIR / "broker"
     CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, Any] = {
         "data_folder_in": str(_broker_dir / "queue"),
