@@ -2,9 +2,11 @@
 
 ``action_take`` is what ``POST /api/v1/actions`` (and the MCP server's tool calls)
 run. It composes the six-call lifecycle's services (``services.task_register``,
-``task_lease_acquire``, ``task_transition``, ``operation_reserve``, then the gateway
-through ``dispatch.operation_dispatch``) and adds no business rule of its own: the
-checks, the call, the receipt and the hand-over to a person are the gateway's.
+which also claims the task it registers, or ``task_lease_acquire`` and
+``task_transition`` for a task registered before; ``operation_reserve``, then the
+gateway through ``dispatch.operation_dispatch``) and adds no business rule of its
+own: the checks, the call, the receipt and the hand-over to a person are the
+gateway's.
 
 Identity: the request's ``idempotency_key`` is the operation's key (the business
 identity of the side effect). The task is registered under a client task id derived
@@ -29,6 +31,7 @@ from portal import selectors as portal_selectors
 from portal.actors import Actor
 from portal.db import db_now
 from portal.exceptions import (
+    IllegalTransition,
     LeaseExpired,
     PortalError,
     StaleState,
@@ -256,6 +259,7 @@ def action_take(
     operation = selectors.operation_get_by_key(
         tenant=tenant, idempotency_key=request.idempotency_key
     )
+    claimed = False  # this call registered the task, and holds its lease
     if operation is not None:
         # Made before, by an earlier call (or a six-call client): its own task.
         task = selectors.task_get(tenant=tenant, task_id=operation.task_id)
@@ -267,14 +271,19 @@ def action_take(
             tenant=tenant, request=request, task=task, operation=operation, actor=actor
         )
     else:
-        task = _register(tenant=tenant, request=request, actor=actor, trace=trace)
+        registration = _register(
+            tenant=tenant, request=request, agent=agent, actor=actor, trace=trace
+        )
+        task, claimed = registration.task, registration.created
     if operation is not None and not _needs_the_lease(task, operation):
         if operation.state == OperationState.EXECUTING and _lease_live(task):
             # The call that holds the task is making the remote call right now.
             raise ActionInFlight(retry_after_s=IN_FLIGHT_RETRY_AFTER_S)
         return _answer(tenant=tenant, task=task, operation=operation, created=False)
 
-    leased = _lease(tenant=tenant, task=task, agent=agent, trace=trace)
+    leased = (
+        task if claimed else _lease(tenant=tenant, task=task, agent=agent, trace=trace)
+    )
     if leased is None:  # moved on while this call looked: answer where it stands
         task = selectors.task_get(tenant=tenant, task_id=task.pk)
         # The operation as it stands now, read after the task (as above).
@@ -321,6 +330,7 @@ def action_take(
             respond_async=respond_async,
         )
         _test_hook("after_execute")
+        # As the gateway left it: read after its last write.
         operation = result.operation
         if result.outcome == "queued":
             # Given back without a new token: the queued run is fenced by this
@@ -334,6 +344,9 @@ def action_take(
                 created=created,
                 status="accepted",
             )
+    else:
+        # Reserved before (a repeat that settles it): it may have moved since.
+        operation.refresh_from_db()
     task = _settle(
         tenant=tenant,
         task=task,
@@ -381,9 +394,14 @@ def _fits(contract: Contract, request: ActionRequest) -> bool:
 
 
 def _register(
-    *, tenant: Tenant, request: ActionRequest, actor: Actor, trace: Trace
-) -> Task:
+    *, tenant: Tenant, request: ActionRequest, agent: Agent, actor: Actor, trace: Trace
+) -> services.Registration:
     """Register the action's task, or find the one an earlier call registered.
+
+    A task this call registers is claimed in the same transaction (running, under
+    this call's lease: ``task_register(claim_owner=…)``), one transaction where the
+    lease and the move to ``running`` took two more. A task found is returned as
+    stored, for ``_lease``.
 
     Raises:
         TaskIdReused: the key was used for another object (IDEMPOTENCY_KEY_REUSED).
@@ -413,8 +431,10 @@ def _register(
         object_version=request.object_version,
         contract_key=contract_key,
         contract_version=contract_version,
+        claim_owner=_lease_owner(agent),
+        claim_ttl_s=LEASE_TTL_S,
         trace=trace,
-    ).task
+    )
 
 
 def _require_same_action(
@@ -477,6 +497,10 @@ def _lease_live(task: Task) -> bool:
     )
 
 
+def _lease_owner(agent: Agent) -> str:
+    return f"{LEASE_OWNER_PREFIX}{agent.pk}"
+
+
 def _lease(*, tenant: Tenant, task: Task, agent: Agent, trace: Trace) -> Task | None:
     """Take the task's lease and make it running; None when the task moved on (a
     person took it, it ended) before the lease was taken.
@@ -489,7 +513,7 @@ def _lease(*, tenant: Tenant, task: Task, agent: Agent, trace: Trace) -> Task | 
         leased = services.task_lease_acquire(
             tenant=tenant,
             task_id=task.pk,
-            owner=f"{LEASE_OWNER_PREFIX}{agent.pk}",
+            owner=_lease_owner(agent),
             ttl_s=LEASE_TTL_S,
             actor=actor,
             trace=trace,
@@ -533,21 +557,21 @@ def _settle(
     the lease given back while the result is in doubt. A refusal or a person's
     turn needs nothing: the gateway already moved the task to the desk.
 
-    A lease lost meanwhile (a slow call outlived it) leaves the task for the next
-    call with the same key to settle.
+    ``task`` is the task as this call leased it and ``operation`` as it stands now.
+    A verified or failed operation settles the task with the version this call
+    leased it at: nothing but this call writes a task under its lease, so the
+    guarded move either lands or is refused because someone else moved the task
+    (a person, the reaper after a lapsed lease); then the task is answered as it
+    stands, for the next call with the same key to settle.
     """
-    operation.refresh_from_db()
-    current = selectors.task_get(tenant=tenant, task_id=task.pk)
-    if current.state != TaskState.RUNNING or current.lease_token != lease_token:
-        return current
-    try:
-        if operation.state in (OperationState.VERIFIED, OperationState.FAILED):
-            verified = operation.state == OperationState.VERIFIED
+    if operation.state in (OperationState.VERIFIED, OperationState.FAILED):
+        verified = operation.state == OperationState.VERIFIED
+        try:
             return services.task_transition(
                 tenant=tenant,
                 task_id=task.pk,
                 to=TaskState.SUCCEEDED if verified else TaskState.FAILED,
-                expected_version=current.state_version,
+                expected_version=task.state_version,
                 lease_token=lease_token,
                 actor=actor,
                 trace=trace,
@@ -557,11 +581,17 @@ def _settle(
                     "provider_reference": operation.provider_reference,
                 },
             )
-        if operation.state in (OperationState.EXECUTING, OperationState.UNKNOWN):
-            _release(tenant=tenant, task=task, lease_token=lease_token, actor=actor)
-    except (LeaseExpired, StaleState):
-        pass
-    return selectors.task_get(tenant=tenant, task_id=task.pk)
+        except (LeaseExpired, StaleState, IllegalTransition):
+            return selectors.task_get(tenant=tenant, task_id=task.pk)
+    current = selectors.task_get(tenant=tenant, task_id=task.pk)
+    if (
+        operation.state in (OperationState.EXECUTING, OperationState.UNKNOWN)
+        and current.state == TaskState.RUNNING
+        and current.lease_token == lease_token
+    ):
+        _release(tenant=tenant, task=task, lease_token=lease_token, actor=actor)
+        return selectors.task_get(tenant=tenant, task_id=task.pk)
+    return current
 
 
 def _answer(

@@ -366,5 +366,9 @@ def test_the_events_tell_the_whole_story_once(world, current):
         .values_list("code", flat=True)
     )
     assert codes.count(EventCode.OPERATION_VERIFIED) == 1
-    assert codes.count(EventCode.TASK_REGISTERED) == 1
+    # Registered and claimed in one transaction: no lease acquired, no move to
+    # running of its own.
+    assert codes[:2] == [EventCode.TASK_REGISTERED, EventCode.TASK_CLAIMED]
+    assert EventCode.TASK_LEASE_ACQUIRED not in codes
+    assert codes.count(EventCode.TASK_TRANSITIONED) == 1
     assert codes[-1] == EventCode.TASK_TRANSITIONED  # running -> succeeded
