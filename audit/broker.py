@@ -12,7 +12,7 @@ import contextlib
 import logging
 import struct
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
@@ -123,6 +123,15 @@ def publish_frames(
             add(piece)
             add(_FRAME_END)
     return b"".join(parts)
+
+
+class _MeanwhileFailed(Exception):
+    """What ``publish_wave``'s ``meanwhile`` raised, kept apart from the broker's
+    failures (which become outcomes)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 class BrokerPublisher:
@@ -237,7 +246,10 @@ class BrokerPublisher:
         )
 
     def publish_wave(
-        self, messages: Sequence[ClaimedMessage]
+        self,
+        messages: Sequence[ClaimedMessage],
+        *,
+        meanwhile: Callable[[], None] | None = None,
     ) -> list[PublishFailed | None]:
         """Publish the messages in order, then wait for all their confirms.
 
@@ -246,7 +258,9 @@ class BrokerPublisher:
         channel failed (False) or the link failed, the broker blocked the
         connection (a memory or disk alarm: at once, not after the timeout) or no
         answer came within ``timeout_s`` (True) before its ack. After any failure but
-        a nack the connection is dropped.
+        a nack the connection is dropped. ``meanwhile`` runs once the wave is
+        written, before its confirms are awaited (not at all if the write failed);
+        whatever it raises drops the connection and is raised.
         """
         outcomes: list[PublishFailed | None] = [None] * len(messages)
         tags: list[int] = []
@@ -258,11 +272,16 @@ class BrokerPublisher:
                 self._last_tag += len(messages)
                 tags = list(range(first, self._last_tag + 1))
                 self._unanswered.update(tags)
+                self._meanwhile(meanwhile)
                 self._wait_for_answers()
             else:
                 for message in messages:
                     self._send(producer, message)
                     tags.append(0)  # written: done (no confirms on this transport)
+                self._meanwhile(meanwhile)
+        except _MeanwhileFailed as failed:
+            self.close(graceful=False)
+            raise failed.error from None
         except Exception as error:  # noqa: BLE001
             failure = PublishFailed(
                 f"{type(error).__name__}: {error}",
@@ -288,6 +307,14 @@ class BrokerPublisher:
         if self.confirms:
             self.acks += sum(outcome is None for outcome in outcomes)
         return outcomes
+
+    @staticmethod
+    def _meanwhile(work: Callable[[], None] | None) -> None:
+        if work is not None:
+            try:
+                work()
+            except Exception as error:
+                raise _MeanwhileFailed(error) from error  # not the broker's failure
 
     def _wait_for_answers(self) -> None:
         """Read frames until every published tag is acked or nacked.

@@ -2,7 +2,7 @@
 
 docs/style.md R9, and docs/outbox.md for the operator's view. One relay pass:
 
-1. **Claim** (one short durable transaction): lock due ``pending`` rows with
+1. **Claim** (one statement, its own transaction): lock due ``pending`` rows with
    ``FOR UPDATE SKIP LOCKED``, lease them by setting ``leased_until`` to
    ``PORTAL_OUTBOX_CLAIM_LEASE_S`` ahead and count the attempt, commit. Other relays
    skip locked rows and ignore leased ones, so in the normal path no two relays ever
@@ -15,8 +15,9 @@ docs/style.md R9, and docs/outbox.md for the operator's view. One relay pass:
    for all its confirms (``basic.ack``/``basic.nack`` by delivery tag) before the
    next wave goes out.
 3. **Record** each wave's outcome: its confirmed rows become ``sent`` in one
-   set-based statement; every other row gets a capped doubling backoff, or
-   ``dead`` after ``PORTAL_OUTBOX_MAX_ATTEMPTS``, and its task's later rows in the
+   set-based statement, sent once the next wave is written (the database marks while
+   the broker persists that wave); every other row gets a capped doubling backoff,
+   or ``dead`` after ``PORTAL_OUTBOX_MAX_ATTEMPTS``, and its task's later rows in the
    batch are released (their attempt not counted).
 
 Per-task order. A row is claimable only when no *older* unsent (pending or dead) row
@@ -25,9 +26,9 @@ count); the task id is the envelope's, typed (``task_id``, a column generated fr
 ``payload->>'task_id'`` by migration 0016 and indexed on unsent rows). The claim
 takes the oldest due row of each task (its "head", locked with ``SKIP LOCKED``) plus
 the contiguous due rows behind it, and the relay publishes them in id order, one per
-wave: each goes out only after the previous one's confirm and ``sent`` mark. A task
-is therefore in the hands of one relay at a time, and its next row is claimable only
-once this one is ``sent``: messages of one task reach the broker in id order. Ids
+wave: each goes out only after the previous one's confirm. A task is therefore in
+the hands of one relay at a time, and its next row is claimable only once this one
+is ``sent``: messages of one task reach the broker in id order. Ids
 are generated inside the writing transaction, so a write that commits before another
 begins has the lower id: publish order follows commit order wherever there is one
 (overlapping writes have none; docs/outbox.md has the limits). Rows without a task
@@ -36,23 +37,25 @@ operator retries it (strict order beats availability for one task; other tasks a
 unaffected).
 
 At least once. A crash between a wave's confirms and its ``sent`` mark leaves the
-wave's confirmed rows leased; when the lease lapses another relay publishes them
-again. The claim and the ``sent`` marks commit asynchronously
-(``synchronous_commit = off`` for their transactions only): visible to every other
-session at once, durable a moment later. A database crash can lose the last of
-them; then those rows are pending again and go out again, in order (the WAL keeps
-commit order), which is the same duplicate as a relay crash. Nothing is lost: the
-rows themselves were written by synchronous commits. The event id goes out
-as the AMQP ``message_id``: consumers dedupe on it (audit/inbox.py).
+wave's confirmed rows leased (and the next wave's, written by then); when the lease
+lapses another relay publishes them again, each task's in id order. The claim and
+the ``sent`` marks commit asynchronously (``synchronous_commit = off`` for their
+transactions only): visible to every other session at once, durable a moment later.
+A database crash can lose the last of them; then those rows are pending again and go
+out again, in order (the WAL keeps commit order), which is the same duplicate as a
+relay crash. Nothing is lost: the rows themselves were written by synchronous
+commits. The event id goes out as the AMQP ``message_id``: consumers dedupe on it
+(audit/inbox.py).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Final, Protocol
 
@@ -121,13 +124,19 @@ class RelayReport:
 
 class Publisher(Protocol):
     def publish_wave(
-        self, messages: Sequence[ClaimedMessage]
+        self,
+        messages: Sequence[ClaimedMessage],
+        *,
+        meanwhile: Callable[[], None] | None = None,
     ) -> list[PublishFailed | None]:
         """Publish the messages in order and wait for the broker's confirms.
 
         Returns one outcome per message, in order: ``None`` once the broker confirmed
         it, otherwise the ``PublishFailed`` that says why not (refused, timed out, or
         the link failed: ``connection_lost``). Never raises for a message's failure.
+        ``meanwhile`` runs at most once, after the messages were written and before
+        their confirms are awaited (the relay marks the previous wave ``sent``
+        there); an error it raises is raised, not turned into outcomes.
         """
         ...
 
@@ -141,7 +150,13 @@ class Publisher(Protocol):
 # ``task_id`` is generated from the envelope (migration 0016). Rows without a task
 # (NULL) never match ``=``, so each is a head of its own.
 # Followers: the task's next pending rows, as long as each is due (the running
-# bool_and stops at the first leased, backing-off or dead row). Due: available_at
+# bool_and stops at the first leased, backing-off or dead row), read per head in id
+# order from audit_outbox_task_unsent_idx, at most ``limit`` of them: no more of one
+# task can be among the ``limit`` oldest due followers (a task's due followers are
+# a prefix of its rows). Joined over the whole table instead, the planner hashed
+# every unsent row (a sequential scan of sent rows too) and ran the window over all
+# of them: twice the backend CPU of this form on a 2,250-row backlog
+# (docs/performance-log.md, 2026-12-05, relay). Due: available_at
 # has come and no lease runs (leased_until is in no index, so the lease is a HOT
 # update; leased rows stay in audit_outbox_due_idx and the scan steps over them).
 # The window and the lock sit in different CTEs because PostgreSQL refuses FOR
@@ -164,15 +179,19 @@ WITH heads AS (
     FOR UPDATE OF o SKIP LOCKED
 ),
 followers AS (
-    SELECT f.id, bool_and(
-        f.state = 'pending' AND f.available_at <= app_now()
-        AND (f.leased_until IS NULL OR f.leased_until <= app_now())
-    ) OVER (PARTITION BY f.tenant_id, f.task_id ORDER BY f.id) AS due_so_far
-    FROM audit_outbox AS f
-    JOIN heads AS h
-      ON f.tenant_id = h.tenant_id AND f.task_id = h.task_id
-     AND f.id > h.id
-    WHERE f.state <> 'sent' AND f.state <> 'dismissed'
+    SELECT f.id, f.due_so_far
+    FROM heads AS h
+    CROSS JOIN LATERAL (
+        SELECT t.id, bool_and(
+            t.state = 'pending' AND t.available_at <= app_now()
+            AND (t.leased_until IS NULL OR t.leased_until <= app_now())
+        ) OVER (ORDER BY t.id) AS due_so_far
+        FROM audit_outbox AS t
+        WHERE t.tenant_id = h.tenant_id AND t.task_id = h.task_id AND t.id > h.id
+          AND t.state <> 'sent' AND t.state <> 'dismissed'
+        ORDER BY t.id
+        LIMIT %(limit)s
+    ) AS f
 ),
 claimable AS (
     SELECT id FROM heads
@@ -194,7 +213,7 @@ RETURNING o.id, o.tenant_id, o.topic, o.key, o.payload::text, o.task_id::text,
 # least once" above): set in the statement, for its transaction only.
 _MARK_SENT = """
 UPDATE audit_outbox SET state = 'sent', sent_at = app_now(), last_error = ''
-WHERE id = ANY(%s) AND state = 'pending'
+WHERE id = ANY(%(ids)s) AND state = 'pending'
   AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
 """
 
@@ -221,7 +240,7 @@ RETURNING state
 # ends and the attempt is not counted. Touches no indexed column (HOT).
 _RELEASE = """
 UPDATE audit_outbox SET attempts = GREATEST(attempts - 1, 0), leased_until = NULL
-WHERE id = ANY(%s) AND state = 'pending'
+WHERE id = ANY(%(ids)s) AND state = 'pending'
 """
 
 _RETRY_DEAD = """
@@ -248,26 +267,36 @@ WHERE state <> 'sent'
 """
 
 
-@transaction.atomic(durable=True)
+def _statement(sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+    """One statement as a transaction of its own, sent with the tenant scope in one
+    round trip (``scope.one_round_trip``: no ``BEGIN`` and ``COMMIT`` of its own);
+    inside a test case's atomic block, the one ``forbid_transaction`` lets through,
+    a statement of that block."""
+    if connection.in_atomic_block:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchall() if cursor.description is not None else []
+    return scope.one_round_trip(sql, params)
+
+
 def outbox_claim_batch(*, limit: int | None = None) -> list[ClaimedMessage]:
     """Lease up to ``limit`` due outbox rows to this relay, oldest first.
 
-    Guarantee: one short transaction. The rows are locked with ``SKIP LOCKED`` while
-    it runs and leased for ``PORTAL_OUTBOX_CLAIM_LEASE_S`` after it commits, so no
-    other relay claims them until the lease lapses; each row's ``attempts`` counts
-    this claim. Per task, only the oldest unsent row and the due rows right behind it
-    are claimed (see the module docstring). Returned in id order.
+    Guarantee: one statement, its own transaction. The rows are locked with ``SKIP
+    LOCKED`` while it runs and leased for ``PORTAL_OUTBOX_CLAIM_LEASE_S`` after it
+    commits, so no other relay claims them until the lease lapses; each row's
+    ``attempts`` counts this claim. Per task, only the oldest unsent row and the due
+    rows right behind it are claimed (see the module docstring). Returned in id
+    order.
 
     Raises:
-        RuntimeError: called inside another atomic block (``durable=True``).
+        TransactionForbidden: called inside a transaction.
     """
+    portal_db.forbid_transaction("the claim commits on its own")
     limit = limit or settings.PORTAL_OUTBOX_BATCH_SIZE
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _CLAIM,
-            {"limit": limit, "lease_s": float(settings.PORTAL_OUTBOX_CLAIM_LEASE_S)},
-        )
-        rows = cursor.fetchall()
+    rows = _statement(
+        _CLAIM, {"limit": limit, "lease_s": float(settings.PORTAL_OUTBOX_CLAIM_LEASE_S)}
+    )
     messages = [
         ClaimedMessage(
             id=row[0],
@@ -288,34 +317,52 @@ def outbox_claim_batch(*, limit: int | None = None) -> list[ClaimedMessage]:
 def _record_sent(messages: Sequence[ClaimedMessage]) -> None:
     """Mark a wave's confirmed rows ``sent``: one statement for all of them."""
     if messages:
-        with connection.cursor() as cursor:
-            cursor.execute(_MARK_SENT, [[message.id for message in messages]])
+        _statement(_MARK_SENT, {"ids": [message.id for message in messages]})
 
 
 def _record_failure(message: ClaimedMessage, *, error: str) -> bool:
     """Back the row off (or bury it); True when it is now dead."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _MARK_FAILED,
-            {
-                "id": message.id,
-                "error": error,
-                "max_attempts": settings.PORTAL_OUTBOX_MAX_ATTEMPTS,
-                "base": float(settings.PORTAL_OUTBOX_BACKOFF_BASE_S),
-                "cap": float(settings.PORTAL_OUTBOX_BACKOFF_CAP_S),
-            },
-        )
-        row = cursor.fetchone()
-    return row is not None and row[0] == "dead"
+    rows = _statement(
+        _MARK_FAILED,
+        {
+            "id": message.id,
+            "error": error,
+            "max_attempts": settings.PORTAL_OUTBOX_MAX_ATTEMPTS,
+            "base": float(settings.PORTAL_OUTBOX_BACKOFF_BASE_S),
+            "cap": float(settings.PORTAL_OUTBOX_BACKOFF_CAP_S),
+        },
+    )
+    return bool(rows) and rows[0][0] == "dead"
 
 
 def _release(ids: Sequence[uuid.UUID]) -> None:
     if ids:
-        with connection.cursor() as cursor:
-            cursor.execute(_RELEASE, [list(ids)])
+        _statement(_RELEASE, {"ids": list(ids)})
 
 
 def _no_hook(point: str) -> None:
+    pass
+
+
+class _SentMark:
+    """A wave's confirmed rows, marked ``sent`` on the first call and never again:
+    while the broker works on the next wave (``Publisher.publish_wave``'s
+    ``meanwhile``), or after it if the publisher did not get that far."""
+
+    def __init__(
+        self, messages: Sequence[ClaimedMessage], *, then: Callable[[], None]
+    ) -> None:
+        self._messages: Sequence[ClaimedMessage] | None = messages
+        self._then = then
+
+    def __call__(self) -> None:
+        messages, self._messages = self._messages, None
+        if messages is not None:
+            _record_sent(messages)
+            self._then()
+
+
+def _nothing() -> None:
     pass
 
 
@@ -354,9 +401,12 @@ def outbox_relay_once(
 
     Guarantee: no transaction is open while publishing; a row is marked ``sent`` only
     after the broker confirmed it. Wave k holds the k-th claimed row of each task, so
-    a task's row goes out only after its previous row was confirmed and marked: per
-    task order holds. Each wave's confirmed rows are marked ``sent`` in one
-    statement. A refused (nack) or unconfirmed row backs off
+    a task's row goes out only after its previous row was confirmed: per task order
+    holds. Each wave's confirmed rows are marked ``sent`` in one statement, its own
+    transaction, sent once the next wave is written, so the database marks while the
+    broker persists (the last wave's after its confirms); a crash before a mark
+    commits leaves those rows leased, published again when the lease lapses, in
+    order. A refused (nack) or unconfirmed row backs off
     (``min(cap, base * 2**(attempts-1))`` seconds) or becomes ``dead`` at
     ``PORTAL_OUTBOX_MAX_ATTEMPTS``; its task's later rows in the batch are released
     (their attempt not counted) so they stay behind it. When the broker link fails,
@@ -366,8 +416,9 @@ def outbox_relay_once(
     lapse mid-publish). Safe to run on many workers at once.
 
     Test hooks (``_test_hook``), once per wave: ``after_claim`` (once per batch),
-    ``after_publish`` (the wave's confirms are in, nothing recorded yet) and
-    ``after_record`` (the wave is recorded).
+    ``after_publish`` (the wave's confirms are in and the waves before it are
+    recorded; it is not) and ``after_record`` (the wave is recorded; the next wave,
+    if any, is written already).
 
     Raises:
         TransactionForbidden: called inside a transaction.
@@ -382,6 +433,7 @@ def outbox_relay_once(
     stopped_tasks: set[TaskKey] = set()
     released: list[uuid.UUID] = []
     broken: PublishFailed | None = None
+    mark = _SentMark((), then=_nothing)  # the previous wave's, marked at most once
     for wave in _waves(messages):
         going: list[ClaimedMessage] = []
         for message in wave:
@@ -398,17 +450,18 @@ def outbox_relay_once(
         outcomes: list[PublishFailed | None]
         published = broken is None
         if not published:
+            mark()
             not_sent = PublishFailed(
                 f"not published, the broker link failed: {broken}",
                 connection_lost=True,
             )
             outcomes = [not_sent] * len(going)
         else:
-            outcomes = publisher.publish_wave(going)
+            outcomes = publisher.publish_wave(going, meanwhile=mark)
+            mark()  # unless the publisher ran it (its link failed before the write)
             hook("after_publish")
         pairs = list(zip(going, outcomes, strict=True))
         confirmed = [message for message, failure in pairs if failure is None]
-        _record_sent(confirmed)
         report.sent += len(confirmed)
         for message, failure in pairs:
             if failure is None:
@@ -429,8 +482,9 @@ def outbox_relay_once(
                              message.id, message.attempts, error)  # fmt: skip
             if (task := _task_of(message)) is not None:
                 stopped_tasks.add(task)
-        if published:
-            hook("after_record")
+        recorded = functools.partial(hook, "after_record") if published else _nothing
+        mark = _SentMark(confirmed, then=recorded)
+    mark()
     _release(released)
     report.released = len(released)
     return report

@@ -72,7 +72,7 @@ def uses(sample: dict[str, Any]) -> list[Use]:
         "audit_outbox_pkey",
         "relay `_MARK_SENT` (a wave's rows by id)",
         relay._MARK_SENT,
-        [sample["pending_ids"]],
+        {"ids": sample["pending_ids"]},
         write=True,
     )
     add(

@@ -192,7 +192,7 @@ def in_tenants_with(function: str) -> Callable[[Callable[_P, _R]], Callable[_P, 
 
 def one_round_trip(sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
     """Run one statement as a transaction of its own under the current scope, in one
-    round trip, and return its rows.
+    round trip, and return its rows (none for a statement that returns none).
 
     The scope's ``set_config(…, true)`` and the statement go to the server as one
     psycopg pipeline closed by one Sync: PostgreSQL runs the messages before a Sync
@@ -217,7 +217,7 @@ def one_round_trip(sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]
             raw.execute(*setting)
             cursor = raw.cursor()
             cursor.execute(sql, params)
-        return cursor.fetchall()
+        return cursor.fetchall() if cursor.description is not None else []
 
     call: Callable[..., Any] = run
     for wrapper in reversed(connection.execute_wrappers):

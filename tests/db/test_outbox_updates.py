@@ -79,7 +79,7 @@ def test_the_claim_is_a_hot_update_and_the_sent_mark_is_not(tenant: Tenant) -> N
     with connection.cursor() as cursor:
         cursor.execute("SELECT array_agg(id) FROM audit_outbox WHERE state = 'pending'")
         (ids,) = cursor.fetchone()
-    marked, updated, hot = _updates(relay._MARK_SENT, [ids])
+    marked, updated, hot = _updates(relay._MARK_SENT, {"ids": ids})
 
     # then: those updates write index entries: the counter sees a non-HOT update
     assert marked == 60

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 from django.db import transaction
@@ -24,8 +24,13 @@ class QuotingPublisher:
     """A broker stand-in that refuses every message, quoting it in its error."""
 
     def publish_wave(
-        self, messages: Sequence[relay.ClaimedMessage]
+        self,
+        messages: Sequence[relay.ClaimedMessage],
+        *,
+        meanwhile: Callable[[], None] | None = None,
     ) -> list[PublishFailed | None]:
+        if meanwhile is not None:
+            meanwhile()
         return [
             PublishFailed(
                 f"refused {message.id}: sent by {EMAIL} with {TOKEN}",
