@@ -4,6 +4,8 @@
         [--writers 2] [--per-commit 4] [--duration 10]
         [--broker amqp://guest:guest@127.0.0.1:5672//]
         [--database-url postgres://postgres@127.0.0.1:5432/portal_bench_relay]
+    .venv/bin/python bench/relay.py --fillfactor 45,100 [--rounds 3] [--rows 3000]
+        [--relays 1,4]
 
 Drops, creates and migrates its own database (the name must contain "bench"). In one
 run it measures:
@@ -22,6 +24,13 @@ run it measures:
 
 Figures go to docs/performance.md (between this benchmark's markers; not with
 ``--no-docs``) and reports/bench-relay.json.
+
+``--fillfactor A,B`` measures only the relay's drain (and its raw SQL) with the
+outbox at each fillfactor in turn, ``--rounds`` times, the order reversed every other
+round (A B, B A, ...): before each drain the outbox is emptied, set to the
+fillfactor and rewritten (``VACUUM FULL``), then loaded with a fresh backlog, so
+every page is filled as that fillfactor fills it. It prints one line per drain and
+writes the JSON; it never touches the docs.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ import os
 import platform
 import queue
 import shlex
+import statistics
 import sys
 import threading
 import time
@@ -86,6 +96,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         action="store_true",
         help="run several relays as threads of this process (before: processes,"
         " as Celery runs them)",
+    )
+    parser.add_argument(
+        "--fillfactor",
+        default="",
+        help="A/B the outbox's fillfactors, e.g. 45,100: the drains alone, alternated",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="--fillfactor: rounds of alternation"
     )
     parser.add_argument(
         "--no-docs", action="store_true", help="leave docs/performance.md alone"
@@ -220,8 +238,7 @@ def raw_claim_and_mark(database_url: str) -> tuple[int, float]:
     done = 0
     with psycopg.connect(database_url, autocommit=True) as raw:
         while True:
-            with raw.transaction():
-                rows = raw.execute(relay._CLAIM, params).fetchall()
+            rows = raw.execute(relay._CLAIM, params).fetchall()  # autocommit
             # One mark per wave, as the relay does (wave k: each task's k-th row).
             waves: dict[int, list[uuid.UUID]] = {}
             seen: Counter[tuple[uuid.UUID, str]] = Counter()
@@ -232,7 +249,7 @@ def raw_claim_and_mark(database_url: str) -> tuple[int, float]:
                     seen[row[1], row[5]] += 1
                 waves.setdefault(wave, []).append(row[0])
             for _, ids in sorted(waves.items()):
-                raw.execute(relay._MARK_SENT, [ids])
+                raw.execute(relay._MARK_SENT, {"ids": ids})
             done += len(rows)
             if not rows:
                 if not pending(raw):
@@ -296,6 +313,113 @@ def relay_drain() -> tuple[int, float]:
                             lambda q: (cursor.execute(q), cursor.fetchall())[1]
                         )
                 time.sleep(0.005)
+
+
+def outbox_updates(raw: psycopg.Connection[Any]) -> tuple[int, int, int, int]:
+    """The outbox's updates and HOT updates so far, its heap bytes and rows."""
+    row = raw.execute(
+        "SELECT n_tup_upd, n_tup_hot_upd, pg_relation_size('audit_outbox'),"
+        " (SELECT count(*) FROM audit_outbox)"
+        " FROM pg_stat_user_tables WHERE relname = 'audit_outbox'"
+    ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1]), int(row[2]), int(row[3])
+
+
+def fresh_outbox(raw: psycopg.Connection[Any], *, fillfactor: int) -> None:
+    """An empty outbox at ``fillfactor``: new rows fill its pages as it says."""
+    raw.execute("DELETE FROM audit_outbox")
+    raw.execute(f"ALTER TABLE audit_outbox SET (fillfactor = {int(fillfactor)})")
+    raw.execute("VACUUM FULL audit_outbox")
+
+
+def fillfactor_ab(
+    raw: psycopg.Connection[Any],
+    *,
+    fillfactors: Sequence[int],
+    relay_counts: Sequence[int],
+    rows: int,
+    rounds: int,
+    processes: bool,
+    database_url: str,
+) -> list[dict[str, Any]]:
+    """The relay's drain and its raw SQL at each fillfactor, alternated (A B, B A,
+    ...); per drain its figures, the share of its updates that were HOT and the
+    outbox's heap bytes per row at its end."""
+    from portal.models import Tenant
+
+    drains: list[dict[str, Any]] = []
+    for round_no in range(rounds):
+        order = fillfactors if round_no % 2 == 0 else list(reversed(fillfactors))
+        for fillfactor in order:
+            for count in relay_counts:
+                for kind in ("raw_sql", "relay"):
+                    fresh_outbox(raw, fillfactor=fillfactor)
+                    slug = f"ff{fillfactor}-{kind}-{count}-{round_no}".replace("_", "")
+                    tenant = Tenant.objects.create(slug=slug, name="Fillfactor")
+                    make_backlog(tenant_id=tenant.pk, rows=rows)
+                    raw.execute("VACUUM (ANALYZE) audit_outbox")
+                    time.sleep(1)  # the statistics of the load reach the view
+                    updated, hot, _, _ = outbox_updates(raw)
+                    if kind == "raw_sql":
+                        work: Callable[[], tuple[int, float]] = functools.partial(
+                            raw_claim_and_mark, database_url
+                        )
+                    else:
+                        work = relay_drain
+                    figures = run_parallel(count, work, processes=processes)
+                    time.sleep(1)  # the workers' statistics reach the view
+                    updated_after, hot_after, heap, kept = outbox_updates(raw)
+                    updates = updated_after - updated
+                    drain = {
+                        "round": round_no,
+                        "fillfactor": fillfactor,
+                        "kind": kind,
+                        "workers": count,
+                        **figures,
+                        "hot_share": (hot_after - hot) / updates if updates else 0.0,
+                        "heap_bytes_per_row": heap / kept if kept else 0.0,
+                        "load_1m": os.getloadavg()[0],
+                        "at": dt.datetime.now(dt.UTC).strftime("%H:%M:%S"),
+                    }
+                    drains.append(drain)
+                    say(
+                        f"fillfactor {fillfactor}, {kind}, {count} worker(s),"
+                        f" round {round_no + 1}: {figures['rows_per_s']:,.0f} rows/s,"
+                        f" CPU µs/row {_cpu(figures)},"
+                        f" HOT {drain['hot_share']:.0%},"
+                        f" heap {drain['heap_bytes_per_row']:,.0f} B/row,"
+                        f" load {drain['load_1m']:.1f}"
+                    )
+    return drains
+
+
+def fillfactor_table(drains: Sequence[dict[str, Any]]) -> str:
+    """Medians per fillfactor, kind and worker count."""
+    groups: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
+    for drain in drains:
+        key = (drain["kind"], drain["workers"], drain["fillfactor"])
+        groups.setdefault(key, []).append(drain)
+    lines = [
+        "| kind | workers | fillfactor | rows/s each round | median rows/s"
+        " | median CPU µs/row client + server | HOT | heap B/row |",
+        "|---|---:|---:|---|---:|---:|---:|---:|",
+    ]
+    for (kind, workers, fillfactor), group in sorted(groups.items()):
+        rates = [d["rows_per_s"] for d in group]
+
+        def median(name: str, group: list[dict[str, Any]] = group) -> float:
+            return float(statistics.median(d[name] for d in group))
+
+        lines.append(
+            f"| {kind} | {workers} | {fillfactor}"
+            f" | {' / '.join(f'{r:,.0f}' for r in rates)}"
+            f" | {median('rows_per_s'):,.0f}"
+            f" | {median('client_cpu_us_per_row'):,.0f}"
+            f" + {median('server_cpu_us_per_row'):,.0f}"
+            f" | {median('hot_share'):.0%} | {median('heap_bytes_per_row'):,.0f} |"
+        )
+    return "\n".join(lines)
 
 
 def lags_ms(raw: psycopg.Connection[Any], since: dt.datetime) -> list[int]:
@@ -397,6 +521,73 @@ def steady_load(
     }
 
 
+def all_phases(
+    raw: psycopg.Connection[Any], args: argparse.Namespace, relay_counts: list[int]
+) -> dict[str, Any]:
+    """Raw SQL, relay and broker alone at each relay count, then the steady load."""
+    from portal.models import Tenant
+
+    results: dict[str, Any] = {"raw_sql": {}, "relay": {}, "broker_only": {}}
+    for count in relay_counts:
+        tenant = Tenant.objects.create(slug=f"raw-{count}", name="Raw")
+        make_backlog(tenant_id=tenant.pk, rows=args.rows)
+        raw.execute("VACUUM (ANALYZE) audit_outbox")
+        say(f"raw SQL claim+mark, {count} connection(s), {args.rows} rows")
+        results["raw_sql"][count] = run_parallel(
+            count,
+            lambda: raw_claim_and_mark(args.database_url),
+            processes=not args.threads,
+        )
+
+        tenant = Tenant.objects.create(slug=f"relay-{count}", name="Relay")
+        make_backlog(tenant_id=tenant.pk, rows=args.rows)
+        raw.execute("VACUUM (ANALYZE) audit_outbox")
+        say(f"relay with confirms, {count} relay(s), {args.rows} rows")
+        results["relay"][count] = run_parallel(
+            count, relay_drain, processes=not args.threads
+        )
+
+        say(f"broker only, no database: {count} publisher(s), {args.rows} msgs")
+        results["broker_only"][count] = run_parallel(
+            count,
+            functools.partial(broker_only, -(-args.rows // count)),
+            processes=not args.threads,
+        )
+
+    tenant = Tenant.objects.create(slug="steady", name="Steady")
+    say(f"steady load: {args.rate}/s for {args.duration} s, one relay")
+    since = raw.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+    steady = steady_load(
+        tenant_id=tenant.pk,
+        rate=args.rate,
+        duration=args.duration,
+        writers=args.writers,
+        per_commit=args.per_commit,
+    )
+    lags = lags_ms(raw, since)
+    results["steady"] = {
+        "rate": args.rate,
+        "duration_s": args.duration,
+        "written": steady["written"],
+        "achieved_per_s": steady["achieved_per_s"],
+        "writers": steady["writers"],
+        "per_commit": steady["per_commit"],
+        "published": len(lags),
+        "lag_p50_ms": percentile(lags, 50) / 1000,
+        "lag_p99_ms": percentile(lags, 99) / 1000,
+        "lag_max_ms": (lags[-1] / 1000) if lags else 0.0,
+    }
+    # Every row is updated twice (the claim, the sent mark): a HOT share
+    # near one half means every claim stayed off the indexes (migration
+    # audit/0029). The workers' backends flushed their counts on exit.
+    time.sleep(1)
+    updated, hot, heap, rows = outbox_updates(raw)
+    results["outbox_updates"] = {
+        "updated": updated, "hot": hot, "heap_bytes": heap, "rows": rows,
+    }  # fmt: skip
+    return results
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     relay_counts = [int(n) for n in args.relays.split(",")]
@@ -415,8 +606,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     import django
     from kombu import Connection, Exchange, Queue
 
-    from portal.models import Tenant
-
     queue = Queue(
         f"bench-relay-{uuid.uuid4().hex[:8]}",
         Exchange(exchange, type="topic", durable=True),
@@ -425,71 +614,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     with Connection(args.broker) as broker:
         queue(broker.default_channel).declare()
-    results: dict[str, Any] = {"raw_sql": {}, "relay": {}, "broker_only": {}}
+    results: dict[str, Any]
     try:
         with psycopg.connect(args.database_url, autocommit=True) as raw:
             pg_version = str(raw.execute("SHOW server_version").fetchone()[0])  # type: ignore[index]
-            for count in relay_counts:
-                tenant = Tenant.objects.create(slug=f"raw-{count}", name="Raw")
-                make_backlog(tenant_id=tenant.pk, rows=args.rows)
-                raw.execute("VACUUM (ANALYZE) audit_outbox")
-                say(f"raw SQL claim+mark, {count} connection(s), {args.rows} rows")
-                results["raw_sql"][count] = run_parallel(
-                    count,
-                    lambda: raw_claim_and_mark(args.database_url),
-                    processes=not args.threads,
-                )
-
-                tenant = Tenant.objects.create(slug=f"relay-{count}", name="Relay")
-                make_backlog(tenant_id=tenant.pk, rows=args.rows)
-                raw.execute("VACUUM (ANALYZE) audit_outbox")
-                say(f"relay with confirms, {count} relay(s), {args.rows} rows")
-                results["relay"][count] = run_parallel(
-                    count, relay_drain, processes=not args.threads
-                )
-
-                say(f"broker only, no database: {count} publisher(s), {args.rows} msgs")
-                results["broker_only"][count] = run_parallel(
-                    count,
-                    functools.partial(broker_only, -(-args.rows // count)),
-                    processes=not args.threads,
-                )
-
-            tenant = Tenant.objects.create(slug="steady", name="Steady")
-            say(f"steady load: {args.rate}/s for {args.duration} s, one relay")
-            since = raw.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
-            steady = steady_load(
-                tenant_id=tenant.pk,
-                rate=args.rate,
-                duration=args.duration,
-                writers=args.writers,
-                per_commit=args.per_commit,
-            )
-            lags = lags_ms(raw, since)
-            results["steady"] = {
-                "rate": args.rate,
-                "duration_s": args.duration,
-                "written": steady["written"],
-                "achieved_per_s": steady["achieved_per_s"],
-                "writers": steady["writers"],
-                "per_commit": steady["per_commit"],
-                "published": len(lags),
-                "lag_p50_ms": percentile(lags, 50) / 1000,
-                "lag_p99_ms": percentile(lags, 99) / 1000,
-                "lag_max_ms": (lags[-1] / 1000) if lags else 0.0,
-            }
-            # Every row is updated twice (the claim, the sent mark): a HOT share
-            # near one half means every claim stayed off the indexes (migration
-            # audit/0029). The workers' backends flushed their counts on exit.
-            time.sleep(1)
-            updated, hot, heap, rows = raw.execute(
-                "SELECT n_tup_upd, n_tup_hot_upd, pg_relation_size('audit_outbox'),"
-                " (SELECT count(*) FROM audit_outbox)"
-                " FROM pg_stat_user_tables WHERE relname = 'audit_outbox'"
-            ).fetchone()  # type: ignore[misc]
-            results["outbox_updates"] = {
-                "updated": updated, "hot": hot, "heap_bytes": heap, "rows": rows,
-            }  # fmt: skip
+            if args.fillfactor:
+                results = {
+                    "fillfactor": fillfactor_ab(
+                        raw,
+                        fillfactors=[int(n) for n in args.fillfactor.split(",")],
+                        relay_counts=relay_counts,
+                        rows=args.rows,
+                        rounds=args.rounds,
+                        processes=not args.threads,
+                        database_url=args.database_url,
+                    )
+                }
+            else:
+                results = all_phases(raw, args, relay_counts)
     finally:
         with Connection(args.broker) as broker:
             queue(broker.default_channel).delete()
@@ -512,6 +654,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"meta": meta, **results}, indent=2))
+    if args.fillfactor:
+        load = meta["load_average_1m"]
+        print(f"{meta['command']}\n{meta['generated_at']}, load {load}")
+        print(fillfactor_table(results["fillfactor"]), flush=True)
+        return 0
     if not args.no_docs:
         replace_section(DOCS, markdown(meta, results), section=SECTION)
     say(json.dumps(results))

@@ -56,3 +56,40 @@ def test_the_relay_bench_runs_every_phase_at_a_tiny_size(amqp_url: str, tmp_path
     assert steady["published"] == steady["written"]  # nothing left behind
     assert (steady["writers"], steady["per_commit"]) == (2, 2)
     assert steady["lag_p99_ms"] >= steady["lag_p50_ms"] > 0
+
+
+def test_the_fillfactor_comparison_alternates_and_fills_pages_as_told(
+    amqp_url: str, tmp_path: Path
+):
+    base = urllib.parse.urlsplit(os.environ["DATABASE_URL"])
+    name = f"portal_bench_relay_ff_{uuid.uuid4().hex[:8]}"
+    url = base._replace(path=f"/{name}").geturl()
+    out = tmp_path / "relay.json"
+    try:
+        subprocess.run(
+            [sys.executable, "bench/relay.py", "--fillfactor", "45,100", "--rounds",
+             "2", "--rows", "40", "--relays", "1", "--broker", amqp_url,
+             "--database-url", url, "--no-docs", "--json", str(out)],
+            cwd=REPO, check=True, timeout=600,
+        )  # fmt: skip
+    finally:
+        maintenance = base._replace(path="/postgres").geturl()
+        with psycopg.connect(maintenance, autocommit=True) as admin:
+            admin.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                    sql.Identifier(name)
+                )
+            )
+    drains = json.loads(out.read_text())["fillfactor"]
+
+    # A B, then B A; the raw SQL and the relay each drain a fresh backlog
+    order = [(d["fillfactor"], d["kind"]) for d in drains]
+    assert order == [
+        (45, "raw_sql"), (45, "relay"), (100, "raw_sql"), (100, "relay"),
+        (100, "raw_sql"), (100, "relay"), (45, "raw_sql"), (45, "relay"),
+    ]  # fmt: skip
+    assert all(d["rows"] == 40 for d in drains)
+    # Each drain starts from an empty table at its fillfactor: 45 leaves room.
+    heap = {ff: max(d["heap_bytes_per_row"] for d in drains if d["fillfactor"] == ff)
+            for ff in (45, 100)}  # fmt: skip
+    assert heap[45] > heap[100]
