@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import functools
 import hashlib
 import uuid
 from collections.abc import Mapping
@@ -47,6 +48,7 @@ from .exceptions import (
     ContractNotFound,
     IdempotencyKeyReused,
     LeaseHeld,
+    TaskIdReused,
     TaskNotLeasable,
 )
 from .gateway.common import TestHook, no_hook
@@ -410,17 +412,8 @@ def _register(
         request.idempotency_key
     )
     contract_key, contract_version = _contract_of(tenant=tenant, request=request)
-    if contract_version is None:
-        # A retry keeps the version its first call pinned, even after a newer one
-        # was published (task_register would otherwise see other details).
-        earlier = (
-            Task.objects.filter(tenant=tenant, client_task_id=client_task_id)
-            .only("contract_key", "contract_version")
-            .first()
-        )
-        if earlier is not None and earlier.contract_key == contract_key:
-            contract_version = earlier.contract_version
-    return services.task_register(
+    register = functools.partial(
+        services.task_register,
         tenant=tenant,
         actor=actor,
         client_task_id=client_task_id,
@@ -430,11 +423,26 @@ def _register(
         object_id=request.object_id,
         object_version=request.object_version,
         contract_key=contract_key,
-        contract_version=contract_version,
         claim_owner=_lease_owner(agent),
         claim_ttl_s=LEASE_TTL_S,
         trace=trace,
     )
+    try:
+        return register(contract_version=contract_version)
+    except (TaskIdReused, ContractNotFound):
+        if contract_version is not None:
+            raise
+        # A retry keeps the version its first call pinned, even after a newer one
+        # was published (or the pinned one retired); looked up only then, so a
+        # new key costs no read of it.
+        earlier = (
+            Task.objects.filter(tenant=tenant, client_task_id=client_task_id)
+            .only("contract_key", "contract_version")
+            .first()
+        )
+        if earlier is None or earlier.contract_key != contract_key:
+            raise
+        return register(contract_version=earlier.contract_version)
 
 
 def _require_same_action(

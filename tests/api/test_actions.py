@@ -19,15 +19,17 @@ from django.db import connection
 
 from audit.models import Event, EventCode
 from portal import services as portal_services
+from portal.actors import Actor
 from portal.db import db_now
 from portal.models import Role, Tenant
 from tasks import actions, takeover
+from tasks import services as task_services
 from tasks.gateway import operation_run_queued
 from tasks.jobs import check_receipts_job
 from tasks.models import Escalation, Operation, Task
 from tests.gateway.conftest import World, make_world
 from tests.support.concurrency import run_in_threads
-from tests.support.contracts import TARGET
+from tests.support.contracts import SPEC, TARGET
 from ticketdesk.harness import TicketDesk
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -372,3 +374,33 @@ def test_the_events_tell_the_whole_story_once(world, current):
     assert EventCode.TASK_LEASE_ACQUIRED not in codes
     assert codes.count(EventCode.TASK_TRANSITIONED) == 1
     assert codes[-1] == EventCode.TASK_TRANSITIONED  # running -> succeeded
+
+
+def test_a_retry_keeps_the_contract_version_its_first_call_pinned(world, current):
+    # given the task a first call registered under the contract's version 1 (it
+    # stopped before reserving), and a version 2 published since
+    task_services.task_register(
+        tenant=world.tenant,
+        actor=Actor.of_agent(world.agent),
+        client_task_id=actions.client_task_id_for(KEY),
+        workflow_key="create_ticket",
+        workflow_version="1",
+        object_type="customer_issue",
+        object_id="1042",
+        object_version="7",
+        contract_key=world.contract.key,
+        contract_version=world.contract.version,
+    )
+    task_services.contract_create(
+        tenant=world.tenant, key=world.contract.key, spec=SPEC, publish=True
+    )
+    # when the same call is made again, naming no version
+    answer = take(world, body())
+    # then it finishes that task under the version it pinned, not a new one
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["status"] == "verified"
+    task = Task.objects.get(pk=answer.json()["task_id"])
+    assert (task.client_task_id, task.contract_version) == (
+        actions.client_task_id_for(KEY),
+        world.contract.version,
+    )
