@@ -78,14 +78,22 @@ REGISTRATION = {
 }
 
 
-def register_and_claim(api: AgentClient, client_task_id: str = "issue-1042") -> dict:
-    """A running task leased to ``api``'s agent; returns its JSON."""
+def register_and_claim(
+    api: AgentClient, client_task_id: str = "issue-1042", ttl_s: int | None = None
+) -> dict:
+    """A running task leased to ``api``'s agent (for ``ttl_s``, or the default
+    lease); returns its JSON."""
     created = api.post(
         "/api/v1/tasks", {**REGISTRATION, "client_task_id": client_task_id}
     )
     assert created.status_code in (200, 201), created.json()
     task_id = created.json()["id"]
-    leased = api.post(f"/api/v1/tasks/{task_id}/lease", {"owner": "worker-1"})
+    lease = (
+        {"owner": "worker-1"}
+        if ttl_s is None
+        else {"owner": "worker-1", "ttl_s": ttl_s}
+    )
+    leased = api.post(f"/api/v1/tasks/{task_id}/lease", lease)
     assert leased.status_code == 200, leased.json()
     task = leased.json()
     moved = api.post(

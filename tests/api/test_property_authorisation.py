@@ -58,6 +58,7 @@ from .conftest import REGISTRATION, AgentClient, register_and_claim
 pytestmark = pytest.mark.django_db(transaction=True)
 
 EXAMPLES = int(os.environ.get("PORTAL_S05_EXAMPLES", "500"))
+HOUR = 3600  # leases outlast the nightly's examples (the default lapsed under load)
 ALLOW_LIST = pathlib.Path(__file__).with_name("response_fields.json")
 
 # Members the server sets and no request may: drawn from for every operation, less
@@ -245,27 +246,27 @@ def tasks_lease_acquire(scene: Scene) -> Call:
 
 
 def tasks_lease_renew(scene: Scene) -> Call:
-    task = register_and_claim(scene.api)
+    task = register_and_claim(scene.api, ttl_s=HOUR)
     path = f"/api/v1/tasks/{task['id']}/lease/renew"
     return Call(by_agent(scene, "POST", path, **lease_of(task)), {"ttl_s": 60})
 
 
 def tasks_transition(scene: Scene) -> Call:
-    task = register_and_claim(scene.api)
+    task = register_and_claim(scene.api, ttl_s=HOUR)
     path = f"/api/v1/tasks/{task['id']}/transitions"
     body = {"to": "waiting", "expected_state_version": task["state_version"]}
     return Call(by_agent(scene, "POST", path, **lease_of(task)), body)
 
 
 def operations_reserve(scene: Scene) -> Call:
-    task = register_and_claim(scene.api)
+    task = register_and_claim(scene.api, ttl_s=HOUR)
     path = f"/api/v1/tasks/{task['id']}/operations"
     body = {"idempotency_key": "k", "action": "a", "target": "t", "input": {}}
     return Call(by_agent(scene, "POST", path, **lease_of(task)), body)
 
 
 def operations_report_outcome(scene: Scene) -> Call:
-    task = register_and_claim(scene.api)
+    task = register_and_claim(scene.api, ttl_s=HOUR)
     reserved = scene.api.post(
         f"/api/v1/tasks/{task['id']}/operations",
         {"idempotency_key": "k", "action": "a", "target": "t", "input": {}},
