@@ -29,7 +29,6 @@ from django.db.models.functions import Now
 from audit import services as audit_services
 from audit.models import EventCode, Outbox
 from audit.redaction import json_dumps, redact
-from limits import services as limits_services
 from portal import scope
 from portal import selectors as portal_selectors
 from portal.actors import Actor, ActorType
@@ -52,13 +51,12 @@ CLAIM_NEXT: Final = task_services._CLAIM_NEXT.sql
 # GRANT_CHECK stands for the read of ``portal.selectors.agent_may`` (the API's
 # coordinator labels it by the text ``grant_check`` captures).
 GRANT_CHECK: Final = "<agent_may>"
-# The reservation's read before its insert (grant, contract spec, policy set in
-# force) and the limits' read of flags and limits after it.
-RESERVE_CONTEXT: Final = operation_services._RESERVE_CONTEXT
-ADMIT: Final = limits_services._ADMIT
+# The reservation's read before its insert: the agent's grant, freeze flags and
+# limits, the contract spec, the policy set in force.
+RESERVE_CONTEXT: Final = operation_services._RESERVE_CONTEXT_OF_AGENT
 STATEMENTS: Final[dict[str, tuple[str, ...]]] = {
     "transition": (TRANSITION,),
-    "reservation": (RESERVE_CONTEXT, RESERVE, ADMIT, EVENT_AND_OUTBOX),
+    "reservation": (RESERVE_CONTEXT, RESERVE, EVENT_AND_OUTBOX),
     "claim": (CLAIM_NEXT, EVENT_AND_OUTBOX, TRANSITION),
 }
 
@@ -271,7 +269,6 @@ def _event_params(
 ) -> dict[str, Any]:
     """Parameters of ``EVENT_AND_OUTBOX``, shaped as ``event_append`` shapes them."""
     event_id = new_id()
-    payload_json = json_dumps(payload)
     envelope = {
         "schema_version": audit_services.ENVELOPE_SCHEMA_VERSION,
         "event_id": str(event_id),
@@ -295,7 +292,7 @@ def _event_params(
             reason_code=None,
             contract_key=None,
             contract_version=None,
-            payload_json=payload_json,
+            payload=payload,
             trace_id="",
             span_id="",
         ),
@@ -372,7 +369,7 @@ def raw_reserve(
     input: Any,
     actor: Actor,
 ) -> None:
-    """``operation_reserve``'s four statements (new key); the caller holds the txn.
+    """``operation_reserve``'s three statements (new key); the caller holds the txn.
 
     First the tenant scope, as the service's transaction sets it (row-level
     security on the grants, docs/database-roles.md).
@@ -419,16 +416,6 @@ def raw_reserve(
     row = cursor.fetchone()
     if row is None:
         raise RuntimeError(f"raw reservation {idempotency_key} touched no row")
-    cursor.execute(
-        ADMIT,
-        {
-            "tenant_id": tenant_id,
-            "agent_id": actor.id,
-            "action": action,
-            "target": target,
-        },
-    )
-    cursor.fetchone()
     cursor.execute(
         EVENT_AND_OUTBOX,
         _event_params(

@@ -1,10 +1,11 @@
 """Writes of the kill switch and the per-agent limits (docs/limits.md).
 
 Freezing is one durable transaction: the flag, the revoked leases and credentials,
-and one event naming the person. Admission (``reservation_admit``) runs inside the
-reservation's own transaction: it reads the flags ``FOR SHARE`` (a freeze waits for
-reservations already admitted, and every later one sees it) and charges each rate
-limit and budget with one ``INSERT … ON CONFLICT DO UPDATE … WHERE`` that cannot
+and one event naming the person. Admission runs inside the reservation's own
+transaction: its first statement reads the flags ``FOR SHARE`` beside its own reads
+(``admission_statement``: a freeze waits for reservations already admitted, and
+every later one sees it), and ``reservation_admit`` charges each rate limit and
+budget with one ``INSERT … ON CONFLICT DO UPDATE … WHERE`` that cannot
 take more than the window allows, whatever the number of processes. A refusal rolls
 the reservation back; ``refusals_recorded`` then writes it as a denial in a
 transaction of its own.
@@ -16,6 +17,7 @@ import decimal
 import functools
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Final, ParamSpec, TypeVar
 
@@ -220,12 +222,16 @@ def tenant_freeze(
 
 # --- Admission at reservation ----------------------------------------------------
 
-# The flags and the agent's limits for the action and target, in one statement. The
-# flags are read FOR SHARE (limits.selectors): a freeze waits for the reservation,
-# and one admitted after the freeze sees it. One row per limit, or one with no
-# limit.
-_ADMIT = """
-SELECT a.frozen_at IS NOT NULL, t.frozen_at IS NOT NULL,
+# The flags and the agent's limits for the action and target, read in the
+# reservation's first statement (``admission_statement``): one row per limit, or one
+# with no limit. The flags are read FOR SHARE (limits.selectors): a freeze waits for
+# the reservation, and one admitted after the freeze sees it. They are locked before
+# the task is: a freeze locks the agent (or tenant) row and then expires the task's
+# lease, so taking the task first would be the opposite order (docs/limits.md,
+# "Lock order").
+_ADMISSION = """
+SELECT {columns},
+       a.frozen_at IS NOT NULL, t.frozen_at IS NOT NULL,
        l.kind, l.id, l.allowed, l.window_s, l.argument
 FROM portal_agent a
 JOIN portal_tenant t ON t.id = a.tenant_id
@@ -244,6 +250,43 @@ LEFT JOIN LATERAL (
 WHERE a.tenant_id = %(tenant_id)s AND a.id = %(agent_id)s
 FOR SHARE OF a, t
 """
+# How many columns ``_ADMISSION`` adds after the caller's.
+ADMISSION_COLUMNS: Final = 7
+
+
+def admission_statement(columns: str) -> str:
+    """A statement that reads the caller's ``columns`` beside the agent's flags
+    (FOR SHARE) and its limits for an action and target: the caller's own reads and
+    the admission in one round trip. Named parameters ``tenant_id``, ``agent_id``,
+    ``action``, ``target`` and the caller's own. No row: no such agent in the
+    tenant. ``Admission.of(rows)`` reads the last ``ADMISSION_COLUMNS`` columns.
+    """
+    return _ADMISSION.format(columns=columns)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Admission:
+    """What ``admission_statement`` read: the flags, and each limit as
+    (kind, id, allowed, window_s, argument)."""
+
+    agent_frozen: bool
+    tenant_frozen: bool
+    limits: tuple[tuple[Any, ...], ...]
+
+    @classmethod
+    def of(cls, rows: list[tuple[Any, ...]]) -> Admission:
+        """From the statement's rows (at least one)."""
+        own = [row[-ADMISSION_COLUMNS:] for row in rows]
+        return cls(
+            agent_frozen=bool(own[0][0]),
+            tenant_frozen=bool(own[0][1]),
+            limits=tuple(
+                (kind, limit_id, allowed, window_s, argument)
+                for _, _, kind, limit_id, allowed, window_s, argument in own
+                if kind is not None
+            ),
+        )
+
 
 _WINDOW = (
     "to_timestamp(floor(extract(epoch FROM app_now()) / %(window_s)s) * %(window_s)s)"
@@ -307,15 +350,16 @@ def reservation_admit(
     *,
     tenant: Tenant,
     agent_id: uuid.UUID | str,
-    action: str,
-    target: str,
+    admission: Admission,
     input: Any,
 ) -> list[dict[str, Any]]:
     """Refuse a frozen agent or tenant; charge the agent's rate limits and budgets.
 
-    Runs in the reservation's transaction (a refusal rolls the reservation back and
-    every charge with it); call it once per *new* reservation, never for a replay.
-    Returns the charges, for the ``operation.reserved`` event.
+    ``admission``: the flags and limits ``admission_statement`` read in this
+    transaction (the flags are still share-locked). Runs in the reservation's
+    transaction (a refusal rolls the reservation back and every charge with it);
+    call it once per *new* reservation, never for a replay. Returns the charges,
+    for the ``operation.reserved`` event.
 
     Raises:
         TransactionRequired: no transaction is open.
@@ -325,22 +369,15 @@ def reservation_admit(
             or the input holds no amount at the budget's argument.
     """
     portal_db.require_transaction()
-    params: dict[str, Any] = {
-        "tenant_id": tenant.pk,
-        "agent_id": str(agent_id),
-        "action": action,
-        "target": target,
-    }
+    if admission.agent_frozen:
+        raise AgentFrozen(tenant_id=tenant.pk, agent_id=str(agent_id))
+    if admission.tenant_frozen:
+        raise TenantFrozen(tenant_id=tenant.pk, agent_id=str(agent_id))
+    if not admission.limits:
+        return []
     with connection.cursor() as cursor:
-        cursor.execute(_ADMIT, params)
-        rows = cursor.fetchall()
-        if rows and rows[0][0]:
-            raise AgentFrozen(tenant_id=tenant.pk, agent_id=str(agent_id))
-        if rows and rows[0][1]:
-            raise TenantFrozen(tenant_id=tenant.pk, agent_id=str(agent_id))
-        limits = [row[2:] for row in rows if row[2] is not None]
         charges = []
-        for kind, limit_id, allowed, window_s, argument in limits:
+        for kind, limit_id, allowed, window_s, argument in admission.limits:
             amount = Decimal(1) if kind == "rate" else amount_of(input, argument)
             facts = {"limit": kind, "limit_id": str(limit_id), "window_s": window_s}
             if amount is None:

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from audit import payloads
 from audit import services as audit_services
@@ -120,21 +120,24 @@ RETURNING {_OPERATION_COLUMNS}
 """
 
 
-# What a reservation reads before it writes, in one round trip: the agent's grant
-# (``portal.selectors.agent_may``'s condition; true for a person or the portal), the
-# task's pinned contract spec (its sensitive fields redact the stored input; None
-# when unpinned), and whether the tenant has a policy set in force (only then is it
-# loaded and evaluated, after the insert).
-_RESERVE_CONTEXT = f"""
-SELECT
-    %(agent_id)s::uuid IS NULL OR {portal_selectors.AGENT_MAY_EXISTS},
+# What a reservation reads before it writes, in one round trip: the task's pinned
+# contract spec (its sensitive fields redact the stored input; None when unpinned)
+# and whether the tenant has a policy set in force (only then is it loaded and
+# evaluated, after the insert). For an agent also its grant
+# (``portal.selectors.agent_may``'s condition) and its admission
+# (``limits.services.admission_statement``: the freeze flags, share-locked before
+# the task is, and its limits for the action and target); no row: no such agent.
+_RESERVE_READS = """
     (SELECT c.spec FROM tasks_task AS t
      JOIN tasks_contract AS c ON c.tenant_id = t.tenant_id
          AND c.key = t.contract_key AND c.version = t.contract_version
      WHERE t.tenant_id = %(tenant_id)s AND t.id = %(task_id)s),
     EXISTS (SELECT FROM policies_policyset AS p
-            WHERE p.tenant_id = %(tenant_id)s AND p.state = %(published)s)
-"""
+            WHERE p.tenant_id = %(tenant_id)s AND p.state = %(published)s)"""
+_RESERVE_CONTEXT = f"SELECT true,{_RESERVE_READS}"
+_RESERVE_CONTEXT_OF_AGENT = limits_services.admission_statement(
+    f"{portal_selectors.AGENT_MAY_EXISTS},{_RESERVE_READS}"
+)
 
 
 @limits_services.refusals_recorded("reserve")
@@ -181,22 +184,27 @@ def operation_reserve(
     sealed for the call (tasks/sealed.py). ``input_hash`` is over the real input.
     """
     refuse_sensitive(idempotency_key=idempotency_key, action=action, target=target)
+    trace = trace.or_current()  # NO_TRACE: the current span's (portal/tracing.py)
     agent_id = uuid.UUID(actor.id) if actor.type == ActorType.AGENT else None
-    context = _fetch(
-        _RESERVE_CONTEXT,
-        {
-            "tenant_id": tenant.pk,
-            "task_id": task_id,
-            "agent_id": agent_id,
-            "action": action,
-            "target": target,
-            "published": PolicySetState.PUBLISHED,
-        },
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _RESERVE_CONTEXT if agent_id is None else _RESERVE_CONTEXT_OF_AGENT,
+            {
+                "tenant_id": tenant.pk,
+                "task_id": task_id,
+                "agent_id": agent_id,
+                "action": action,
+                "target": target,
+                "published": PolicySetState.PUBLISHED,
+            },
+        )
+        context = cursor.fetchall()  # an agent's: one row per limit
+    granted, spec, policy_set_published = (
+        context[0][:3] if context else (False, None, False)
     )
-    granted, spec, policy_set_published = context or (False, None, False)
     if isinstance(spec, str | bytes):  # jsonb arrives as text on Django's connection
         spec = json.loads(spec)
-    if agent_id is not None and not granted:
+    if not granted:  # no grant, or no such agent in the tenant
         raise ActionNotGranted(action=action, target=target)
     digest = input_hash(input)
     operation_id = new_id()
@@ -221,9 +229,8 @@ def operation_reserve(
                 tenant_id=tenant.pk, operation_id=operation_id, values={"input": input}
             ),
             "agent_id": actor.id if actor.type == ActorType.AGENT else None,
-            # NO_TRACE: the current span's (portal/tracing.py).
-            "trace_id": trace.or_current().trace_id,
-            "span_id": trace.or_current().span_id,
+            "trace_id": trace.trace_id,
+            "span_id": trace.span_id,
         },
     )
     if row is None:
@@ -248,9 +255,12 @@ def operation_reserve(
     # Charged for a new reservation only: a replay above spends nothing.
     charges = (
         limits_services.reservation_admit(
-            tenant=tenant, agent_id=actor.id, action=action, target=target, input=input
+            tenant=tenant,
+            agent_id=actor.id,
+            admission=limits_services.Admission.of(context),
+            input=input,
         )
-        if actor.type == ActorType.AGENT
+        if agent_id is not None
         else []
     )
     reserved = payloads.OperationReserved(

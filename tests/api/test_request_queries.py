@@ -28,10 +28,10 @@ pytestmark = pytest.mark.django_db
 
 # The statements of one request (labels as bench/api.py prints them): the key with
 # its agent and tenant, found through the key's tenant and counted in the request-rate
-# window (one function, portal_agent_key_authenticate), the grant, the reservation
-# (reading the task and the policy set in the same statement), the agent for the
-# policy, the event with its outbox row.
-RESERVE_MAX_STATEMENTS = 5
+# window (one function, portal_agent_key_authenticate); the reservation's reads (the
+# grant, the contract, the policy set, the freeze flags and the limits, one
+# statement); the reservation; the event with its outbox row.
+RESERVE_MAX_STATEMENTS = 4
 # The key (with its tenant and rate window), the transition, the event + outbox.
 TRANSITION_MAX_STATEMENTS = 3
 
