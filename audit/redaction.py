@@ -243,9 +243,16 @@ def tenant_key(tenant_id: uuid.UUID | str, *, purpose: str = "redaction") -> byt
     Derived, never stored: the server secret is ``PORTAL_REDACTION_SECRET`` (or
     Django's ``SECRET_KEY`` when that is unset), outside the database.
     """
-    secret = (settings.PORTAL_REDACTION_SECRET or settings.SECRET_KEY).encode()
-    message = f"portal.{purpose}.v1:{uuid.UUID(str(tenant_id))}".encode()
-    return hmac.new(secret, message, hashlib.sha256).digest()
+    secret = settings.PORTAL_REDACTION_SECRET or settings.SECRET_KEY
+    return _derived_key(secret, purpose, str(tenant_id))
+
+
+# Per process, keyed by the secret too (a test's override derives afresh): the
+# derived keys are no more exposed in memory than the secret they come from.
+@lru_cache(maxsize=1024)
+def _derived_key(secret: str, purpose: str, tenant_id: str) -> bytes:
+    message = f"portal.{purpose}.v1:{uuid.UUID(tenant_id)}".encode()
+    return hmac.new(secret.encode(), message, hashlib.sha256).digest()
 
 
 def keyed_hash(tenant_id: uuid.UUID | str, value: str, *, chars: int = 16) -> str:
@@ -368,15 +375,24 @@ def _findings(text: str, entropy: bool) -> tuple[Finding, ...]:
         return ()
     if len(text) <= MAX_STRING_CHARS:
         return _cached_findings(text, entropy)
-    return _scan(text, entropy)
+    return _merged(text, _detected(text), entropy)
 
 
 @lru_cache(maxsize=4096)
 def _cached_findings(text: str, entropy: bool) -> tuple[Finding, ...]:
-    return _scan(text, entropy)
+    return _merged(text, _cached_detected(text), entropy)
 
 
-def _scan(text: str, entropy: bool) -> tuple[Finding, ...]:
+# The patterns' findings, without the entropy tests, cached apart: a value checked
+# first without them (``refuse_sensitive``: an idempotency key) and then redacted
+# with them (the same key in the event's payload) is scanned by the patterns once.
+@lru_cache(maxsize=4096)
+def _cached_detected(text: str) -> tuple[Finding, ...]:
+    return _detected(text)
+
+
+def _detected(text: str) -> tuple[Finding, ...]:
+    """What the secret and personal-data patterns find (no entropy test), unmerged."""
     found: list[Finding] = []
     for kind, pattern in _OWN_SECRETS:
         found.extend(Finding(m.start(), m.end(), kind) for m in pattern.finditer(text))
@@ -387,6 +403,15 @@ def _scan(text: str, entropy: bool) -> tuple[Finding, ...]:
         for m in _CARD.finditer(text)
         if _luhn(_normalise("card", m.group()))
     )
+    return tuple(found)
+
+
+def _merged(
+    text: str, detected: tuple[Finding, ...], entropy: bool
+) -> tuple[Finding, ...]:
+    """``detected`` and, with ``entropy``, the entropy tests' findings: less what
+    lies in this module's own output, overlaps merged."""
+    found = list(detected)
     if entropy:
         # A hex secret glued to other letters ("x9f86d0…") is no token of its own:
         # _HEX_RUN finds it where _ENTROPY_TOKEN does not.

@@ -264,13 +264,13 @@ def test_a_string_at_the_cap_is_still_scanned():
 def scanned(monkeypatch) -> list[int]:
     """The length of every text the detectors scan, in order (the real scan runs)."""
     lengths: list[int] = []
-    scan = redaction._scan
+    scan = redaction._detected
 
-    def counting_scan(text: str, entropy: bool):
+    def counting_scan(text: str):
         lengths.append(len(text))
-        return scan(text, entropy)
+        return scan(text)
 
-    monkeypatch.setattr(redaction, "_scan", counting_scan)
+    monkeypatch.setattr(redaction, "_detected", counting_scan)
     return lengths
 
 
