@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Mapping
 from typing import Any, Final
@@ -143,6 +144,23 @@ _INSERT_TENANT_EVENT: Final = (
 _APPEND_TURNS: Final = 3
 
 
+def payload_text_and_digest(payload: Any) -> tuple[str, str]:
+    """The JSON text an event's payload is stored from, and its digest (the SHA-256
+    of the RFC 8785 form of what the database stores).
+
+    When ``portal.jcs`` writes the payload with the standard library (strings,
+    safe integers, booleans, null, lists, objects with BMP keys: what ``redact``
+    returns without floats or big integers), the canonical text is the stored text
+    too (``jsonb`` keeps no key order): one serialisation for both. Otherwise the
+    compact text, and the digest of the value the database reads back from it.
+    """
+    if jcs.stdlib_agrees(payload):
+        canonical = chain.canonical(payload)
+        return canonical.decode("utf-8"), hashlib.sha256(canonical).hexdigest()
+    payload_json = json_text(payload)
+    return payload_json, chain.payload_digest(chain.stored_payload(payload_json))
+
+
 def event_params(
     *,
     event_id: uuid.UUID,
@@ -155,14 +173,14 @@ def event_params(
     reason_code: str | None,
     contract_key: str | None,
     contract_version: int | None,
-    payload_json: str,
+    payload: Any,
     trace_id: str,
     span_id: str,
 ) -> dict[str, Any]:
-    """Parameters of the chained event insert (``_insert_event``), including the
-    canonical content around ``created_at`` that the statement hashes
-    (audit/chain.py, format v2: the hash covers the payload's digest, stored beside
-    it)."""
+    """Parameters of the chained event insert (``_insert_event``) for an already
+    redacted ``payload``, including the canonical content around ``created_at``
+    that the statement hashes (audit/chain.py, format v2: the hash covers the
+    payload's digest, stored beside it)."""
     columns: dict[str, Any] = {
         "tenant_id": tenant_id,
         "task_id": task_id,
@@ -176,7 +194,7 @@ def event_params(
         "trace_id": trace_id,
         "span_id": span_id,
     }
-    digest = chain.payload_digest(chain.stored_payload(payload_json))
+    payload_json, digest = payload_text_and_digest(payload)
     content = chain.event_content(
         event_id=event_id,
         payload=None,
@@ -246,7 +264,7 @@ def event_append(
         reason_code=reason,
         contract_key=contract_key,
         contract_version=contract_version,
-        payload_json=json_text(payload),
+        payload=payload,
         trace_id=trace.trace_id,
         span_id=trace.span_id,
     )
