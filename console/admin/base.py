@@ -4,7 +4,9 @@ Each admin names the tenant permission that lets a person read its rows
 (``view_perm``) and, if people may change them, the one that lets them change
 (``manage_perm``). The base then keeps every view to the tenants where the person
 holds that permission: the changelist and change pages, foreign-key and
-autocomplete choices, the tenant list filter, history, and actions. Nothing is
+autocomplete choices, the tenant list filter, history, and actions. The trail's
+wide lists (``tenant_column_if_several``) show their tenant column only to a person
+who reads more than one tenant. Nothing is
 deleted through the admin; changes go through services that check the role again
 and write an event (docs/style.md R13). ``tests/browser`` and ``tests/console``
 walk the admin registry so a new ModelAdmin cannot skip this base.
@@ -76,6 +78,9 @@ class TenantScopedAdmin(admin.ModelAdmin):
     # The list page's title (heading and browser tab); None: the plural name.
     # Django's own reads "Select takeover desk item to view".
     list_title: ClassVar[str | None] = None
+    # Whether the list drops its "tenant" column for a person of one tenant, where
+    # it says nothing (the wide lists, to fit 1,400 px).
+    tenant_column_if_several: ClassVar[bool] = False
 
     # --- titles -------------------------------------------------------------------
 
@@ -158,6 +163,16 @@ class TenantScopedAdmin(admin.ModelAdmin):
                 tenant_id__in=tenant_ids(request, perm)
             )
         return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+    def get_list_display(self, request: HttpRequest) -> Any:
+        columns = list(super().get_list_display(request))
+        if (
+            self.tenant_column_if_several
+            and "tenant" in columns
+            and len(tenant_ids(request, self.view_perm)) == 1
+        ):
+            columns.remove("tenant")
+        return columns
 
     def get_list_filter(self, request: HttpRequest) -> Any:
         return [

@@ -75,6 +75,7 @@ class EventAdmin(TenantScopedAdmin):
     """The event browser: filter, search by exact id, read, export (reviewers)."""
 
     change_list_template = "admin/console/event_change_list.html"
+    tenant_column_if_several = True
     list_display = [
         "when",
         "event_code",
@@ -124,12 +125,6 @@ class EventAdmin(TenantScopedAdmin):
 
     class Media:
         css = {"all": ["console/story.css"]}
-
-    def get_list_display(self, request: HttpRequest) -> Any:
-        columns = list(super().get_list_display(request))
-        if len(tenant_ids(request, self.view_perm)) == 1:
-            columns.remove("tenant")  # one tenant: the column says nothing
-        return columns
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         if request.__dict__.get("_console_export"):

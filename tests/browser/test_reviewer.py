@@ -19,7 +19,7 @@ from portal.models import Role
 from portal.tracing import Trace
 from tasks.models import Credential, Escalation, OperationState, Task, TaskState
 from tests.browser.conftest import log_in
-from tests.browser.shots import docs_shot
+from tests.browser.shots import docs_shot, report_shot
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -165,3 +165,46 @@ def test_a_reviewer_finds_a_task_by_trace_reads_its_story_and_exports_it(
 def _csrf(page) -> str:
     cookies = {c["name"]: c["value"] for c in page.context.cookies()}
     return cookies["csrftoken"]
+
+
+def test_the_task_list_fits_its_box_at_1400_px(page, live_server, tenant, make_task):
+    """Issue 23: at 1,400 px the task list scrolled sideways, its trace column out of
+    view; every column now fits the list's box."""
+    # Given tasks as the scale data set writes them: long client and object ids, an
+    # agent's worker as lease owner, the longest reason code, a trace on each
+    for n in range(3):
+        make_task(
+            state=TaskState.RUNNING if n else TaskState.FAILED,
+            leased=bool(n),
+            client_task_id=f"scale-{n:08d}",
+            object_id=f"ISSUE-{n:08d}",
+            object_version="17",
+            reason_code=None if n else "IDEMPOTENCY_KEY_REUSED",
+            trace_id=f"{n}" * 32,
+        )
+    Task.objects.filter(tenant=tenant, lease_owner__isnull=False).update(
+        lease_owner="scale-agent-1/worker-3"
+    )
+    page.set_viewport_size({"width": 1400, "height": 900})
+    log_in_as_reviewer(page, live_server, tenant)
+    # When the reviewer opens the task list
+    page.goto(f"{live_server.url}/admin/tasks/task/")
+    page.wait_for_selector("#result_list td.field-trace")
+    # Then the table fits its box and the page does not scroll sideways
+    fit = page.evaluate(
+        """() => ({
+            table: document.querySelector('#result_list').scrollWidth,
+            box: document.querySelector('#changelist .results').clientWidth,
+            page: document.documentElement.scrollWidth,
+            view: window.innerWidth,
+            trace: Math.max(...[...document.querySelectorAll(
+                '#result_list td.field-trace')].map(td => td.getBoundingClientRect().right)),
+            right: document.querySelector('#changelist .results')
+                .getBoundingClientRect().right,
+        })"""
+    )
+    report_shot(page, "task-list-1400.png", full_page=True)
+    assert fit["table"] <= fit["box"], fit
+    assert fit["page"] <= fit["view"], fit
+    assert fit["trace"] <= fit["right"], fit
+    assert "00000000" in page.inner_text("#result_list")
