@@ -8,14 +8,18 @@ from django.core.paginator import Paginator
 from django.db.models import QuerySet
 from django.utils.functional import cached_property
 
-COUNT_CAP: Final = 10_000
+# Ten pages of a hundred rows. The count reads every row it counts, heap and all
+# (a list's filters are not an index's), so the cap is the page's cost: 10,000 made
+# the count of the task and operation lists of the largest tenant of the 10M-event
+# data set most of their time (docs/performance-log.md, issue 23's admin pages).
+COUNT_CAP: Final = 1_000
 
 
 class CappedPaginator(Paginator):
     """Counts at most ``COUNT_CAP`` rows (``COUNT(*)`` over a ``LIMIT`` subquery).
 
-    Past the cap the list says "10000" and offers that many rows' pages; a filter or
-    a time range narrows the selection (an export takes all of it).
+    Past the cap the list says "1000" and offers that many rows' pages; a filter, a
+    search or a time range narrows the selection (an export takes all of it).
     """
 
     cap: int = COUNT_CAP
