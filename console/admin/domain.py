@@ -508,7 +508,7 @@ class CredentialAdmin(TenantScopedAdmin):
         "revoked_at",
     ]
     list_select_related = ["tenant"]
-    # Django's paginator counts the whole selection: 250-290 ms of this list for the
+    # Django's paginator counts the whole selection: 244-289 ms of this list for the
     # largest tenant's 400,000 credentials of the 10M-event data set.
     paginator = CappedPaginator
     exclude = ["secret_hash"]
