@@ -326,11 +326,17 @@ def outbox_updates(raw: psycopg.Connection[Any]) -> tuple[int, int, int, int]:
     return int(row[0]), int(row[1]), int(row[2]), int(row[3])
 
 
-def fresh_outbox(raw: psycopg.Connection[Any], *, fillfactor: int) -> None:
-    """An empty outbox at ``fillfactor``: new rows fill its pages as it says."""
+def fresh_outbox(raw: psycopg.Connection[Any], *, fillfactor: int) -> int:
+    """An empty outbox at ``fillfactor``: new rows fill its pages as it says.
+    Returns the fillfactor the live table reports (``pg_class.reloptions``)."""
     raw.execute("DELETE FROM audit_outbox")
     raw.execute(f"ALTER TABLE audit_outbox SET (fillfactor = {int(fillfactor)})")
     raw.execute("VACUUM FULL audit_outbox")
+    row = raw.execute(
+        "SELECT option_value FROM pg_class, pg_options_to_table(reloptions)"
+        " WHERE oid = 'audit_outbox'::regclass AND option_name = 'fillfactor'"
+    ).fetchone()
+    return int(row[0]) if row else 100  # no option: the default, 100
 
 
 def fillfactor_ab(
@@ -344,8 +350,9 @@ def fillfactor_ab(
     database_url: str,
 ) -> list[dict[str, Any]]:
     """The relay's drain and its raw SQL at each fillfactor, alternated (A B, B A,
-    ...); per drain its figures, the share of its updates that were HOT and the
-    outbox's heap bytes per row at its end."""
+    ...); per drain its figures, the fillfactor the live table reported, the share
+    of its updates that were HOT and the outbox's heap bytes per row after the load
+    and at the drain's end."""
     from portal.models import Tenant
 
     drains: list[dict[str, Any]] = []
@@ -354,13 +361,13 @@ def fillfactor_ab(
         for fillfactor in order:
             for count in relay_counts:
                 for kind in ("raw_sql", "relay"):
-                    fresh_outbox(raw, fillfactor=fillfactor)
+                    table_fillfactor = fresh_outbox(raw, fillfactor=fillfactor)
                     slug = f"ff{fillfactor}-{kind}-{count}-{round_no}".replace("_", "")
                     tenant = Tenant.objects.create(slug=slug, name="Fillfactor")
                     make_backlog(tenant_id=tenant.pk, rows=rows)
                     raw.execute("VACUUM (ANALYZE) audit_outbox")
                     time.sleep(1)  # the statistics of the load reach the view
-                    updated, hot, _, _ = outbox_updates(raw)
+                    updated, hot, loaded_heap, loaded = outbox_updates(raw)
                     if kind == "raw_sql":
                         work: Callable[[], tuple[int, float]] = functools.partial(
                             raw_claim_and_mark, database_url
@@ -374,10 +381,16 @@ def fillfactor_ab(
                     drain = {
                         "round": round_no,
                         "fillfactor": fillfactor,
+                        "table_fillfactor": table_fillfactor,
                         "kind": kind,
                         "workers": count,
                         **figures,
                         "hot_share": (hot_after - hot) / updates if updates else 0.0,
+                        # After the load (the pages as the fillfactor filled
+                        # them) and after the drain (with the updates' versions).
+                        "loaded_heap_bytes_per_row": (
+                            loaded_heap / loaded if loaded else 0.0
+                        ),
                         "heap_bytes_per_row": heap / kept if kept else 0.0,
                         "load_1m": os.getloadavg()[0],
                         "at": dt.datetime.now(dt.UTC).strftime("%H:%M:%S"),
