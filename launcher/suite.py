@@ -38,6 +38,8 @@ from . import embedded_db
 SERIAL_OPTION = "--serial"
 SERIAL_ENV = "PORTAL_TEST_SERIAL"
 WORKERS_ENV = "PORTAL_TEST_WORKERS"
+# Set when the suite runs on a server it started itself, without fsync.
+THROWAWAY_SERVER_ENV = "PORTAL_TEST_THROWAWAY_SERVER"
 DEFAULT_WORKERS = 2
 SLOW = "slow"
 NO_TESTS_COLLECTED = 5
@@ -153,6 +155,10 @@ def run_pytest(args: Sequence[str]) -> int:
                 # Throwaway data: crash safety is not worth the fsync time.
                 embedded_db.embedded_postgres(port, data_dir=data_dir, durable=False)
             )
+            # Said to the tests that read durability off the live server
+            # (tests/worker/test_durability_settings.py): this one is not the
+            # product's.
+            env[THROWAWAY_SERVER_ENV] = "1"
         codes: list[int] = []
         for phase in plan(args, env):
             if codes and not _goes_on_after(codes[-1], phase):

@@ -29,13 +29,16 @@ import uuid
 from typing import Any
 
 import psutil
+import psycopg
 import pytest
 from django.db import connection
 
 from audit.broker import broker_publisher
 from audit.relay import ClaimedMessage
 from config.celery import app
+from launcher import embedded_db, suite
 from portal.db_roles import APP_ROLE
+from tests.support import net
 from tests.support.broker import EventQueue
 from tests.support.celery_worker import celery_worker_running
 
@@ -56,19 +59,45 @@ TURNS_OFF = re.compile(
 )
 
 
-def test_postgresql_promises_durable_commits_to_the_app_role() -> None:
+DURABLE = {"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on"}
+
+
+def _shown(cursor: Any) -> dict[str, str]:
+    shown = {}
+    for name in DURABLE:
+        cursor.execute(f"SHOW {name}")
+        (shown[name],) = cursor.fetchone()
+    return shown
+
+
+def test_postgresql_promises_durable_commits_to_the_app_role(tmp_path) -> None:
     with connection.cursor() as cursor:
         cursor.execute("SELECT current_user")
         assert cursor.fetchone() == (APP_ROLE,)
-        settings = {}
-        for name in ("fsync", "synchronous_commit", "full_page_writes"):
-            cursor.execute(f"SHOW {name}")
-            (settings[name],) = cursor.fetchone()
-    assert settings == {
-        "fsync": "on",
-        "synchronous_commit": "on",
-        "full_page_writes": "on",
-    }
+        live = _shown(cursor)
+        # No ALTER ROLE / ALTER DATABASE turns one off, for any role or database.
+        cursor.execute(
+            "SELECT count(*) FROM pg_db_role_setting, unnest(setconfig) AS setting"
+            " WHERE split_part(setting, '=', 1) = ANY(%s)",
+            [list(DURABLE)],
+        )
+        assert cursor.fetchone() == (0,)
+    if os.environ.get(suite.THROWAWAY_SERVER_ENV) != "1":
+        assert live == DURABLE
+        return
+    # The suite runs on a server it started without fsync (no DATABASE_URL: a fresh
+    # machine's `manage.py test`). The product's server there is the one
+    # `manage.py up` starts: start it the same way and read it.
+    assert live == dict.fromkeys(DURABLE, "off")
+    server = embedded_db.EmbeddedServer(
+        data_dir=tmp_path / "pgdata", port=net.free_port()
+    )
+    server.start()
+    try:
+        with psycopg.connect(server.url) as product:
+            assert _shown(product.cursor()) == DURABLE
+    finally:
+        server.stop()
 
 
 def test_only_the_relay_commits_asynchronously_and_only_its_own_transactions() -> None:
