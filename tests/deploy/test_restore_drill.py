@@ -263,11 +263,11 @@ def test_a_dump_restores_and_the_restored_portal_resumes_in_flight_work(
         # When: dumped by the backup role and restored into the new database.
         admin = support.admin_params()
         with psycopg.connect(**admin, dbname="postgres") as conn:
-            server = conn.info.server_version
+            server_version = conn.info.server_version
         # The tools of the server's version (a fresh machine's embedded server is
         # newer than Debian's client programs, which refuse it).
-        pg_dump = client_tool("pg_dump", server_version_num=server)
-        pg_restore = client_tool("pg_restore", server_version_num=server)
+        pg_dump = client_tool("pg_dump", server_version_num=server_version)
+        pg_restore = client_tool("pg_restore", server_version_num=server_version)
         dump = tmp_path / "portal.dump"
         connection = ["--host", admin["host"], "--port", str(admin["port"])]
         subprocess.run(
