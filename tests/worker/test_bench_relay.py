@@ -19,17 +19,17 @@ REPO = Path(__file__).resolve().parents[2]
 ROWS = 60
 
 
-def test_the_relay_bench_runs_every_phase_at_a_tiny_size(amqp_url: str, tmp_path: Path):
+def run_relay_bench(*args: str, tmp_path: Path) -> dict:
+    """``bench/relay.py`` with ``args`` on a throwaway database of its own (dropped
+    afterwards); its JSON report."""
     base = urllib.parse.urlsplit(os.environ["DATABASE_URL"])
     name = f"portal_bench_relay_smoke_{uuid.uuid4().hex[:8]}"
     url = base._replace(path=f"/{name}").geturl()
     out = tmp_path / "relay.json"
     try:
         subprocess.run(
-            [sys.executable, "bench/relay.py", "--rows", str(ROWS), "--relays", "1,2",
-             "--rate", "80", "--writers", "2", "--per-commit", "2", "--duration", "1",
-             "--broker", amqp_url, "--database-url", url, "--no-docs", "--json",
-             str(out)],
+            [sys.executable, "bench/relay.py", *args, "--database-url", url,
+             "--no-docs", "--json", str(out)],
             cwd=REPO, check=True, timeout=600,
         )  # fmt: skip
     finally:
@@ -40,7 +40,15 @@ def test_the_relay_bench_runs_every_phase_at_a_tiny_size(amqp_url: str, tmp_path
                     sql.Identifier(name)
                 )
             )
-    figures = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def test_the_relay_bench_runs_every_phase_at_a_tiny_size(amqp_url: str, tmp_path: Path):
+    figures = run_relay_bench(
+        "--rows", str(ROWS), "--relays", "1,2", "--rate", "80", "--writers", "2",
+        "--per-commit", "2", "--duration", "1", "--broker", amqp_url,
+        tmp_path=tmp_path,
+    )  # fmt: skip
 
     for phase in ("raw_sql", "relay", "broker_only"):
         for count in ("1", "2"):
@@ -61,26 +69,10 @@ def test_the_relay_bench_runs_every_phase_at_a_tiny_size(amqp_url: str, tmp_path
 def test_the_fillfactor_comparison_alternates_and_fills_pages_as_told(
     amqp_url: str, tmp_path: Path
 ):
-    base = urllib.parse.urlsplit(os.environ["DATABASE_URL"])
-    name = f"portal_bench_relay_ff_{uuid.uuid4().hex[:8]}"
-    url = base._replace(path=f"/{name}").geturl()
-    out = tmp_path / "relay.json"
-    try:
-        subprocess.run(
-            [sys.executable, "bench/relay.py", "--fillfactor", "45,100", "--rounds",
-             "2", "--rows", "40", "--relays", "1", "--broker", amqp_url,
-             "--database-url", url, "--no-docs", "--json", str(out)],
-            cwd=REPO, check=True, timeout=600,
-        )  # fmt: skip
-    finally:
-        maintenance = base._replace(path="/postgres").geturl()
-        with psycopg.connect(maintenance, autocommit=True) as admin:
-            admin.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                    sql.Identifier(name)
-                )
-            )
-    drains = json.loads(out.read_text())["fillfactor"]
+    drains = run_relay_bench(
+        "--fillfactor", "45,100", "--rounds", "2", "--rows", "40", "--relays", "1",
+        "--broker", amqp_url, tmp_path=tmp_path,
+    )["fillfactor"]  # fmt: skip
 
     # A B, then B A; the raw SQL and the relay each drain a fresh backlog
     order = [(d["fillfactor"], d["kind"]) for d in drains]

@@ -8,11 +8,7 @@ real broker.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
-from django.conf import settings
+from tests.support.fresh_python import run_fresh_python
 
 # What the portal's processes do with the broker URL: Celery's connection, cloned as
 # its producer pool does, and the relay's own connection.
@@ -31,25 +27,11 @@ print(settings.CELERY_BROKER_URL, settings.PORTAL_EVENTS_BROKER_URL)
 """
 
 
-def test_the_embedded_broker_connects_without_a_hostname_warning(tmp_path):
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if key not in ("CELERY_BROKER_URL", "PORTAL_EVENTS_BROKER_URL")
-    }
-    env.update(
-        DJANGO_SETTINGS_MODULE="config.settings",
-        PORTAL_NO_BOOTSTRAP="1",
+def test_the_embedded_broker_connects_without_a_hostname_warning():
+    loaded = run_fresh_python(
+        ["-c", CONNECT],
+        drop=("CELERY_BROKER_URL", "PORTAL_EVENTS_BROKER_URL"),
         PORTAL_DEV_MODE="1",
-    )
-    loaded = subprocess.run(
-        [sys.executable, "-c", CONNECT],
-        cwd=settings.BASE_DIR,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
     )
     assert loaded.returncode == 0, loaded.stderr
     celery_url, events_url = loaded.stdout.split()

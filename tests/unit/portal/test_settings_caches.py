@@ -9,12 +9,11 @@ A fresh interpreter, since settings load once per process.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from django.conf import settings
+
+from tests.support.fresh_python import run_fresh_python
 
 USE_EVERY_CACHE = """
 import django
@@ -29,22 +28,11 @@ for alias in settings.CACHES:
 
 
 def test_every_configured_cache_works_with_redis_url_set():
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings"}
-    env.update(
+    used = run_fresh_python(
+        ["-c", USE_EVERY_CACHE],
         PORTAL_DEV_MODE="1",
-        PORTAL_NO_BOOTSTRAP="1",
         # The machine's Redis, as the README offered it.
         REDIS_URL="redis://127.0.0.1:6379/0",
-    )
-
-    used = subprocess.run(
-        [sys.executable, "-c", USE_EVERY_CACHE],
-        cwd=settings.BASE_DIR,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
     )
 
     assert used.returncode == 0, used.stderr[-2000:]

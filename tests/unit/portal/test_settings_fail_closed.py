@@ -6,38 +6,19 @@ Each case starts a fresh interpreter, since settings load once per process.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 
 import pytest
-from django.conf import settings
+
+from tests.support.fresh_python import run_fresh_python
 
 # Loads the settings the way every process does (web server, worker, command).
 LOAD = "import django; django.setup(); from django.conf import settings; print(settings.PRODUCTION)"
 
 
-def _env(**overrides: str) -> dict[str, str]:
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if key not in ("DJANGO_SECRET_KEY", "PORTAL_DEV_MODE", "DJANGO_DEBUG")
-    }
-    env.update(
-        DJANGO_SETTINGS_MODULE="config.settings", PORTAL_NO_BOOTSTRAP="1", **overrides
-    )
-    return env
-
-
 def _run(args: list[str], **overrides: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, *args],
-        cwd=settings.BASE_DIR,
-        env=_env(**overrides),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    return run_fresh_python(
+        args, drop=("DJANGO_SECRET_KEY", "PORTAL_DEV_MODE", "DJANGO_DEBUG"), **overrides
     )
 
 
