@@ -18,15 +18,28 @@ COUNT_CAP: Final = 1_000
 class CappedPaginator(Paginator):
     """Counts at most ``COUNT_CAP`` rows (``COUNT(*)`` over a ``LIMIT`` subquery).
 
-    Past the cap the list says "1000" and offers that many rows' pages; a filter, a
-    search or a time range narrows the selection (an export takes all of it).
+    Past the cap the list says "1000+" (``more_than_counted``; the admin's
+    pagination template) and offers that many rows' pages; a filter, a search or a
+    time range narrows the selection (an export takes all of it).
     """
 
     cap: int = COUNT_CAP
 
     @cached_property
-    def count(self) -> int:
+    def _counted(self) -> int:
+        """Rows counted, up to one past the cap."""
         rows = self.object_list
         if isinstance(rows, QuerySet):
-            return min(rows[: self.cap + 1].count(), self.cap)
+            return rows[: self.cap + 1].count()
         return len(rows)
+
+    @cached_property
+    def count(self) -> int:
+        if isinstance(self.object_list, QuerySet):
+            return min(self._counted, self.cap)
+        return self._counted
+
+    @property
+    def more_than_counted(self) -> bool:
+        """The selection holds more rows than ``count`` says."""
+        return isinstance(self.object_list, QuerySet) and self._counted > self.cap
