@@ -5,15 +5,12 @@ Django and the role helpers whole: every host and port, and
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import dj_database_url
 import pytest
-from django.conf import settings
 
 from portal import database_url, db_roles
+from tests.support.fresh_python import run_fresh_python
 
 HA_URL = (
     "postgres://portal_app@10.0.0.1:5433,10.0.0.2,[fd00::3]:6000/portal"
@@ -68,23 +65,13 @@ def test_the_settings_pass_the_lists_and_the_query_to_the_connection():
         "d = settings.DATABASES['default'];"
         "print(json.dumps([d['HOST'], d['PORT'], d['OPTIONS']]))"
     )
-    env = dict(
-        os.environ,
+    done = run_fresh_python(
+        ["-c", code],
+        drop=("PORTAL_DB_CONNECT_TIMEOUT_S",),  # the default, 5 s
         DATABASE_URL=HA_URL,
-        DJANGO_SETTINGS_MODULE="config.settings",
-        PORTAL_NO_BOOTSTRAP="1",
         PORTAL_DEV_MODE="1",
     )
-    env.pop("PORTAL_DB_CONNECT_TIMEOUT_S", None)  # the default, 5 s
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=settings.BASE_DIR,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
+    assert done.returncode == 0, done.stderr
     host, port, options = json.loads(done.stdout.strip().splitlines()[-1])
     assert host == "10.0.0.1,10.0.0.2,fd00::3"
     assert port == "5433,5432,6000"
