@@ -34,8 +34,9 @@ the peers' own, ``<name>_procrastinate``, ``<name>_dbos``, ``<name>_rest``,
 ``--ledger``: the guarantee-cost ledger instead. The transition and the reservation
 on the lean tables with the services' guarantees added one at a time (row-level
 security, the guard trigger, the hash chain, the outbox row, the month-partitioned
-event table; ``bench/peer_runners.py``, ``LEDGER_STEPS``), then the services, in the
-same interleaved rounds: the CPU per operation, client and backend, of each step
+event table; ``bench/peer_runners.py``, ``LEDGER_STEPS``), then the services'
+statements by raw psycopg on the services' schema, then the services, in the same
+interleaved rounds: the CPU per operation, client and backend, of each step
 and what each step adds to the one before. It writes its own section of
 docs/performance.md (``ledger``) and leaves the issue's table alone.
 """
@@ -126,6 +127,11 @@ FLAVOURS: Final[dict[str, tuple[str, ...]]] = {
 }
 LEDGER_SECTION: Final = "ledger"
 LEDGER_WORKLOADS: Final = ("transition", "reservation")
+# After the steps: the services' own statements sent by raw psycopg on the services'
+# schema (``bench/workloads.py``'s raw flavour: every table's indexes, CHECKs, foreign
+# keys and triggers, no Django), then the services themselves. The first splits what
+# the services add over the last step into the schema's share and the Python's.
+LEDGER_ROWS: Final = (*LEDGER_FLAVOURS, "raw", "service")
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -161,7 +167,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.flavours = dict(FLAVOURS)
     if args.ledger:
-        args.flavours = dict.fromkeys(LEDGER_WORKLOADS, (*LEDGER_FLAVOURS, "service"))
+        args.flavours = dict.fromkeys(LEDGER_WORKLOADS, LEDGER_ROWS)
         if args.workloads == ",".join(FLAVOURS):
             args.workloads = ",".join(LEDGER_WORKLOADS)
         args.also = ""
@@ -236,6 +242,10 @@ def _month_bounds(months: int) -> list[tuple[str, str, str]]:
     ]
 
 
+_IDLE_TENANT: Final = "00000000-0000-0000-0000-00000000abcd"
+_IDLE_ROWS: Final = 5000
+
+
 def ledger_ddl(role: str) -> str:
     """The schemas of the ledger's steps, usable by ``role`` (the app role)."""
     parts = []
@@ -291,6 +301,16 @@ CREATE TABLE {schema}.outbox (
                 f"CREATE {unique}INDEX ON {schema}.event"
                 " (tenant_id, task_id, chain_seq);"
             )
+        # Rows of a tenant no client is in, analysed: a table the planner sees as
+        # empty gets a sequential-scan plan that psycopg's prepared statement then
+        # keeps while the clients fill it (the services' tables are never empty).
+        parts.append(f"""
+INSERT INTO {schema}.task (id, tenant_id, state, state_version, created_at, updated_at)
+SELECT gen_random_uuid(), '{_IDLE_TENANT}', 'succeeded', 2, now(), now()
+FROM generate_series(1, {_IDLE_ROWS});
+INSERT INTO {schema}.chainhead (tenant_id, task_id, head_seq)
+SELECT tenant_id, id, 0 FROM {schema}.task;
+ANALYZE {schema}.task, {schema}.chainhead;""")
         if number >= 1:
             tables: tuple[str, ...] = ("task", "agent_grant", "operation")
             tables += ("event", "chainhead", "outbox")
@@ -346,7 +366,7 @@ def make_spec(
     args: argparse.Namespace,
     peer_url: str,
 ) -> RunSpec:
-    if flavour == "service" and workload != "lifecycle":
+    if flavour in ("service", "raw") and workload != "lifecycle":
         spec = prepare(
             raw, tag=tag, workload=workload, flavour=flavour, clients=clients, args=args
         )
@@ -458,7 +478,7 @@ def measure(
             check_ledger(raw, specs[flavour], done)
         elif flavour == "service" and workload == "lifecycle":
             check_lifecycle(raw, specs[flavour], done)
-        elif flavour == "service":
+        elif flavour in ("service", "raw"):
             verify(raw, specs[flavour], results)
         summaries.append(
             report.summarise(
@@ -664,11 +684,15 @@ def ledger_table(
         " | adds: client | adds: backend |",
         "|---|---:|---|---:|---:|---:|---:|---:|",
     ]
-    labels = {**LEDGER_LABELS, "service": "the services (tasks/services/)"}
+    labels = {
+        **LEDGER_LABELS,
+        "raw": "the services' statements, raw psycopg, on the services' schema",
+        "service": "the services (tasks/services/)",
+    }
     for workload in LEDGER_WORKLOADS:
         for clients in client_counts:
             before: report.RunSummary | None = None
-            for flavour in (*LEDGER_FLAVOURS, "service"):
+            for flavour in LEDGER_ROWS:
                 got = _find(summaries, workload, flavour, clients)
                 if got is None:
                     continue
@@ -704,11 +728,13 @@ markers, run the command again:
   PostgreSQL {meta["postgres_version"]}; Python {meta["python_version"]}.
 - Each step is the lean baseline (one statement per operation, plain psycopg,
   prepared) with the guarantees of the steps above it and its own, in its own
-  schema (`bench/peer_runners.py`, `LEDGER_STEPS`); the last row is the services.
+  schema (`bench/peer_runners.py`, `LEDGER_STEPS`). The last two rows are the
+  services' own statements sent by raw psycopg on the services' schema (their
+  indexes, CHECK constraints, foreign keys, triggers and wider rows, no Django:
+  `bench/workloads.py`'s raw flavour), then the services (their Python too).
   All run in the same interleaved slices, {meta["duration_s"]:g} s per step and
-  client count in {meta["rounds"]} rounds. "Adds" is the step's CPU per operation
-  less the row above: what that guarantee costs. The services' row adds their
-  indexes, CHECK constraints, foreign keys, the transparency-log stamps and Python.
+  client count in {meta["rounds"]} rounds. "Adds" is the row's CPU per operation
+  less the row above: what that guarantee, the schema or the Python costs.
 
 {ledger_table(summaries, meta["clients"])}
 """
@@ -796,7 +822,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     admin_url = args.database_url
     name = str(psycopg.conninfo.conninfo_to_dict(admin_url).get("dbname", ""))
     say(f"peers: recreating and migrating {name}")
-    app_url = recreate_database(admin_url)
+    app_url = recreate_database(admin_url, seed=True)
     setup_lean(admin_url, app_url, ledger=args.ledger)
     peer_urls = {}
     if "procrastinate" in {f for w in args.workload_list for f in args.flavours[w]}:
