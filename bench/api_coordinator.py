@@ -685,7 +685,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.monotonic()
     say(f"bench-api: recreating and migrating {args.database_url.rsplit('/', 1)[-1]}")
-    recreate_database(args.database_url)
+    recreate_database(args.database_url, seed=True)
     with tempfile.TemporaryDirectory(prefix="bench-api-") as scratch:
         env = server_environment(args.database_url, Path(scratch) / "var")
         # The coordinator's own requests (in-process) see the server's settings.

@@ -72,7 +72,7 @@ def components(workload: str, raw: Any) -> list[tuple[str, float]]:
     from tasks import task_state
     from tasks.hashing import input_hash
     from tasks.models import Operation, Task, TaskState
-    from tasks.services.operations import _OPERATION_ATTNAMES, _OPERATION_COLUMNS
+    from tasks.services.operations import OPERATION_ATTNAMES, OPERATION_COLUMNS
     from tasks.services.tasks import _TRANSITION
 
     tenant, agent = workloads.make_tenant(f"bench-parts-{uuid.uuid4().hex[:8]}")
@@ -160,7 +160,7 @@ def components(workload: str, raw: Any) -> list[tuple[str, float]]:
         operation.save()
         with connection.cursor() as cursor:
             cursor.execute(
-                f"SELECT {_OPERATION_COLUMNS} FROM tasks_operation AS o WHERE id = %s",
+                f"SELECT {OPERATION_COLUMNS} FROM tasks_operation AS o WHERE id = %s",
                 [operation.pk],
             )
             operation_row = cursor.fetchone()
@@ -174,7 +174,7 @@ def components(workload: str, raw: Any) -> list[tuple[str, float]]:
             )
 
         def operation_model() -> None:
-            portal_db.model_from_row(Operation, _OPERATION_ATTNAMES, operation_row)
+            portal_db.model_from_row(Operation, OPERATION_ATTNAMES, operation_row)
 
         parts += [
             ("agent_may: build + compile its ORM query", _us(grant_sql, 500)),
@@ -205,7 +205,7 @@ def main() -> int:
     flavours = DIAGNOSTIC_FLAVOURS[args.workload]
     if args.profile not in flavours:
         parser.error(f"--profile must be one of {flavours}")
-    app_url = recreate_database(args.database_url)
+    app_url = recreate_database(args.database_url, seed=True)
     os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings"
     os.environ.setdefault("PORTAL_DEV_MODE", "1")  # benchmarks run the dev setup
     os.environ["DATABASE_URL"] = app_url

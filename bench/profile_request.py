@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench.api_coordinator import RATE_LIMIT, make_agent
 
     print(f"profile-request: recreating {args.database_url.rsplit('/', 1)[-1]}")
-    recreate_database(args.database_url)
+    recreate_database(args.database_url, seed=True)
     scratch = tempfile.mkdtemp(prefix="profile-request-")
     for folder in ("queue", "control", "processed"):
         (Path(scratch) / "broker" / folder).mkdir(parents=True, exist_ok=True)

@@ -30,7 +30,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.context import SpawnProcess
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import psycopg
 from psycopg import sql
@@ -138,13 +138,28 @@ def say(message: str) -> None:
 _MAINTENANCE_URL: list[str] = []
 
 
-def recreate_database(database_url: str, *, keep_rows: bool = False) -> str:
+# The events ``seed`` loads (``manage.py load_scale_data``, two tenants no client is
+# in). Without them the month partition the runs append to is empty when ``tidy``
+# analyses it, and the generic plan of the outbox's foreign-key check onto
+# audit_event, made then and kept for the run, cannot tell the (tenant_id, id) key
+# from the paging indexes that begin with tenant_id: on an empty, analysed partition
+# it scanned the partition for every outbox row (a transition's backend 1,027-1,233
+# µs against 558-615 with the seed; 2026-12-05, docs/performance-log.md). A database
+# in use has events and statistics; autovacuum gives a fresh install its own within a
+# minute, a shorter time than a run.
+SEED_EVENTS: Final = 20_000
+
+
+def recreate_database(
+    database_url: str, *, keep_rows: bool = False, seed: bool = False
+) -> str:
     """DROP and CREATE the benchmark database, then migrate it with manage.py.
 
     With an administrator's URL the database is the owner role's and migrated as it,
     and the URL returned is the app role's, which the services run as (README,
     "Database roles"); otherwise ``database_url`` itself. ``keep_rows`` skips the
-    DROP and CREATE: the database must exist already.
+    DROP and CREATE: the database must exist already. ``seed`` loads
+    ``SEED_EVENTS`` events into a new database, for the hot paths' benchmarks.
     """
     params = psycopg.conninfo.conninfo_to_dict(database_url)
     name = str(params.get("dbname", ""))
@@ -166,20 +181,31 @@ def recreate_database(database_url: str, *, keep_rows: bool = False) -> str:
             "SELECT 1 FROM pg_database WHERE datname = %s", [name]
         ).fetchone():
             raise SystemExit(f"--reuse: there is no database {name!r}")
-    if not db_roles.can_create_roles(database_url):
-        migrate(database_url)
-        return database_url
-    db_roles.ensure_roles(database_url)
-    db_roles.adopt_database(database_url)
-    app_url = db_roles.url_as(database_url, user=db_roles.APP_ROLE)
-    migrate(app_url, owner_url=db_roles.url_as(database_url, user=db_roles.OWNER_ROLE))
+    app_url, owner_url = database_url, ""
+    if db_roles.can_create_roles(database_url):
+        db_roles.ensure_roles(database_url)
+        db_roles.adopt_database(database_url)
+        app_url = db_roles.url_as(database_url, user=db_roles.APP_ROLE)
+        owner_url = db_roles.url_as(database_url, user=db_roles.OWNER_ROLE)
+    migrate(app_url, owner_url=owner_url)
+    if seed and not keep_rows:
+        _manage(
+            "load_scale_data", "--tasks", str(SEED_EVENTS // 10), "--events",
+            str(SEED_EVENTS), "--tenants", "2", "--outbox", "0",
+            database_url=app_url, owner_url=owner_url,
+        )  # fmt: skip
     return app_url
 
 
 def migrate(database_url: str, *, owner_url: str = "") -> None:
     """Bring the benchmark database up to the current migrations."""
+    _manage("migrate", "--no-input", database_url=database_url, owner_url=owner_url)
+
+
+def _manage(*command: str, database_url: str, owner_url: str) -> None:
+    """One manage.py command on the benchmark database, quietly."""
     subprocess.run(
-        [sys.executable, "manage.py", "migrate", "--no-input", "--verbosity", "0"],
+        [sys.executable, "manage.py", *command, "--verbosity", "0"],
         cwd=REPO,
         env={
             **os.environ,
@@ -420,7 +446,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     verb = "migrating (rows kept)" if args.reuse else "recreating and migrating"
     say(f"bench: {verb} {args.database_url.rsplit('/', 1)[-1]}")
-    args.database_url = recreate_database(args.database_url, keep_rows=args.reuse)
+    args.database_url = recreate_database(
+        args.database_url, keep_rows=args.reuse, seed=True
+    )
     say(f"bench: the services connect as {args.database_url.split('@')[0]}")
 
     os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings"
