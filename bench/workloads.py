@@ -62,7 +62,7 @@ STATEMENTS: Final[dict[str, tuple[str, ...]]] = {
 
 # Columns of ``RETURNING old.state, <task columns>`` and ``RETURNING <task columns>``.
 _ATTNAMES: Final = task_state.TASK_ATTNAMES
-_OP_ATTNAMES: Final = operation_services._OPERATION_ATTNAMES
+_OP_ATTNAMES: Final = operation_services.OPERATION_ATTNAMES
 _TASK_ID = _ATTNAMES.index("id")
 _STATE_VERSION = _ATTNAMES.index("state_version")
 _LEASE_TOKEN = _ATTNAMES.index("lease_token")

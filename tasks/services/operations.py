@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -57,7 +57,9 @@ from ..models import (
 from ..sealed import SETTLED_STATES, seal
 from ._common import _fetch, _task_refusal
 
-_OPERATION_ATTNAMES, _OPERATION_COLUMNS = portal_db.returning_columns(Operation, "o")
+OPERATION_ATTNAMES, OPERATION_COLUMNS = portal_db.returning_columns(Operation, "o")
+"""Every concrete column of ``tasks_operation`` (alias ``o``), in
+``operation_from_row`` order."""
 
 # Legal source states for each target state: the guard travels inside the UPDATE.
 _OPERATION_SOURCES: Final[dict[str, list[str]]] = {
@@ -82,8 +84,9 @@ def task_sensitive_fields(
     return contract_sensitive_fields(row[0]) if row else {}
 
 
-def _operation(row: tuple[Any, ...]) -> Operation:
-    return portal_db.model_from_row(Operation, _OPERATION_ATTNAMES, row)
+def operation_from_row(row: Sequence[Any]) -> Operation:
+    """An ``Operation`` from a raw row that returns ``OPERATION_COLUMNS`` (no query)."""
+    return portal_db.model_from_row(Operation, OPERATION_ATTNAMES, row)
 
 
 # --- Operations ----------------------------------------------------------------------
@@ -116,7 +119,7 @@ SELECT %(id)s, lease.tenant_id, lease.id, %(key)s, %(action)s, %(target)s,
        0, 0, %(trace_id)s, %(span_id)s
 FROM lease
 ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
-RETURNING {_OPERATION_COLUMNS}
+RETURNING {OPERATION_COLUMNS}
 """
 
 
@@ -244,7 +247,7 @@ def operation_reserve(
         if existing.input_hash != digest:
             raise IdempotencyKeyReused(idempotency_key=idempotency_key)
         return Reservation(operation=existing, created=False)
-    operation = _operation(row)
+    operation = operation_from_row(row)
     # After the insert, so a replay above is answered as stored; a refusal here
     # rolls the new row back.
     policy = (
@@ -364,7 +367,7 @@ WHERE o.tenant_id = %(tenant_id)s AND o.id = %(operation_id)s AND old.id = o.id
   AND NOT (%(self_reported)s AND EXISTS (
       SELECT FROM tasks_connector AS c
       WHERE c.tenant_id = o.tenant_id AND c.target = o.target))
-RETURNING old.state, {_OPERATION_COLUMNS}
+RETURNING old.state, {OPERATION_COLUMNS}
 """
 
 # By the portal itself (recovery) or a person: guarded by the version they read.
@@ -374,7 +377,7 @@ FROM tasks_operation AS old
 WHERE o.tenant_id = %(tenant_id)s AND o.id = %(operation_id)s AND old.id = o.id
   AND o.state_version = %(expected_version)s
   AND o.state = ANY(%(sources)s)
-RETURNING old.state, {_OPERATION_COLUMNS}
+RETURNING old.state, {OPERATION_COLUMNS}
 """
 
 _OUTCOME_EVENTS: Final = {
@@ -479,7 +482,7 @@ def operation_move(
             expected_version=expected_version,
             to=to,
         )
-    previous_state, operation = row[0], _operation(row[1:])
+    previous_state, operation = row[0], operation_from_row(row[1:])
     audit_services.event_append(
         tenant_id=tenant.pk,
         code=_OUTCOME_EVENTS[to],
