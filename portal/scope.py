@@ -30,6 +30,7 @@ import psycopg
 import psycopg.sql
 from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
+from psycopg.pq import ExecStatus
 
 from .db_roles import DISCOVERY_FUNCTIONS
 
@@ -217,7 +218,12 @@ def one_round_trip(sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]
             raw.execute(*setting)
             cursor = raw.cursor()
             cursor.execute(sql, params)
-        return cursor.fetchall() if cursor.description is not None else []
+        # The result's status, not ``cursor.description``: that builds a Column
+        # object per returned column on every call (26 for a transition's row).
+        result = cursor.pgresult
+        if result is None or result.status != ExecStatus.TUPLES_OK:
+            return []
+        return cursor.fetchall()
 
     call: Callable[..., Any] = run
     for wrapper in reversed(connection.execute_wrappers):

@@ -62,3 +62,16 @@ def test_a_failed_statement_rolls_back_alone(make_task, tenant) -> None:
 def test_it_refuses_to_run_inside_a_transaction(tenant) -> None:
     with transaction.atomic(), pytest.raises(RuntimeError):
         scope.one_round_trip("SELECT 1", {})
+
+
+
+def test_a_statement_that_returns_no_rows_gives_an_empty_list(make_task, tenant):
+    task = make_task(tenant=tenant)
+    with scope.tenant_scope([tenant.pk]):
+        # a command with no result set (PostgreSQL answers COMMAND_OK)
+        assert scope.one_round_trip("SET LOCAL statement_timeout = '5s'", {}) == []
+        # a query that matches nothing: no rows, not an error
+        none = "SELECT id FROM tasks_task WHERE id = %(id)s AND state = 'no-such'"
+        assert scope.one_round_trip(none, {"id": task.pk}) == []
+        mine = "SELECT id FROM tasks_task WHERE id = %(id)s"
+        assert scope.one_round_trip(mine, {"id": task.pk}) == [(task.pk,)]
