@@ -1,8 +1,9 @@
 """Smoke test of ``bench/peers.py --ledger`` at a tiny size: on its own database it
 runs the transition and the reservation at each step of the guarantee-cost ledger
 (the lean baseline, then row-level security, the guard trigger, the hash chain, the
-outbox row and the month partitions added one at a time) and through the services,
-checks each step's rows, and writes CPU per operation for every step."""
+outbox row and the month partitions added one at a time), then the services'
+statements by raw psycopg and the services themselves, checks each step's rows, and
+writes CPU per operation for every step."""
 
 from __future__ import annotations
 
@@ -51,8 +52,9 @@ def test_the_ledger_measures_each_guarantee_and_the_services(tmp_path: Path) -> 
     expected = {
         (workload, flavour)
         for workload in ("transition", "reservation")
-        for flavour in (*LEDGER_FLAVOURS, "service")
+        for flavour in peers.LEDGER_ROWS
     }
+    assert set(peers.LEDGER_ROWS) == {*LEDGER_FLAVOURS, "raw", "service"}
     assert set(got) == expected
     for run in got.values():
         assert run["ops_per_s"] > 0
