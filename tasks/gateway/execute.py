@@ -44,6 +44,7 @@ from .checks import (
     Refusal,
     caller_may_execute,
     check_entry,
+    check_reads,
     checks_recorded,
     refuse,
 )
@@ -118,14 +119,16 @@ def authorize(
         return standing(operation)
     if task.contract_key is None or task.contract_version is None:
         raise ContractRequired(task_id=str(task.pk))
-    contract = Contract.objects.get(
-        tenant=tenant, key=task.contract_key, version=task.contract_version
-    )
+    reads = check_reads(tenant=tenant, task=task, operation=operation)
+    contract = reads.contract
+    if contract is None:  # the pin's foreign key keeps it: never seen
+        raise Contract.DoesNotExist("Contract matching query does not exist.")
     context = CheckContext(
         tenant=tenant,
         task=task,
         operation=operation,
         contract=contract,
+        reads=reads,
         fields=fields,
         now=now,
         actor=actor,
