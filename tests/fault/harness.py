@@ -411,7 +411,10 @@ class Nemesis(threading.Thread):
 
     A strike pauses the node (SIGSTOP to its process group, SIGCONT after
     U(pause_for) s: past the execution deadline, so the settle job takes its
-    in-flight calls over meanwhile) with probability ``pause_share``; otherwise it
+    in-flight calls over meanwhile) with probability ``pause_share``, and at the
+    latest at the ``1 / pause_share``-th strike when none has paused yet (a short
+    run draws few strikes: 24 at a 0.1 share miss every pause one run in twelve);
+    otherwise it
     kills, a main process with probability ``main_share``. A killed main is started
     again (same node name) after U(pause) s, and a main that exits on its own is
     started again at once (``WorkerPool.supervise``). Only nodes that said ``ready``
@@ -445,6 +448,7 @@ class Nemesis(threading.Thread):
         self.kills: Counter[str] = Counter()
         self.pauses = 0
         self.paused_s = 0.0  # the pauses' planned lengths, added up
+        self.strikes = 0  # every strike at a target, held back ones included
         # At most this many nodes out (starting, down or paused) by the nemesis's
         # hand; a strike past it is a child kill (counted in held_back).
         self.max_out = max(1, len(pool.slots) // 2)
@@ -479,7 +483,12 @@ class Nemesis(threading.Thread):
         # the nodes spent the run restarting (docs/chaos.md, the 1,000 x 8 miss).
         out = len(self.pool.slots) - len(targets)
         may_take_out = out < self.max_out
-        pause = self.rng.random() < self.pause_share
+        self.strikes += 1
+        pause = self.rng.random() < self.pause_share or (
+            self.pause_share > 0
+            and self.pauses == 0
+            and self.strikes >= round(1 / self.pause_share)
+        )
         main = self.rng.random() < self.main_share
         if (pause or main) and not may_take_out:
             self.held_back += 1
