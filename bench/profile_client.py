@@ -72,7 +72,7 @@ def components(workload: str, raw: Any) -> list[tuple[str, float]]:
     from tasks import task_state
     from tasks.hashing import input_hash
     from tasks.models import Operation, Task, TaskState
-    from tasks.services.operations import OPERATION_ATTNAMES, OPERATION_COLUMNS
+    from tasks.services.operations import OPERATION_COLUMNS, operation_from_row
     from tasks.services.tasks import _TRANSITION
 
     tenant, agent = workloads.make_tenant(f"bench-parts-{uuid.uuid4().hex[:8]}")
@@ -174,7 +174,7 @@ def components(workload: str, raw: Any) -> list[tuple[str, float]]:
             )
 
         def operation_model() -> None:
-            portal_db.model_from_row(Operation, OPERATION_ATTNAMES, operation_row)
+            operation_from_row(operation_row)
 
         parts += [
             ("agent_may: build + compile its ORM query", _us(grant_sql, 500)),
