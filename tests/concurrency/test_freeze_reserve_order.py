@@ -42,8 +42,10 @@ def test_a_reservation_meeting_a_freeze_waits_and_is_refused_without_deadlock(
     two waited for each other until PostgreSQL rolled one back as a deadlock)."""
     # Given: a leased task of the agent.
     task: Task = make_task(state=TaskState.RUNNING, leased=True)
-    started = threading.Event()
+    locked = threading.Event()  # the freeze holds the agent row
+    started = threading.Event()  # the reservation's connection is known
     pid: list[int] = []
+    outcome: list[Any] = []  # what the reservation returned or raised, once done
 
     def freeze() -> str:
         with transaction.atomic(), connection.cursor() as cursor:
@@ -51,9 +53,11 @@ def test_a_reservation_meeting_a_freeze_waits_and_is_refused_without_deadlock(
             cursor.execute(
                 "SELECT 1 FROM portal_agent WHERE id = %s FOR UPDATE", [actor.id]
             )
+            locked.set()
             assert started.wait(10)
             deadline = time.monotonic() + 10
             while not _waits_on_a_lock(pid[0]):
+                assert not outcome, f"the reservation ended without waiting: {outcome}"
                 assert time.monotonic() < deadline, "the reservation never waited"
                 time.sleep(0.02)
             cursor.execute("SET LOCAL lock_timeout = '3s'")
@@ -72,17 +76,26 @@ def test_a_reservation_meeting_a_freeze_waits_and_is_refused_without_deadlock(
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_backend_pid()")
             pid.append(cursor.fetchone()[0])
+        # Only once the freeze holds the agent row (started first, the reservation
+        # could be done before the freeze began, and nothing would be tested).
+        assert locked.wait(10)
         started.set()
-        return services.operation_reserve(
-            tenant=task.tenant,
-            task_id=task.pk,
-            lease_token=task.lease_token,
-            idempotency_key="during-a-freeze",
-            action="create_ticket",
-            target="desk",
-            input={"queue": "billing"},
-            actor=actor,
-        )
+        try:
+            reserved = services.operation_reserve(
+                tenant=task.tenant,
+                task_id=task.pk,
+                lease_token=task.lease_token,
+                idempotency_key="during-a-freeze",
+                action="create_ticket",
+                target="desk",
+                input={"queue": "billing"},
+                actor=actor,
+            )
+        except Exception as error:
+            outcome.append(error)
+            raise
+        outcome.append(reserved)
+        return reserved
 
     # When: the reservation starts while the freeze holds the agent row.
     frozen, reserved = run_in_threads(freeze, reserve)
