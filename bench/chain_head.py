@@ -74,11 +74,15 @@ def prepare(admin_url: str, *, partitions: int, audit_target: str | None) -> str
         import os
         import subprocess
 
+        # Back to the target as the owner alone: with the app role as DATABASE_URL,
+        # migrate re-applies its grants afterwards, and they name tables (the
+        # transparency log's, audit 0021) that the older schema does not have. The
+        # full migrate has granted the app role what the older schema keeps.
         subprocess.run(
             [sys.executable, "manage.py", "migrate", "audit", audit_target,
              "--no-input", "--verbosity", "0"],
             cwd=Path(__file__).resolve().parent.parent,
-            env={**os.environ, "DATABASE_URL": app_url, "DATABASE_OWNER_URL": owner_url,
+            env={**os.environ, "DATABASE_URL": owner_url, "DATABASE_OWNER_URL": "",
                  "PORTAL_NO_BOOTSTRAP": "1", "PORTAL_DEV_MODE": "1"},
             check=True,
         )  # fmt: skip
