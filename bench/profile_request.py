@@ -19,11 +19,13 @@ writing the answer (``bench/api.py`` measures the whole server).
 from __future__ import annotations
 
 import argparse
+import atexit
 import cProfile
 import io
 import json
 import os
 import pstats
+import shutil
 import statistics
 import sys
 import tempfile
@@ -139,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"profile-request: recreating {args.database_url.rsplit('/', 1)[-1]}")
     recreate_database(args.database_url, seed=True)
     scratch = tempfile.mkdtemp(prefix="profile-request-")
+    # The relay nudges of the requests land there (a broker of files): not kept.
+    atexit.register(shutil.rmtree, scratch, ignore_errors=True)
     for folder in ("queue", "control", "processed"):
         (Path(scratch) / "broker" / folder).mkdir(parents=True, exist_ok=True)
     os.environ.update(
