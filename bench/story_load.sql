@@ -9,7 +9,7 @@ SELECT gen_random_uuid(), tn.id, 'ct-' || i, repeat('0', 64), 'wf', '1', 'custom
   'succeeded', 1, '', 0, md5('t' || i), '', now() - (i || ' seconds')::interval, now()
 FROM generate_series(1, 100000) i JOIN tn ON tn.n = 1 + i % 10;
 INSERT INTO audit_event (id, tenant_id, task_id, operation_id, code, actor_type, actor_id, reason_code, contract_key, contract_version, payload, trace_id, span_id, created_at)
-SELECT gen_random_uuid(), t.tenant_id, t.id, NULL,
+SELECT audit_uuid7_at(t.created_at + (k || ' seconds')::interval), t.tenant_id, t.id, NULL,
   CASE WHEN k = 9 THEN 'task.human_claimed' ELSE 'task.transitioned' END,
   CASE WHEN k = 9 THEN 'user' ELSE 'system' END, CASE WHEN k = 9 THEN '1' ELSE 'bench' END, NULL, 'ci', 1,
   jsonb_build_object('k', k, 'note', repeat('x', 80)),
