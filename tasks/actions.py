@@ -25,6 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
+from django.db import connection
+
 from audit import selectors as audit_selectors
 from audit.models import EventCode
 from portal import db as portal_db
@@ -60,6 +62,11 @@ from .models import (
     OperationState,
     Task,
     TaskState,
+)
+from .services.operations import (
+    OPERATION_ATTNAMES,
+    OPERATION_COLUMNS,
+    operation_from_row,
 )
 
 Status = Literal[
@@ -254,13 +261,11 @@ def action_take(
     actor = Actor.of_agent(agent)
     # The grant first, before anything is written (operation_reserve checks it
     # again, every time).
-    if not portal_selectors.agent_may(
-        tenant=tenant, agent_id=agent.pk, action=request.action, target=request.target
-    ):
-        raise ActionNotGranted(action=request.action, target=request.target)
-    operation = selectors.operation_get_by_key(
-        tenant=tenant, idempotency_key=request.idempotency_key
+    granted, operation = _grant_and_operation(
+        tenant=tenant, agent=agent, request=request
     )
+    if not granted:
+        raise ActionNotGranted(action=request.action, target=request.target)
     claimed = False  # this call registered the task, and holds its lease
     if operation is not None:
         # Made before, by an earlier call (or a six-call client): its own task.
@@ -358,6 +363,40 @@ def action_take(
         trace=trace,
     )
     return _answer(tenant=tenant, task=task, operation=operation, created=created)
+
+
+# The agent's grant and the key's operation (if any) in one statement: the start of
+# every call, new key or repeat (one round trip and one transaction, not two).
+_GRANT_AND_OPERATION: Final = f"""
+SELECT {portal_selectors.AGENT_MAY_EXISTS}, {OPERATION_COLUMNS}
+FROM (SELECT) AS one
+LEFT JOIN tasks_operation AS o
+    ON o.tenant_id = %(tenant_id)s AND o.idempotency_key = %(key)s
+"""
+
+
+def _grant_and_operation(
+    *, tenant: Tenant, agent: Agent, request: ActionRequest
+) -> tuple[bool, Operation | None]:
+    """Whether the agent may take the action on the target (``agent_may``), and the
+    operation the request's idempotency key names, if an earlier call made one."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _GRANT_AND_OPERATION,
+            {
+                "tenant_id": tenant.pk,
+                "agent_id": agent.pk,
+                "action": request.action,
+                "target": request.target,
+                "key": request.idempotency_key,
+            },
+        )
+        row = cursor.fetchone()
+    assert row is not None  # the FROM is one row
+    granted, columns = bool(row[0]), row[1:]
+    if columns[OPERATION_ATTNAMES.index("id")] is None:
+        return granted, None
+    return granted, operation_from_row(columns)
 
 
 def _contract_of(*, tenant: Tenant, request: ActionRequest) -> tuple[str, int | None]:

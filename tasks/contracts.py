@@ -117,6 +117,15 @@ def contract_sensitive_fields(spec: Any) -> dict[str, str]:
     return dict(declared) if isinstance(declared, dict) else {}
 
 
+def contract_receipt_required(spec: Any) -> bool:
+    """Whether a call under this spec is verified only by a confirming receipt
+    lookup: ``receipt.required``, true where the spec (or its value) is missing, as
+    in the seed's contracts."""
+    receipt = spec.get("receipt") if isinstance(spec, dict) else None
+    required = receipt.get("required") if isinstance(receipt, dict) else None
+    return required is None or bool(required)
+
+
 def contract_amount_fields(spec: Any) -> tuple[str, ...] | None:
     """The spec's declared amount fields, or None when it declares none (then a
     policy's ``context.amounts`` counts every number, as before the declaration)."""

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import json
 import math
-from typing import Any, Final
+from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -27,6 +26,7 @@ from portal.tracing import Trace
 
 from .. import escalation, services
 from ..connectors import CallResult, RemoteSystem, connector_for
+from ..contracts import contract_receipt_required
 from ..credentials import (
     USE_EXECUTE,
     USE_LOOKUP,
@@ -153,9 +153,11 @@ def authorize_call(
     now: dt.datetime,
     actor: Actor,
     trace: Trace,
+    receipt_required: bool,
 ) -> Authorized:
     """Issue what one call needs: an ``execute`` credential bound to the body, and a
     ``lookup`` one for the confirming receipt lookup when the connector has lookup.
+    ``receipt_required``: the pinned contract's (``contract_receipt_required``).
 
     In the caller's transaction; ``operation`` may be moved on afterwards (the
     caller replaces it in the result with ``dataclasses.replace``).
@@ -205,6 +207,7 @@ def authorize_call(
         lookup_credential_id=lookup_credential.pk if lookup_credential else None,
         lookup_token=lookup_token,
         credentials=tuple(issued),
+        receipt_required=receipt_required,
     )
 
 
@@ -344,7 +347,7 @@ def call(
             result.kind == "succeeded"
             and remote.supports_lookup
             and authorized.lookup_token is not None
-            and (receipt_required(operation))
+            and authorized.receipt_required
         ):
             confirmation = remote.lookup(
                 idempotency_key=operation.idempotency_key,
@@ -530,6 +533,7 @@ def credential_renew(
         now=db_now(),
         actor=actor,
         trace=trace,
+        receipt_required=contract_receipt_required(contract.spec),
     )
     moved = services.operation_move(
         tenant=tenant,
@@ -548,24 +552,3 @@ def credential_renew(
         },
     )
     return dataclasses.replace(renewed, operation=moved)
-
-
-def receipt_required(operation: Operation) -> bool:
-    """Whether the pinned contract asks for a verified receipt (the seed's default,
-    and the answer for a task pinned to no contract)."""
-    with connection.cursor() as cursor:
-        cursor.execute(_RECEIPT_REQUIRED, [operation.tenant_id, operation.task_id])
-        row = cursor.fetchone()
-    return row is None or row[0] is None or bool(json.loads(row[0]))
-
-
-# One statement, not the task's then the contract's: it runs between the call and
-# its recording, outside any transaction, where each query is a transaction of its
-# own (portal/scope.py). The value comes as JSON text (Django's jsonb loader).
-_RECEIPT_REQUIRED: Final = """
-SELECT c.spec -> 'receipt' -> 'required'
-FROM tasks_task AS t
-JOIN tasks_contract AS c ON c.tenant_id = t.tenant_id
-    AND c.key = t.contract_key AND c.version = t.contract_version
-WHERE t.tenant_id = %s AND t.id = %s
-"""

@@ -32,7 +32,7 @@ from portal.exceptions import LeaseExpired
 from portal.models import Tenant
 from portal.tracing import NO_TRACE, Trace
 
-from ..contracts import contract_sensitive_fields
+from ..contracts import contract_receipt_required, contract_sensitive_fields
 from ..exceptions import ActionNotGranted, ContractRequired, OperationNotFound
 from ..models import Contract, Escalation, Operation, OperationState, TaskState
 from ..sealed import keep_given_fields, operation_values, seal
@@ -222,6 +222,7 @@ def authorize(
         now=now,
         actor=actor,
         trace=trace,
+        receipt_required=contract_receipt_required(spec),
     )
 
 
@@ -433,7 +434,11 @@ def run(
             tenant=tenant, operation_id=operation.pk, trace=trace
         )
         operation = recovered.operation
-    operation.refresh_from_db()
+        operation.refresh_from_db()
+    elif operation.state != OperationState.VERIFIED:
+        # Verified is final, and ``call`` returns it as its move's RETURNING row
+        # left it; any other outcome may have moved on since (an escalation).
+        operation.refresh_from_db()
     if operation.state == OperationState.HUMAN_REQUIRED:
         # Handed to a person after the call (e.g. CREDENTIAL_EXPIRED, retries spent).
         escalation = (

@@ -31,6 +31,7 @@ from portal.tracing import NO_TRACE, Trace
 
 from .. import escalation, services
 from ..connectors import LookupResult, RemoteSystem, connector_for
+from ..contracts import contract_receipt_required
 from ..credentials import USE_LOOKUP
 from ..exceptions import ConnectorKeyUnsealable
 from ..models import (
@@ -367,6 +368,7 @@ def recovery_decide(
         now=db_now(),
         actor=SYSTEM,
         trace=trace,
+        receipt_required=contract_receipt_required(contract.spec),
     )
     moved = services.operation_move(
         to=OperationState.EXECUTING,

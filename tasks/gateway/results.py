@@ -60,6 +60,9 @@ class Authorized:
     lookup_token: str | None = None
     # What the executing event records of each credential (``call.credential_facts``).
     credentials: tuple[dict[str, Any], ...] = ()
+    # The pinned contract's ``receipt.required``, read with it by the caller
+    # (published versions never change, so it holds until the call is recorded).
+    receipt_required: bool = True
 
     @property
     def credential_ids(self) -> list[uuid.UUID]:

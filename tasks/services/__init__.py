@@ -33,7 +33,7 @@ from .operations import (
     operation_move,
     operation_record_outcome,
     operation_reserve,
-    task_sensitive_fields,
+    operation_sensitive_fields,
 )
 from .tasks import (
     LEASABLE_STATES,
@@ -64,12 +64,12 @@ __all__ = [
     "operation_move",
     "operation_record_outcome",
     "operation_reserve",
+    "operation_sensitive_fields",
     "task_claim_next",
     "task_lease_acquire",
     "task_lease_release",
     "task_lease_renew",
     "task_register",
-    "task_sensitive_fields",
     "task_transition",
     "unscoped_leases_reap",
     "unscoped_waiting_tasks_wake",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Max
 from django.db.models.functions import Now
 
@@ -18,6 +18,7 @@ from portal.exceptions import (
     IllegalTransition,
     ValidationFailed,
 )
+from portal.ids import new_id
 from portal.models import Tenant, TenantPerm
 from portal.roles import Person, require_tenant_perm
 
@@ -229,16 +230,41 @@ def connector_save(
     return connector
 
 
+_OBJECT_VERSION_ATTNAMES, _OBJECT_VERSION_COLUMNS = portal_db.returning_columns(
+    ObjectVersion, "v"
+)
+# One statement (not update_or_create's savepoints, read, write and read back): a
+# new object's row, or the known one's version and time, concurrent writers
+# serialised on the unique key.
+_OBJECT_VERSION_RECORD: Final = f"""
+INSERT INTO tasks_objectversion AS v (
+    id, tenant_id, object_type, object_id, version, updated_at
+) VALUES (
+    %(id)s, %(tenant_id)s, %(object_type)s, %(object_id)s, %(version)s,
+    statement_timestamp()
+)
+ON CONFLICT (tenant_id, object_type, object_id) DO UPDATE
+SET version = EXCLUDED.version, updated_at = EXCLUDED.updated_at
+RETURNING {_OBJECT_VERSION_COLUMNS}
+"""
+
+
 @transaction.atomic(durable=True)
 def object_version_record(
     *, tenant: Tenant, object_type: str, object_id: str, version: str
 ) -> ObjectVersion:
     """Record the current version of a business object (the version fence's input)."""
-    record, _ = ObjectVersion.objects.update_or_create(
-        tenant=tenant,
-        object_type=object_type,
-        object_id=object_id,
-        defaults={"version": version, "updated_at": Now()},
-    )
-    record.refresh_from_db(fields=["updated_at"])
-    return record
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _OBJECT_VERSION_RECORD,
+            {
+                "id": new_id(),
+                "tenant_id": tenant.pk,
+                "object_type": object_type,
+                "object_id": object_id,
+                "version": version,
+            },
+        )
+        row = cursor.fetchone()
+    assert row is not None  # an upsert returns its row
+    return portal_db.model_from_row(ObjectVersion, _OBJECT_VERSION_ATTNAMES, row)

@@ -68,18 +68,20 @@ _OPERATION_SOURCES: Final[dict[str, list[str]]] = {
 }
 
 
-def task_sensitive_fields(
-    *, tenant_id: uuid.UUID, task_id: uuid.UUID
+def operation_sensitive_fields(
+    *, tenant_id: uuid.UUID, operation_id: uuid.UUID
 ) -> dict[str, str]:
-    """The sensitive fields the task's pinned contract declares (none unpinned)."""
+    """The sensitive fields the pinned contract of the operation's task declares
+    (none unpinned), in one statement."""
     row = _fetch(
         """
-        SELECT c.spec FROM tasks_task AS t
+        SELECT c.spec FROM tasks_operation AS o
+        JOIN tasks_task AS t ON t.tenant_id = o.tenant_id AND t.id = o.task_id
         JOIN tasks_contract AS c ON c.tenant_id = t.tenant_id
             AND c.key = t.contract_key AND c.version = t.contract_version
-        WHERE t.tenant_id = %s AND t.id = %s
+        WHERE o.tenant_id = %s AND o.id = %s
         """,
-        [tenant_id, task_id],
+        [tenant_id, operation_id],
     )
     return contract_sensitive_fields(row[0]) if row else {}
 
@@ -430,15 +432,8 @@ def operation_move(
     if self_reported and lease_token is None:
         raise TypeError("a self-reported move is under the task's lease")
     if result is not None:
-        task_id = (
-            Operation.objects.filter(tenant=tenant, pk=operation_id)
-            .values_list("task_id", flat=True)
-            .first()
-        )
-        sensitive = (
-            task_sensitive_fields(tenant_id=tenant.pk, task_id=task_id)
-            if task_id
-            else {}
+        sensitive = operation_sensitive_fields(
+            tenant_id=tenant.pk, operation_id=operation_id
         )
         redacted = redact(dict(result), tenant_id=tenant.pk, sensitive=sensitive)
     else:

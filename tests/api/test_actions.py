@@ -30,6 +30,7 @@ from tasks.models import Escalation, Operation, Task
 from tests.gateway.conftest import World, make_world
 from tests.support.concurrency import run_in_threads
 from tests.support.contracts import SPEC, TARGET
+from tests.support.statements import label, statements
 from ticketdesk.harness import TicketDesk
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -111,6 +112,51 @@ def test_one_call_verifies_with_the_receipt_and_makes_one_ticket(world, current)
     assert (task.state, task.lease_owner) == ("succeeded", None)
     assert task.client_task_id == actions.client_task_id_for(KEY)
     assert Operation.objects.get(pk=answer["operation_id"]).idempotency_key == KEY
+
+
+# The statements of one call with a new key, in the calling process (the desk's own
+# are its process's): the grant with the key's operation; the task registered and
+# claimed; the reservation; the gateway's checks, credentials and call start; the
+# call's record; the task settled. A statement more is latency on every action.
+ONE_CALL_MAX_STATEMENTS = 37
+
+
+def test_one_call_runs_at_most_its_budget_of_statements(world, current):
+    """Counted in this process, around the service the endpoint calls, on the second
+    action (the first warmed the caches): every statement the action sends, not
+    the key check and idempotency record of its HTTP request."""
+    portal_services_record(world, "1043", "7")
+    fields = {
+        name: actions.FieldRead(
+            value=read["value"],
+            source=read["source"],
+            read_at=dt.datetime.fromisoformat(read["read_at"]),
+        )
+        for name, read in body()["fields"].items()
+    }
+
+    def request(n: int) -> actions.ActionRequest:
+        data = body(key=f"ticket-{n}", n=n)
+        return actions.ActionRequest(
+            action=data["action"],
+            target=data["target"],
+            object_type=data["object_type"],
+            object_id=data["object_id"],
+            object_version=data["object_version"],
+            fields=fields,
+            arguments=data["arguments"],
+            idempotency_key=data["idempotency_key"],
+        )
+
+    assert actions.action_take(agent=world.agent, request=request(1042)).status == (
+        "verified"
+    )
+    with statements() as seen:
+        outcome = actions.action_take(agent=world.agent, request=request(1043))
+    assert outcome.status == "verified", outcome
+    labels = [label(sql) for sql in seen]
+    assert len(labels) <= ONE_CALL_MAX_STATEMENTS, (len(labels), labels)
+    assert world.tickets() == 2
 
 
 def test_the_same_call_again_answers_the_same_operation_and_calls_nobody(

@@ -14,13 +14,11 @@ does not).
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from django.db import connection
+
+from tests.support.statements import label, statements
 
 from .conftest import AgentClient, register_and_claim
 
@@ -34,34 +32,6 @@ pytestmark = pytest.mark.django_db
 RESERVE_MAX_STATEMENTS = 4
 # The key (with its tenant and rate window), the transition, the event + outbox.
 TRANSITION_MAX_STATEMENTS = 3
-
-_SAVEPOINT = re.compile(r"^\s*(SAVEPOINT|RELEASE SAVEPOINT|ROLLBACK TO SAVEPOINT)\b")
-
-
-@contextmanager
-def statements() -> Iterator[list[str]]:
-    """The SQL of every statement the request runs, savepoints left out."""
-    seen: list[str] = []
-
-    def capture(
-        execute: Callable[..., Any],
-        sql: str,
-        params: Any,
-        many: bool,
-        context: Mapping[str, Any],
-    ) -> Any:
-        if not _SAVEPOINT.match(sql):
-            seen.append(sql)
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(capture):
-        yield seen
-
-
-def label(sql: str) -> str:
-    verb = sql.split(None, 1)[0].upper()
-    tables = re.findall(r'(?:FROM|INTO|UPDATE|JOIN)\s+"?(\w+)"?', sql, re.IGNORECASE)
-    return f"{verb} {tables[0]}" if tables else sql[:60]
 
 
 def reserve(api: AgentClient, task: dict[str, Any], key: str) -> Any:
