@@ -6,19 +6,15 @@ id name their index, and the writes it only explains leave the outbox as it was.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
-from django.conf import settings
 
-from bench.service_layer import recreate_database
-from portal import db_roles
+from tests.client.bench_databases import small_scale_database
 
 # Migrating and loading its own database is most of its time.
 pytestmark = pytest.mark.slow
@@ -28,24 +24,8 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def loaded_url() -> Iterator[str]:
     """An administrator's URL of a migrated database with a small load in it."""
-    # recreate_database drops only a database whose name says "bench".
-    database = f"{settings.DATABASES['default']['TEST']['NAME']}_bench_index_users"
-    url = urllib.parse.urlsplit(settings.DATABASE_URL)._replace(path=f"/{database}")
-    try:
-        app_url = recreate_database(url.geturl())
-        subprocess.run(
-            [sys.executable, "manage.py", "load_scale_data", "--tasks", "200",
-             "--events", "2000", "--tenants", "2", "--verbosity", "0"],
-            cwd=REPO, check=True, capture_output=True, timeout=300,
-            env={**os.environ, "DATABASE_URL": app_url, "PORTAL_NO_BOOTSTRAP": "1",
-                 "DATABASE_OWNER_URL": db_roles.url_as(
-                     url.geturl(), user=db_roles.OWNER_ROLE)},
-        )  # fmt: skip
-        yield url.geturl()
-    finally:
-        admin = psycopg.conninfo.make_conninfo(settings.DATABASE_URL, dbname="postgres")
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+    with small_scale_database("index_users") as url:
+        yield url
 
 
 def _outbox(url: str) -> list[tuple[str, int]]:
