@@ -1,4 +1,6 @@
-"""A small ``load_scale_data`` database of a bench smoke test's own."""
+"""Databases of the bench smoke tests' own: named after the test database, dropped
+after each test (the benches drop and re-create only a database whose name says
+"bench")."""
 
 from __future__ import annotations
 
@@ -20,25 +22,33 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @contextlib.contextmanager
-def small_scale_database(name: str) -> Iterator[str]:
-    """An administrator's URL of a migrated database named after the test database
-    and ``name``, holding 200 tasks and 2,000 events over two tenants; dropped
-    after."""
-    # recreate_database drops only a database whose name says "bench".
-    database = f"{settings.DATABASES['default']['TEST']['NAME']}_bench_{name}"
-    url = urllib.parse.urlsplit(settings.DATABASE_URL)._replace(path=f"/{database}")
+def bench_databases(*names: str) -> Iterator[list[str]]:
+    """Administrator URLs of ``<test database>_bench_<name>``, one per name, for a
+    bench to make; each dropped after, whether or not the bench made it."""
+    prefix = f"{settings.DATABASES['default']['TEST']['NAME']}_bench_"
+    base = urllib.parse.urlsplit(settings.DATABASE_URL)
+    databases = [prefix + name for name in names]
     try:
-        app_url = recreate_database(url.geturl())
+        yield [base._replace(path=f"/{database}").geturl() for database in databases]
+    finally:
+        admin = psycopg.conninfo.make_conninfo(settings.DATABASE_URL, dbname="postgres")
+        with psycopg.connect(admin, autocommit=True) as conn:
+            for database in databases:
+                conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+
+
+@contextlib.contextmanager
+def small_scale_database(name: str) -> Iterator[str]:
+    """``bench_databases(name)``'s URL, migrated, holding 200 tasks and 2,000
+    events over two tenants (``manage.py load_scale_data``)."""
+    with bench_databases(name) as (url,):
+        app_url = recreate_database(url)
         subprocess.run(
             [sys.executable, "manage.py", "load_scale_data", "--tasks", "200",
              "--events", "2000", "--tenants", "2", "--verbosity", "0"],
             cwd=REPO, check=True, capture_output=True, timeout=300,
             env={**os.environ, "DATABASE_URL": app_url, "PORTAL_NO_BOOTSTRAP": "1",
                  "DATABASE_OWNER_URL": db_roles.url_as(
-                     url.geturl(), user=db_roles.OWNER_ROLE)},
+                     url, user=db_roles.OWNER_ROLE)},
         )  # fmt: skip
-        yield url.geturl()
-    finally:
-        admin = psycopg.conninfo.make_conninfo(settings.DATABASE_URL, dbname="postgres")
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        yield url

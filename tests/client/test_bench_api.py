@@ -10,13 +10,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
-from django.conf import settings
+
+from tests.client.bench_databases import bench_databases
 
 # Migrating and seeding its own database and starting gunicorn is most of its time.
 pytestmark = pytest.mark.slow
@@ -28,12 +27,8 @@ FLAVOURS = ("raw", "api", "close")
 @pytest.fixture
 def bench_url() -> Iterator[str]:
     # The bench drops only a database whose name says "bench".
-    database = f"{settings.DATABASES['default']['TEST']['NAME']}_bench_api"
-    url = urllib.parse.urlsplit(settings.DATABASE_URL)._replace(path=f"/{database}")
-    yield url.geturl()
-    admin = psycopg.conninfo.make_conninfo(settings.DATABASE_URL, dbname="postgres")
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+    with bench_databases("api") as (url,):
+        yield url
 
 
 def test_the_api_bench_runs_every_workload_and_flavour(

@@ -9,13 +9,13 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
-from django.conf import settings
+
+from tests.client.bench_databases import bench_databases
 
 # Migrating two databases, then back, is most of its time.
 pytestmark = pytest.mark.slow
@@ -28,13 +28,9 @@ NUMBER = r"(\d+(?:\.\d+)?)"
 def bench_url() -> Iterator[str]:
     # The bench drops only databases whose names say "bench"; it makes two from the
     # URL's name, one per variant.
-    database = f"{settings.DATABASES['default']['TEST']['NAME']}_bench_chain_head"
-    url = urllib.parse.urlsplit(settings.DATABASE_URL)._replace(path=f"/{database}")
-    yield url.geturl()
-    admin = psycopg.conninfo.make_conninfo(settings.DATABASE_URL, dbname="postgres")
-    with psycopg.connect(admin, autocommit=True) as conn:
-        for variant in VARIANTS:
-            conn.execute(f'DROP DATABASE IF EXISTS "{database}_{variant}" WITH (FORCE)')
+    variants = [f"chain_head_{variant}" for variant in VARIANTS]
+    with bench_databases("chain_head", *variants) as (url, *_):
+        yield url
 
 
 def test_the_chain_head_bench_times_both_schemas_and_keeps_their_rows(

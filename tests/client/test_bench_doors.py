@@ -5,32 +5,23 @@ against the real desk, and writes figures that are rates, latencies and CPU."""
 from __future__ import annotations
 
 import json
-import urllib.parse
 from pathlib import Path
 
-import psycopg
-from django.conf import settings
-
 from bench import doors
+from tests.client.bench_databases import bench_databases
 
 
 def test_the_doors_bench_runs_on_its_own_up_and_writes_its_figures(
     tmp_path: Path,
 ) -> None:
-    database = f"{settings.DATABASES['default']['TEST']['NAME']}_doors_bench"
-    url = urllib.parse.urlsplit(settings.DATABASE_URL)._replace(path=f"/{database}")
     out = tmp_path / "doors.json"
-    try:
+    with bench_databases("doors") as (url,):
         # fmt: off
         code = doors.main([
-            "--database-url", url.geturl(), "--actions", "1", "--mcp-actions", "1",
+            "--database-url", url, "--actions", "1", "--mcp-actions", "1",
             "--clients", "1,2", "--slice", "1", "--json", str(out),
         ])
         # fmt: on
-    finally:
-        admin = psycopg.conninfo.make_conninfo(settings.DATABASE_URL, dbname="postgres")
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
 
     assert code == 0
     figures = json.loads(out.read_text())

@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
-from django.conf import settings
+
+from tests.client.bench_databases import bench_databases
 
 # Migrating three times (the scale database, the empty one, the scale one again for
 # its run) is most of its time.
@@ -28,13 +28,8 @@ SIDES = ("empty", "scale")
 @pytest.fixture
 def bench_urls() -> Iterator[dict[str, str]]:
     # The bench drops only databases whose names say "bench".
-    prefix = f"{settings.DATABASES['default']['TEST']['NAME']}_bench_flat"
-    base = urllib.parse.urlsplit(settings.DATABASE_URL)
-    yield {side: base._replace(path=f"/{prefix}_{side}").geturl() for side in SIDES}
-    admin = psycopg.conninfo.make_conninfo(settings.DATABASE_URL, dbname="postgres")
-    with psycopg.connect(admin, autocommit=True) as conn:
-        for side in SIDES:
-            conn.execute(f'DROP DATABASE IF EXISTS "{prefix}_{side}" WITH (FORCE)')
+    with bench_databases(*(f"flat_{side}" for side in SIDES)) as urls:
+        yield dict(zip(SIDES, urls, strict=True))
 
 
 def test_the_flat_bench_compares_a_loaded_database_with_an_empty_one(

@@ -11,15 +11,13 @@ import json
 import os
 import subprocess
 import sys
-import urllib.parse
 from pathlib import Path
 
-import psycopg
 import pytest
-from django.conf import settings
 
 from bench import peers
 from bench.spec import LEDGER_FLAVOURS
+from tests.client.bench_databases import bench_databases
 
 # Migrating its own database is most of its time (about a minute on a loaded machine).
 pytestmark = pytest.mark.slow
@@ -27,22 +25,16 @@ DURATION = os.environ.get("PORTAL_LEDGER_DURATION", "0.3")
 
 
 def test_the_ledger_measures_each_guarantee_and_the_services(tmp_path: Path) -> None:
-    database = f"{settings.DATABASES['default']['TEST']['NAME']}_ledger_bench"
-    url = urllib.parse.urlsplit(settings.DATABASE_URL)._replace(path=f"/{database}")
     out = tmp_path / "ledger.json"
     # A process of its own, as it is run: it sets Django up on its own database.
-    try:
+    with bench_databases("ledger") as (url,):
         # fmt: off
         done = subprocess.run([
             sys.executable, "bench/peers.py", "--ledger", "--clients", "1",
             "--duration", DURATION, "--rounds", "1", "--warmup", "2", "--no-docs",
-            "--json", str(out), "--database-url", url.geturl(),
+            "--json", str(out), "--database-url", url,
         ], cwd=peers.REPO, capture_output=True, text=True, timeout=600)
         # fmt: on
-    finally:
-        admin = psycopg.conninfo.make_conninfo(settings.DATABASE_URL, dbname="postgres")
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
 
     assert done.returncode == 0, done.stderr[-3000:]
     runs = json.loads(out.read_text())["runs"]

@@ -9,13 +9,12 @@ import json
 import os
 import subprocess
 import sys
-import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
-from django.conf import settings
+
+from tests.client.bench_databases import bench_databases
 
 # Migrating and seeding its own database is most of its time.
 pytestmark = pytest.mark.slow
@@ -25,12 +24,8 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def bench_url() -> Iterator[str]:
     # The bench drops only a database whose name says "bench".
-    database = f"{settings.DATABASES['default']['TEST']['NAME']}_bench_profile_request"
-    url = urllib.parse.urlsplit(settings.DATABASE_URL)._replace(path=f"/{database}")
-    yield url.geturl()
-    admin = psycopg.conninfo.make_conninfo(settings.DATABASE_URL, dbname="postgres")
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+    with bench_databases("profile_request") as (url,):
+        yield url
 
 
 def test_the_request_profiler_times_and_profiles_every_round(

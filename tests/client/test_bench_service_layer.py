@@ -7,15 +7,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
-from django.conf import settings
 
 from bench import peers
+from tests.client.bench_databases import bench_databases
 
 # Migrating and seeding its own database is most of each one's time.
 pytestmark = pytest.mark.slow
@@ -25,12 +24,8 @@ pytestmark = pytest.mark.slow
 def bench_url(request: pytest.FixtureRequest) -> Iterator[str]:
     # The benchmarks drop only a database whose name says "bench".
     name = request.node.name.removeprefix("test_the_")[:30]
-    database = f"{settings.DATABASES['default']['TEST']['NAME']}_bench_{name}"
-    url = urllib.parse.urlsplit(settings.DATABASE_URL)._replace(path=f"/{database}")
-    yield url.geturl()
-    admin = psycopg.conninfo.make_conninfo(settings.DATABASE_URL, dbname="postgres")
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+    with bench_databases(name) as (url,):
+        yield url
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess[str]:

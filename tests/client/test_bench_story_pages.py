@@ -12,15 +12,14 @@ import os
 import re
 import subprocess
 import sys
-import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
-from django.conf import settings
 
 from bench.service_layer import recreate_database
+from tests.client.bench_databases import bench_databases
 
 # Migrating and loading its own database is most of its time.
 pytestmark = pytest.mark.slow
@@ -37,21 +36,14 @@ PAGES = (
 @pytest.fixture
 def loaded_url() -> Iterator[str]:
     """An administrator's URL of a migrated database holding the story's load."""
-    # recreate_database drops only a database whose name says "bench".
-    database = f"{settings.DATABASES['default']['TEST']['NAME']}_bench_story_pages"
-    url = urllib.parse.urlsplit(settings.DATABASE_URL)._replace(path=f"/{database}")
     load = (REPO / "bench" / "story_load.sql").read_text()
     assert load.count(FULL_SIZE) == 1, "story_load.sql's size has moved"
-    try:
-        recreate_database(url.geturl())
+    with bench_databases("story_pages") as (url,):
+        recreate_database(url)
         # As the administrator, as `psql -f` runs it (the load is plain SQL).
-        with psycopg.connect(url.geturl(), autocommit=True) as conn:
+        with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(load.replace(FULL_SIZE, "generate_series(1, 6000)"))
-        yield url.geturl()
-    finally:
-        admin = psycopg.conninfo.make_conninfo(settings.DATABASE_URL, dbname="postgres")
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        yield url
 
 
 def test_the_story_pages_bench_times_every_reviewer_page(loaded_url: str) -> None:

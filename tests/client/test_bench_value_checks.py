@@ -5,23 +5,13 @@ every variant."""
 
 from __future__ import annotations
 
-import urllib.parse
-
-import psycopg
-from django.conf import settings
-
 from bench import value_checks
+from tests.client.bench_databases import bench_databases
 
 
 def test_the_value_check_bench_runs_every_variant_and_each_wall_holds() -> None:
-    database = f"{settings.DATABASES['default']['TEST']['NAME']}_checks_bench"
-    url = urllib.parse.urlsplit(settings.DATABASE_URL)._replace(path=f"/{database}")
-    try:
-        result = value_checks.run(url.geturl(), inserts=50, rounds=1)
-    finally:
-        admin = psycopg.conninfo.make_conninfo(settings.DATABASE_URL, dbname="postgres")
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+    with bench_databases("value_checks") as (url,):
+        result = value_checks.run(url, inserts=50, rounds=1)
 
     got = {(v["list"], v["kind"]): v for v in result["variants"]}
     lists = ("event code", "reason code", "task state", "operation state",
