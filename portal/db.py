@@ -115,6 +115,16 @@ def model_from_row(model: type[M], attnames: Sequence[str], row: Sequence[Any]) 
     return model.from_db(connection.alias, list(attnames), values)
 
 
+def joined_model_from_row(
+    model: type[M], attnames: Sequence[str], row: Sequence[Any]
+) -> M | None:
+    """``model_from_row``, or None where a ``LEFT JOIN`` found no row (every column
+    NULL, the primary key too)."""
+    if row[list(attnames).index(model._meta.pk.attname)] is None:
+        return None
+    return model_from_row(model, attnames, row)
+
+
 @functools.cache
 def _fields_by_attname(model: type[Model]) -> dict[str, Any]:
     return {field.attname: field for field in model._meta.concrete_fields}

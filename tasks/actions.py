@@ -63,11 +63,7 @@ from .models import (
     Task,
     TaskState,
 )
-from .services.operations import (
-    OPERATION_ATTNAMES,
-    OPERATION_COLUMNS,
-    operation_from_row,
-)
+from .services.operations import OPERATION_ATTNAMES, OPERATION_COLUMNS
 
 Status = Literal[
     "verified", "refused", "human_required", "unknown", "accepted", "failed"
@@ -393,10 +389,8 @@ def _grant_and_operation(
         )
         row = cursor.fetchone()
     assert row is not None  # the FROM is one row
-    granted, columns = bool(row[0]), row[1:]
-    if columns[OPERATION_ATTNAMES.index("id")] is None:
-        return granted, None
-    return granted, operation_from_row(columns)
+    operation = portal_db.joined_model_from_row(Operation, OPERATION_ATTNAMES, row[1:])
+    return bool(row[0]), operation
 
 
 def _contract_of(*, tenant: Tenant, request: ActionRequest) -> tuple[str, int | None]:

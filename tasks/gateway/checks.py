@@ -145,13 +145,7 @@ def check_reads(*, tenant: Tenant, task: Task, operation: Operation) -> CheckRea
     ):
         values = row[start : start + len(attnames)]
         start += len(attnames)
-        # A LEFT JOIN that found nothing: every column NULL, the primary key too.
-        pk_at = attnames.index(model._meta.pk.attname)
-        found.append(
-            None
-            if values[pk_at] is None
-            else portal_db.model_from_row(model, attnames, values)
-        )
+        found.append(portal_db.joined_model_from_row(model, attnames, values))
     contract, connector, object_version, policy_set = found
     return CheckReads(
         contract=contract,
